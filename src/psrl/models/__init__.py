@@ -1,0 +1,1 @@
+"""psrl.models."""

@@ -1,0 +1,1 @@
+"""psrl.rollout."""
