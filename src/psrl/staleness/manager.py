@@ -163,10 +163,11 @@ class StalenessManager:
             return {b: self.state(b) for b in range(self._T, self._T + self.staleness + 1)}
 
     def blocking(self, b: int) -> list[Hashable]:
-        """Ids of RESERVED entries whose reservation is in buffer ``b`` (what the proactive filter aborts)."""
+        """Ids of RESERVED entries whose reservation is in buffer ``b`` (what the proactive filter aborts).
+
+        A consumed buffer (``b < T``) holds none: ``[]``.
+        """
         with self._lock:
-            if b < self._T:
-                raise ValueError(f"buffer {b} is gone: train_version is {self._T}")
             buf = self._buffers.get(b)
             return list(buf.reserved) if buf else []
 
