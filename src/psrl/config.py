@@ -222,6 +222,10 @@ class TrainerConfig:
     temperature: float = _f(1.0, "Sampling temperature.")
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     warm_start_steps: int = _f(0, "Supervised warm-start steps on scripted demonstrations before RL (0 = task default).")
+    warm_start_lr: float = _f(2e-3, "AdamW learning rate of the supervised warm start (its own optimiser).")
+    sync_tool_latency_scale: float = _f(
+        0.0, "Synchronous loop only: multiply tool latencies by this (0 = no waiting, runs repeat exactly)."
+    )
     resume: bool = _f(True, "Continue from the newest checkpoint in run_dir if there is one.")
     checkpoint_every: int = _f(10, "Save a resumable checkpoint every this many steps.")
 
@@ -246,6 +250,12 @@ class SimConfig:
     train_time_per_token: float = _f(0.0, "Extra seconds per batch token (train time as a function of batch tokens).")
     sync_time: float = _f(0.0, "Seconds a weight sync takes.")
     filter_drop_rate: float = _f(0.0, "Probability the group filter drops a completed group.")
+    gen_tokens_per_second: float = _f(
+        1.0, "Tokens a trajectory produces per simulated second of generation (batch tokens for train_time_per_token)."
+    )
+    trigger_parameter_sync_step: int = _f(
+        1, "sample_budget policy (verl fully-async): trainer steps between parameter syncs."
+    )
     seed: int = _f(0, "Seed of the workload's random stream (the same for every policy).")
 
 

@@ -1,0 +1,120 @@
+"""``psrl simulate [CONFIG] [key=value ...] [--policies a,b] [--json] [--sweep KEY=v1,v2] [--plot FILE]``.
+
+Prints a comparison table (one row per policy and sweep value) and the staleness frontier; with
+``--json`` prints one JSON object per row instead, with exactly the keys of
+:data:`psrl.sim.JSON_KEYS`. ``--plot`` writes throughput and staleness against eta and the frontier
+to a PNG; without ``--sweep`` the plot sweeps ``psrl.staleness`` over 0,1,2,4,8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from psrl.config import ConfigError, load_config
+from psrl.sim import JSON_KEYS, POLICIES
+from psrl.sim.report import format_frontier, format_table, plot, sweep
+from psrl.sim.workload import Workload
+
+__all__ = ["main", "build_parser", "DEFAULT_PLOT_SWEEP"]
+
+DEFAULT_PLOT_SWEEP = "psrl.staleness=0,1,2,4,8"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``psrl simulate``."""
+    ap = argparse.ArgumentParser(
+        prog="psrl simulate",
+        description="Simulate throughput, staleness and waste of psrl and other staleness policies on a workload.",
+    )
+    ap.add_argument("args", nargs="*", metavar="[CONFIG] key=value",
+                    help="optional YAML config, then dotted overrides such as sim.slots=64 psrl.staleness=2")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help=f"comma-separated subset of {','.join(POLICIES)} (default: all)")
+    ap.add_argument("--json", action="store_true", help=f"one JSON object per row with keys {', '.join(JSON_KEYS)}")
+    ap.add_argument("--sweep", default=None, metavar="KEY=v1,v2,...",
+                    help="rerun every policy for each value of one config key, e.g. psrl.staleness=0,1,2,4,8")
+    ap.add_argument("--plot", default=None, metavar="FILE.png",
+                    help="write throughput/staleness vs eta and the frontier to this PNG")
+    return ap
+
+
+def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """The first positional without '=' is the config file; the rest are overrides."""
+    path, overrides = None, []
+    for i, a in enumerate(args):
+        if "=" not in a and i == 0:
+            path = a
+        elif "=" not in a:
+            raise ConfigError(a, "expected key=value", "put the config file first, then key=value overrides")
+        else:
+            overrides.append(a)
+    return path, overrides
+
+
+def _parse_sweep(text: str) -> tuple[str, list[str]]:
+    key, sep, values = text.partition("=")
+    vals = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not key.strip() or not vals:
+        raise ConfigError("--sweep", f"cannot read {text!r}", "write it as --sweep psrl.staleness=0,1,2,4,8")
+    return key.strip(), vals
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        raise ConfigError("--policies", f"unknown policy {', '.join(unknown) or '(none)'}",
+                          f"use a comma-separated subset of {','.join(POLICIES)}")
+    return names
+
+
+def _workloads(path: str | None, overrides: list[str], sweep_spec: str | None) -> list[Workload]:
+    if sweep_spec is None:
+        return [Workload.from_config(load_config(path, overrides))]
+    key, values = _parse_sweep(sweep_spec)
+    return [Workload.from_config(load_config(path, overrides + [f"{key}={v}"])) for v in values]
+
+
+def _describe(wl: Workload) -> str:
+    return (f"workload: slots={wl.slots} B={wl.batch_size} B'={wl.redundant_batch_size} N={wl.group_size} "
+            f"N'={wl.redundant_group_size} gen={wl.dist}(median={wl.median}, sigma={wl.sigma}) "
+            f"train_time={wl.train_time:g} sync_time={wl.sync_time:g} drop={wl.filter_drop_rate:g} steps={wl.steps}")
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``psrl simulate``; returns the exit status (2 for a configuration error)."""
+    ns = build_parser().parse_args(argv)
+    try:
+        path, overrides = _split_args(ns.args)
+        policies = _policies(ns.policies)
+        workloads = _workloads(path, overrides, ns.sweep)
+        plot_workloads = workloads
+        if ns.plot and ns.sweep is None:
+            plot_workloads = _workloads(path, overrides, DEFAULT_PLOT_SWEEP)
+    except ConfigError as exc:
+        print(f"psrl simulate: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    results = sweep(workloads, policies)
+    if ns.json:
+        for r in results:
+            print(json.dumps(r.to_json()))
+    else:
+        print(_describe(workloads[0]))
+        print(format_table(results))
+        if len(workloads) > 1:
+            print()
+            print(format_frontier(results))
+        print(f"({len(results)} simulations, {time.perf_counter() - t0:.1f} s)")
+    if ns.plot:
+        plot_results = results if plot_workloads is workloads else sweep(plot_workloads, policies)
+        out = plot(plot_results, ns.plot, title=_describe(plot_workloads[0]))
+        print(f"plot written to {out}", file=sys.stderr if ns.json else sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,279 @@
+"""The workload a simulation runs: slots, generation times, training and sync times, batch shape.
+
+Built from the typed config (``sim.*`` and the ``psrl.*`` keys of ``psrl train``) by
+:meth:`Workload.from_config`, so ``psrl simulate`` and ``psrl train`` read the same YAML.
+
+The generation time of the i-th *launched* trajectory comes from one seeded stream
+(:class:`GenTimeStream`), whatever the policy: every policy is judged on the same arrival of
+work. A retry or a regenerated group simply takes the next value of the stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from psrl.config import Config, ConfigError
+
+__all__ = ["Workload", "GenTimeStream", "UniformStream", "load_trace", "trace_train_time"]
+
+_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything one simulation needs; plain data, so it pickles and prints."""
+
+    slots: int = 64
+    """Generation slots: trajectories generated at once."""
+    steps: int = 100
+    """Training steps to simulate."""
+    staleness: int = 2
+    """eta (``psrl.staleness``); the nominal bound every policy is asked to keep."""
+    batch_size: int = 16
+    """B: groups one training step consumes."""
+    redundant_batch_size: int = 16
+    """B': entries a psrl buffer holds (batch-level redundancy)."""
+    group_size: int = 4
+    """N: trajectories per group the algorithm needs."""
+    redundant_group_size: int = 4
+    """N': trajectories psrl launches per group (group-level redundancy)."""
+    dist: str = "lognormal"
+    """lognormal | pareto | constant | trace."""
+    median: float = 1.0
+    """Median generation time (lognormal, pareto) or the constant time."""
+    sigma: float = 0.5
+    """lognormal: sigma of log-time; pareto: shape alpha (> 1, so the mean is finite)."""
+    trace: Optional[tuple] = None
+    """trace: generation seconds replayed in order (cycled)."""
+    train_time: float = 1.0
+    """Fixed seconds per training step."""
+    train_time_per_token: float = 0.0
+    """Extra training seconds per batch token."""
+    tokens_per_second: float = 1.0
+    """Tokens a trajectory produces per second of generation (its token count)."""
+    sync_time: float = 0.0
+    """Seconds from the end of a training step until generators hold the new weights."""
+    filter_drop_rate: float = 0.0
+    """Probability that the group filter drops a completed group."""
+    proactive_method: Optional[str] = None
+    """psrl proactive filter on the last RESERVED entries of a STUCK buffer: None | retry | truncate."""
+    proactive_threshold: int = 4
+    """Act when the STUCK buffer has at most this many RESERVED entries."""
+    trigger_parameter_sync_step: int = 1
+    """sample_budget (verl fully-async): trainer steps between parameter syncs."""
+    seed: int = 0
+    """Seed of the workload's random streams."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "Workload":
+        """Read ``sim.*`` and ``psrl.*``; a trace is loaded here, once."""
+        s, p = cfg.sim, cfg.psrl
+        gt = s.gen_time
+        trace = None
+        train_time = s.train_time
+        if gt.dist == "trace":
+            trace = tuple(load_trace(gt.trace))
+            measured = trace_train_time(gt.trace)
+            if measured is not None:
+                train_time = measured
+        wl = cls(
+            slots=s.slots, steps=s.steps, staleness=p.staleness,
+            batch_size=p.batch_size, redundant_batch_size=p.redundant_batch_size,
+            group_size=p.group_size, redundant_group_size=p.redundant_group_size,
+            dist=gt.dist, median=gt.median, sigma=gt.sigma, trace=trace,
+            train_time=train_time, train_time_per_token=s.train_time_per_token,
+            tokens_per_second=s.gen_tokens_per_second, sync_time=s.sync_time,
+            filter_drop_rate=s.filter_drop_rate,
+            proactive_method=p.proactive_filter_strategy.method,
+            proactive_threshold=p.proactive_filter_strategy.threshold,
+            trigger_parameter_sync_step=s.trigger_parameter_sync_step, seed=s.seed,
+        )
+        return wl.check()
+
+    def check(self) -> "Workload":
+        """Reject workloads the simulator cannot run, naming the key and the fix."""
+        if self.dist == "pareto" and self.sigma <= 1.0:
+            raise ConfigError("sim.gen_time.sigma", f"pareto shape alpha must be > 1 (finite mean), got {self.sigma}",
+                              "use e.g. sigma=1.5 for a heavy but finite tail")
+        if self.dist in ("lognormal", "pareto", "constant") and self.median <= 0:
+            raise ConfigError("sim.gen_time.median", "must be > 0")
+        if not 0.0 <= self.filter_drop_rate < 1.0:
+            raise ConfigError("sim.filter_drop_rate", f"must be in [0, 1), got {self.filter_drop_rate}",
+                              "a filter that drops every group never trains")
+        if self.train_time < 0 or self.sync_time < 0:
+            raise ConfigError("sim.train_time", "train_time and sync_time must be >= 0")
+        if self.trigger_parameter_sync_step < 1:
+            raise ConfigError("sim.trigger_parameter_sync_step", "must be >= 1")
+        if self.steps < 1:
+            raise ConfigError("sim.steps", "must be >= 1")
+        if self.slots < self.redundant_group_size:
+            raise ConfigError("sim.slots", f"a group launches {self.redundant_group_size} trajectories at once but "
+                              f"there are only {self.slots} slots", "raise sim.slots or lower the group size")
+        if self.dist == "trace" and not self.trace:
+            raise ConfigError("sim.gen_time.trace", "the trace holds no gen_seconds")
+        return self
+
+    def replace(self, **changes) -> "Workload":
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes).check()
+
+    # ------------------------------------------------------------------ bounds
+
+    def mean_gen_time(self) -> float:
+        """Mean generation time of one trajectory (closed form; the trace's mean for a trace)."""
+        if self.dist == "constant":
+            return self.median
+        if self.dist == "lognormal":
+            return self.median * math.exp(self.sigma ** 2 / 2)
+        if self.dist == "pareto":
+            xm = self.median / 2 ** (1 / self.sigma)
+            return self.sigma * xm / (self.sigma - 1)
+        return float(np.mean(self.trace))
+
+    def mean_train_time(self) -> float:
+        """Expected seconds of one step: fixed part + per-token part over the B*N trained trajectories."""
+        tokens = self.batch_size * self.group_size * self.mean_gen_time() * self.tokens_per_second
+        return self.train_time + self.train_time_per_token * tokens
+
+    def generation_bound(self) -> float:
+        """Steps/hour if every slot always generated useful work: a step needs B*N/(1-drop)
+        trajectories of mean time m, and ``slots`` run at once, so slots*(1-drop)/(B*N*m) steps/s."""
+        per_step = self.batch_size * self.group_size * self.mean_gen_time() / (1.0 - self.filter_drop_rate)
+        return self.slots / per_step * 3600.0
+
+    def trainer_bound(self) -> float:
+        """Steps/hour if the trainer never waited: 3600 / expected step time."""
+        t = self.mean_train_time()
+        return math.inf if t <= 0 else 3600.0 / t
+
+    def ideal_steps_per_hour(self) -> float:
+        """min(generation bound, trainer bound): no policy can beat either."""
+        return min(self.generation_bound(), self.trainer_bound())
+
+    # ------------------------------------------------------------------ streams
+
+    def gen_stream(self) -> "GenTimeStream":
+        """The generation time of the i-th launched trajectory, the same for every policy."""
+        return GenTimeStream(self)
+
+    def filter_stream(self) -> "UniformStream":
+        """Uniform numbers, the i-th for the i-th created group (filter decisions)."""
+        return UniformStream(self.seed)
+
+
+class GenTimeStream:
+    """Draws generation times in chunks (fast) from a generator seeded by ``seed`` alone."""
+
+    def __init__(self, wl: Workload):
+        self._wl = wl
+        self._rng = np.random.default_rng([wl.seed, 0])
+        self._buf: list[float] = []
+        self._pos = 0
+        self._trace_pos = 0
+
+    def _refill(self) -> None:
+        wl = self._wl
+        if wl.dist == "constant":
+            arr = np.full(_CHUNK, wl.median)
+        elif wl.dist == "lognormal":
+            arr = self._rng.lognormal(math.log(wl.median), wl.sigma, _CHUNK)
+        elif wl.dist == "pareto":
+            xm = wl.median / 2 ** (1 / wl.sigma)
+            arr = (self._rng.pareto(wl.sigma, _CHUNK) + 1.0) * xm
+        else:
+            idx = (self._trace_pos + np.arange(_CHUNK)) % len(wl.trace)
+            self._trace_pos += _CHUNK
+            arr = np.asarray(wl.trace, dtype=float)[idx]
+        self._buf = arr.tolist()
+        self._pos = 0
+
+    def next(self) -> float:
+        """The next generation time."""
+        if self._pos == len(self._buf):
+            self._refill()
+        v = self._buf[self._pos]
+        self._pos += 1
+        return v
+
+
+class UniformStream:
+    """Seeded uniforms in [0, 1), drawn in chunks."""
+
+    def __init__(self, seed: int):
+        self._rng = np.random.default_rng([seed, 1])
+        self._buf: list[float] = []
+        self._pos = 0
+
+    def next(self) -> float:
+        if self._pos == len(self._buf):
+            self._buf = self._rng.random(_CHUNK).tolist()
+            self._pos = 0
+        v = self._buf[self._pos]
+        self._pos += 1
+        return v
+
+
+def load_trace(path: str | Path) -> list[float]:
+    """The ``gen_seconds`` of every finished trajectory in a ``trajectories.jsonl``, in launch order.
+
+    ``psrl train`` writes records as trajectories resolve (fast ones first); replaying that order
+    would start the slow ones late. Its ids (group ``g<k>``, uid ``g<k>-<member>``) give the launch
+    order, so records are sorted by them when every record has them; otherwise file order is kept.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError("sim.gen_time.trace", f"file not found: {p}", "give a run's trajectories.jsonl")
+    recs = []
+    with p.open() as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            rec = json.loads(line)
+            # an aborted (cancelled) record holds a partial time: not a full generation
+            if "gen_seconds" in rec and rec.get("status") != "aborted":
+                recs.append(rec)
+    if not recs:
+        raise ConfigError("sim.gen_time.trace", f"no 'gen_seconds' field in {p}")
+    keys = [_launch_key(r) for r in recs]
+    if all(k is not None for k in keys):
+        recs = [r for _, r in sorted(zip(keys, recs), key=lambda kr: kr[0])]
+    return [float(r["gen_seconds"]) for r in recs]
+
+
+def _launch_key(rec: dict) -> Optional[tuple[int, int]]:
+    """(group number, member number) from ids like group 'g12', uid 'g12-3'; None if not that shape."""
+    group, uid = str(rec.get("group", "")), str(rec.get("uid", ""))
+    head, _, member = uid.rpartition("-")
+    if not (group.startswith("g") and group[1:].isdigit() and head == group and member.isdigit()):
+        return None
+    return int(group[1:]), int(member)
+
+
+_TRAIN_KEYS = ("train_seconds", "time/train_s")
+
+
+def trace_train_time(trace_path: str | Path) -> Optional[float]:
+    """Mean training seconds per step from the ``metrics.jsonl`` beside the trace, if it records them."""
+    p = Path(trace_path).with_name("metrics.jsonl")
+    if not p.exists():
+        return None
+    vals = []
+    with p.open() as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            rec = json.loads(line)
+            for k in _TRAIN_KEYS:
+                if k in rec:
+                    vals.append(float(rec[k]))
+                    break
+    return float(np.mean(vals)) if vals else None

@@ -1,0 +1,1 @@
+"""Tests of psrl.sim (the discrete-event simulator)."""

@@ -1,0 +1,84 @@
+"""``psrl simulate``'s entry point: JSON keys, sweeps, plot, errors; and a subprocess smoke run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psrl.sim import JSON_KEYS, POLICIES
+from psrl.sim.cli import main
+
+SMALL = ["sim.steps=6", "sim.slots=8", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2"]
+
+
+def _json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_json_prints_one_object_per_policy_with_exactly_the_keys(capsys):
+    """--json: one object per policy, keys exactly JSON_KEYS, in the policies' order."""
+    assert main(SMALL + ["--json"]) == 0
+    rows = _json_lines(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == list(POLICIES)
+    for r in rows:
+        assert tuple(r) == JSON_KEYS
+        assert r["violations"] >= 0 and 0 <= r["trainer_idle"] <= 1
+
+
+def test_sweep_runs_each_value_and_prints_the_frontier(capsys):
+    """--sweep psrl.staleness=0,1,3 runs every chosen policy at each eta; the table shows the frontier."""
+    assert main(SMALL + ["--policies", "psrl,areal", "--sweep", "psrl.staleness=0,1,3"]) == 0
+    out = capsys.readouterr().out
+    assert "frontier" in out
+    assert main(SMALL + ["--policies", "psrl,areal", "--sweep", "psrl.staleness=0,1,3", "--json"]) == 0
+    rows = _json_lines(capsys.readouterr().out)
+    assert [(r["policy"], r["staleness"]) for r in rows] == [
+        (p, e) for e in (0, 1, 3) for p in ("psrl", "areal")]
+
+
+def test_config_file_and_overrides(tmp_path, capsys):
+    """A YAML file is read first, overrides win."""
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("sim:\n  steps: 4\n  slots: 4\npsrl:\n  staleness: 1\n  rollout_n: 2\n  staleness_buffer_entries: 2\n")
+    assert main([str(cfg), "psrl.staleness=3", "--policies", "psrl", "--json"]) == 0
+    (row,) = _json_lines(capsys.readouterr().out)
+    assert row["staleness"] == 3 and row["staleness_max"] <= 3
+
+
+@pytest.mark.parametrize("argv,key", [
+    (["--policies", "psrl,nope"], "--policies"),
+    (["sim.slotz=3"], "sim.slotz"),
+    (["--sweep", "psrl.staleness"], "--sweep"),
+])
+def test_errors_name_the_key_and_exit_2(argv, key, capsys):
+    """Bad input exits with status 2 and a message naming what to fix."""
+    assert main(SMALL + argv) == 2
+    assert key in capsys.readouterr().err
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+    """--plot FILE writes a PNG (sweeping eta when no --sweep is given)."""
+    out = tmp_path / "f.png"
+    assert main(SMALL + ["--policies", "psrl,sync", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_module_runs_as_a_subprocess():
+    """python -m psrl.sim.cli works end to end with a tiny budget."""
+    proc = subprocess.run([sys.executable, "-m", "psrl.sim.cli", *SMALL, "--json", "--policies", "psrl"],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent)
+    assert proc.returncode == 0, proc.stderr
+    assert _json_lines(proc.stdout)[0]["policy"] == "psrl"
+
+
+def test_reference_benchmark_runs_quick():
+    """benchmarks/policies.py --quick prints the table, the acceptance lines and the frontier."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "policies.py"), "--quick"],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "acceptance" in out and "frontier" in out
+    assert out.count("psrl B'=1.5B") >= 9
