@@ -1,0 +1,218 @@
+"""The policy: a Hugging Face causal LM with one decode step, generation and log-prob recomputation.
+
+Log-probabilities are always ``log_softmax(logits / temperature)`` of the sampled token. The
+behaviour log-prob recorded at generation (:meth:`Policy.next_token`) and the log-prob the
+trainer recomputes (:meth:`Policy.sequence_logprobs`) use the same formula, so for the same
+weights and tokens they agree to float precision -- the importance ratios of the off-policy
+corrections then measure only the policy change, not a bookkeeping mismatch.
+
+``top_p`` only restricts *sampling* to the nucleus; the recorded log-prob stays the one of the
+full tempered distribution (the distribution the trainer can recompute). With ``top_p < 1``
+the recorded value is therefore not the exact sampling probability: that is the usual choice
+of RL frameworks and keeps recorded and recomputed log-probs comparable.
+
+``temperature <= 0`` means greedy decoding; log-probs are then those of temperature 1.
+
+No KV cache: every step runs the whole (left-padded) batch. The built-in models are tiny and
+sequences short, and correctness (exact position ids under padding) comes first.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["Policy", "build_policy", "resolve_device"]
+
+
+class Policy:
+    """A causal LM plus its tokenizer, a weight ``version`` and a seeded sampling generator."""
+
+    def __init__(self, model, tokenizer, device: str = "cpu", seed: int = 0):
+        self.model = model.to(device)
+        self.model.eval()  # no dropout ever: recorded and recomputed log-probs must agree
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.pad_id = int(tokenizer.pad_id)
+        self.version = 0
+        self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
+
+    # ------------------------------------------------------------------ decoding
+
+    @torch.no_grad()
+    def next_token(self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[int], list[float]]:
+        """One decode step for a batch of variable-length sequences: (sampled tokens, their log-probs).
+
+        Sequences are left-padded with an attention mask and position ids that count only real
+        tokens, so each row sees exactly what it would see alone.
+        """
+        if not seqs:
+            return [], []
+        ids, mask = _left_pad(seqs, self.pad_id, self.device)
+        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        logits = self._forward(ids, mask, pos, last_only=True)[:, -1, :].float()
+        logp = F.log_softmax(logits / _temp(temperature), dim=-1)
+        if temperature <= 0:
+            tokens = logp.argmax(dim=-1)
+        else:
+            probs = _nucleus(logp.exp(), top_p).cpu()
+            tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(1).to(logp.device)
+        chosen = logp.gather(1, tokens[:, None]).squeeze(1)
+        return tokens.tolist(), chosen.tolist()
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_ids: Optional[Iterable[int]] = None,
+    ) -> list[tuple[list[int], list[float]]]:
+        """Sample up to ``max_new_tokens`` per prompt; a row stops after emitting a stop token (kept)."""
+        stop = set(stop_ids or ())
+        out: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
+        active = list(range(len(prompts)))
+        for _ in range(max_new_tokens):
+            if not active:
+                break
+            toks, lps = self.next_token([list(prompts[i]) + out[i][0] for i in active], temperature, top_p)
+            still = []
+            for i, t, lp in zip(active, toks, lps):
+                out[i][0].append(t)
+                out[i][1].append(lp)
+                if t not in stop:
+                    still.append(i)
+            active = still
+        return out
+
+    # ------------------------------------------------------------------ training
+
+    def sequence_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]], temperature: float = 1.0) -> Tensor:
+        """``[B, T]`` log-probs of each response token given everything before it, right-padded with 0.
+
+        Runs with gradients unless the caller disables them. Every response token is scored,
+        tool-output tokens included; the caller masks those out.
+        """
+        full = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+        ids, mask = _right_pad(full, self.pad_id, self.device)
+        pos = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        logits = self._forward(ids, mask, pos, last_only=False)
+        t_max = max((len(r) for r in response_ids), default=0)
+        if t_max == 0:
+            return logits.new_zeros((len(full), 0))
+        starts = torch.tensor([len(p) - 1 for p in prompt_ids], device=self.device)
+        steps = torch.arange(t_max, device=self.device)
+        where = (starts[:, None] + steps[None, :]).clamp(max=ids.shape[1] - 1)
+        picked = logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1])).float()
+        logp = F.log_softmax(picked / _temp(temperature), dim=-1)
+        targets, valid = _right_pad(response_ids, 0, self.device)
+        chosen = logp.gather(2, targets[:, :, None]).squeeze(2)
+        return chosen * valid.to(chosen.dtype)
+
+    # ------------------------------------------------------------------ weights
+
+    def export_state(self) -> dict[str, Tensor]:
+        """CPU copies of every weight (what a ParameterStore publishes)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def load_state(self, state: dict[str, Tensor], version: int) -> None:
+        """Load published weights and take their version."""
+        self.model.load_state_dict(state)
+        self.version = int(version)
+
+    def _forward(self, ids: Tensor, mask: Tensor, pos: Tensor, last_only: bool) -> Tensor:
+        kw = {"logits_to_keep": 1} if last_only else {}
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kw).logits
+
+
+def _temp(temperature: float) -> float:
+    return float(temperature) if temperature > 0 else 1.0
+
+
+def _nucleus(probs: Tensor, top_p: float) -> Tensor:
+    """Zero the tail outside the smallest set of tokens whose mass reaches ``top_p`` (always keep the top one)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    before = sorted_p.cumsum(dim=-1) - sorted_p
+    sorted_p = torch.where(before < top_p, sorted_p, torch.zeros_like(sorted_p))
+    return torch.zeros_like(probs).scatter(-1, order, sorted_p)
+
+
+def _left_pad(seqs: list[list[int]], pad: int, device) -> tuple[Tensor, Tensor]:
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, n - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, n - len(s):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _right_pad(seqs: list[list[int]], pad: int, device) -> tuple[Tensor, Tensor]:
+    n = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), n), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when available, else ``cpu``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_policy(model_cfg, tokenizer_or_task, seed: int = 0) -> Policy:
+    """Build the policy of ``model.*``: the tiny built-in GPT-2, or a local HF directory / GGUF file.
+
+    ``tokenizer_or_task`` is a tokenizer or anything with a ``.tokenizer`` (a task). The built-in
+    model takes its vocabulary size from it; a loaded model gets its embeddings resized when the
+    task added marker tokens to the model's tokenizer.
+    """
+    tok = getattr(tokenizer_or_task, "tokenizer", tokenizer_or_task)
+    device = resolve_device(model_cfg.device)
+    dtype = _DTYPES[model_cfg.dtype]
+    if model_cfg.path is None:
+        model = _tiny_gpt2(model_cfg, tok, seed)
+    else:
+        model = _load_local(model_cfg, tok)
+    return Policy(model.to(dtype), tok, device=device, seed=seed)
+
+
+def _tiny_gpt2(model_cfg, tok, seed: int):
+    """A GPT-2 built from ``model.*`` sizes, initialised from ``seed`` (no download, no dropout)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=tok.vocab_size, n_positions=model_cfg.n_positions, n_embd=model_cfg.n_embd,
+        n_layer=model_cfg.n_layer, n_head=model_cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(config)
+
+
+def _load_local(model_cfg, tok):
+    """``AutoModelForCausalLM`` from ``model.path`` (offline), optionally from ``model.gguf_file``."""
+    from transformers import AutoModelForCausalLM
+
+    kw = {"local_files_only": True, "dtype": _DTYPES[model_cfg.dtype]}
+    if model_cfg.gguf_file:
+        kw["gguf_file"] = model_cfg.gguf_file
+    model = AutoModelForCausalLM.from_pretrained(model_cfg.path, **kw)
+    if tok.vocab_size > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(tok.vocab_size)
+    return model

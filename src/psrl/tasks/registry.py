@@ -1,0 +1,39 @@
+"""Tasks by name: the built-ins (``arith``, ``tool_arith``) or any ``module:Class``."""
+
+from __future__ import annotations
+
+import importlib
+
+from psrl.config import ConfigError
+
+__all__ = ["get_task", "register_task", "TASKS"]
+
+TASKS: dict[str, str] = {
+    "arith": "psrl.tasks.arith:ArithTask",
+    "tool_arith": "psrl.tasks.tool_arith:ToolArithTask",
+}
+
+
+def register_task(name: str, target: str) -> None:
+    """Register ``name`` -> ``"module:Class"`` so configs can say ``task.name: <name>``."""
+    TASKS[name] = target
+
+
+def _resolve(name: str):
+    target = TASKS.get(name, name)
+    if ":" not in target:
+        raise ConfigError("task.name", f"unknown task {name!r}", f"use one of {', '.join(sorted(TASKS))} or module:Class")
+    mod, _, cls = target.partition(":")
+    try:
+        return getattr(importlib.import_module(mod), cls)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError("task.name", f"cannot load {target!r}: {e}", "give an importable module:Class") from e
+
+
+def get_task(task_cfg, seed: int = 0, tokenizer=None):
+    """Build ``task.name`` with ``task.kwargs``; ``tokenizer`` is the model's own (None: the task's built-in one).
+
+    A ``module:Class`` task is called as ``Class(task_cfg, seed=seed, tokenizer=tokenizer, **task.kwargs)``.
+    """
+    cls = _resolve(task_cfg.name)
+    return cls(task_cfg, seed=seed, tokenizer=tokenizer, **dict(task_cfg.kwargs))

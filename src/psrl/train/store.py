@@ -1,0 +1,61 @@
+"""Versioned weights for the rollout side to pull: the trainer publishes, instances ``get``.
+
+Thread-safe (one lock around every read and write). Keeps only the newest ``keep`` versions
+so memory stays bounded; the staleness bound means nobody needs weights older than that
+(``keep >= 1``; pick ``staleness + 1`` or so when instances may lag).
+
+States are shared, not copied, on ``get``: treat them as read-only (``load_state_dict`` copies
+into the model, so the normal use is safe).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Optional
+
+from torch import Tensor
+
+__all__ = ["ParameterStore"]
+
+
+class ParameterStore:
+    """``publish(version, state)``, ``latest_version()``, ``get(version=None) -> (version, state)``."""
+
+    def __init__(self, keep: int = 2):
+        if keep < 1:
+            raise ValueError(f"ParameterStore keep must be >= 1, got {keep}")
+        self.keep = int(keep)
+        self._lock = threading.Lock()
+        self._states: "OrderedDict[int, dict[str, Tensor]]" = OrderedDict()
+
+    def publish(self, version: int, state: dict[str, Tensor]) -> None:
+        """Store ``state`` as ``version``; versions must strictly increase. Evicts beyond ``keep``."""
+        with self._lock:
+            latest = next(reversed(self._states)) if self._states else None
+            if latest is not None and version <= latest:
+                raise ValueError(f"publish version {version} <= latest published version {latest}")
+            self._states[int(version)] = state
+            while len(self._states) > self.keep:
+                self._states.popitem(last=False)
+
+    def latest_version(self) -> Optional[int]:
+        """Newest published version, or None before the first publish."""
+        with self._lock:
+            return next(reversed(self._states)) if self._states else None
+
+    def versions(self) -> list[int]:
+        """The versions still held, oldest first."""
+        with self._lock:
+            return list(self._states)
+
+    def get(self, version: Optional[int] = None) -> tuple[int, dict[str, Tensor]]:
+        """``(version, state)`` of ``version`` (default: the newest); ``KeyError`` if not held."""
+        with self._lock:
+            if not self._states:
+                raise KeyError("ParameterStore is empty: nothing has been published yet")
+            if version is None:
+                version = next(reversed(self._states))
+            if version not in self._states:
+                raise KeyError(f"version {version} is not held (held: {list(self._states)})")
+            return version, self._states[version]

@@ -1,0 +1,174 @@
+"""The trainer: one consumed batch of groups -> GRPO advantages -> ``minibatches`` AdamW steps.
+
+Three log-probs per token, as the decoupled off-policy objective needs (see :mod:`psrl.algo.losses`):
+
+* ``behav_logp`` -- recorded at generation (``traj.logprobs``), by whatever version produced it;
+* ``old_logp``   -- the trainer's pre-update policy, computed once, without grad, before the
+  first minibatch (the PPO ratio is against it; the IS correction is ``old / behav``);
+* ``logp``       -- the current weights, with grad, recomputed per minibatch.
+
+Tool tokens are in the response but ``loss_mask`` 0, so they are context only.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import torch
+
+from psrl.algo.advantages import group_advantages
+from psrl.algo.losses import policy_loss
+
+__all__ = ["Trainer"]
+
+
+class Trainer:
+    """Owns the optimiser of ``policy``; ``step(batch)`` trains on ``batch.groups`` and bumps the version.
+
+    After ``step`` the policy holds version ``batch.version + 1``; if a ``store`` is given the new
+    weights are published there under that version.
+    """
+
+    def __init__(self, policy, algo_cfg, trainer_cfg, store=None):
+        self.policy = policy
+        self.algo_cfg = algo_cfg
+        self.cfg = trainer_cfg
+        self.store = store
+        self.rng = random.Random(trainer_cfg.seed)
+        torch.manual_seed(trainer_cfg.seed)
+        self.optimizer = self._adamw(trainer_cfg.lr)
+
+    def _adamw(self, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.policy.model.parameters(), lr=lr, weight_decay=self.cfg.weight_decay)
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the trainer holds."""
+        return self.policy.version
+
+    # ------------------------------------------------------------------ RL step
+
+    def step(self, batch) -> dict[str, float]:
+        """One training step on ``batch`` (``.version``, ``.groups``: lists of Trajectory). Returns metrics."""
+        groups = [list(g) for g in batch.groups if len(g) > 0]
+        trajs = [t for g in groups for t in g]
+        if not trajs:
+            raise ValueError("Trainer.step: the batch holds no trajectories")
+        advs = group_advantages([[t.reward for t in g] for g in groups], norm_by_std=self.algo_cfg.norm_adv_by_std)
+        dev = self.policy.device
+        adv = torch.tensor([a for g in advs for a in g], dtype=torch.float32, device=dev)
+        prompts = [t.prompt_ids for t in trajs]
+        responses = [t.response_ids for t in trajs]
+        mask = _pad([t.loss_mask for t in trajs], dev)
+        behav = _pad([t.logprobs for t in trajs], dev)
+        temp = self.cfg.temperature
+        with torch.no_grad():
+            old = self.policy.sequence_logprobs(prompts, responses, temp)
+        per_mb = []
+        for idx in _split(len(trajs), self.cfg.minibatches):
+            logp = self.policy.sequence_logprobs([prompts[i] for i in idx], [responses[i] for i in idx], temp)
+            width = logp.shape[1]
+            loss, m = policy_loss(logp, old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg)
+            m["train/grad_norm"] = self._optimise(loss)
+            m["train/loss"] = float(loss.detach())
+            per_mb.append(m)
+        self.policy.version = int(batch.version) + 1
+        if self.store is not None:
+            self.store.publish(self.policy.version, self.policy.export_state())
+        return {**_mean_metrics(per_mb), **_batch_metrics(batch.version, trajs, adv, mask), "train/version": self.policy.version}
+
+    def _optimise(self, loss: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        return float(norm)
+
+    # ------------------------------------------------------------------ warm start
+
+    def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: Optional[float] = None) -> list[float]:
+        """Supervised steps (masked next-token cross-entropy) on ``demos``; returns the loss per step.
+
+        Uses its own AdamW (``lr``, default ``trainer.warm_start_lr``) so the RL optimiser starts fresh.
+        """
+        if steps <= 0 or not demos:
+            return []
+        opt = self._adamw(self.cfg.warm_start_lr if lr is None else lr)
+        losses = []
+        for _ in range(steps):
+            chunk = [demos[self.rng.randrange(len(demos))] for _ in range(min(batch_size, len(demos)))]
+            logp = self.policy.sequence_logprobs([d[0] for d in chunk], [d[1] for d in chunk], 1.0)
+            mask = _pad([d[2] for d in chunk], self.policy.device)[:, : logp.shape[1]]
+            loss = -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip)
+            opt.step()
+            losses.append(float(loss.detach()))
+        return losses
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, directory: str | Path) -> Path:
+        """Write weights, optimiser state, version and generator states to ``directory/trainer.pt``."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save({
+            "model": self.policy.export_state(), "optimizer": self.optimizer.state_dict(),
+            "version": self.policy.version, "rng": self.rng.getstate(),
+            "sampler": self.policy.generator.get_state(), "torch_rng": torch.get_rng_state(),
+        }, path / "trainer.pt")
+        return path / "trainer.pt"
+
+    def load(self, directory: str | Path) -> int:
+        """Restore what :meth:`save` wrote; returns the restored version."""
+        ckpt = torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False)
+        self.policy.load_state(ckpt["model"], ckpt["version"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.rng.setstate(ckpt["rng"])
+        self.policy.generator.set_state(ckpt["sampler"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        return self.policy.version
+
+
+def _pad(rows: Iterable[list], device) -> torch.Tensor:
+    """Right-pad ragged float rows with 0 into ``[B, T]``."""
+    rows = list(rows)
+    width = max((len(r) for r in rows), default=0)
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
+    return out.to(device)
+
+
+def _split(n: int, parts: int) -> list[torch.Tensor]:
+    """Contiguous index chunks of ``range(n)``, ``min(parts, n)`` of them, sizes differing by at most one."""
+    return [c for c in torch.arange(n).tensor_split(min(max(parts, 1), n)) if len(c)]
+
+
+def _mean_metrics(per_mb: list[dict[str, Any]]) -> dict[str, float]:
+    keys = {k for m in per_mb for k in m}
+    return {k: sum(float(m[k]) for m in per_mb if k in m) / sum(1 for m in per_mb if k in m) for k in sorted(keys)}
+
+
+def _batch_metrics(version: int, trajs: list, adv: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """What the batch was: reward, accuracy, lengths, masked (tool) fraction, staleness."""
+    n = len(trajs)
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+    tokens = sum(len(t.response_ids) for t in trajs)
+    stale = [int(version) - t.v_traj for t in trajs]
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std(unbiased=False)),
+        "reward/acc": sum(t.metrics.get("acc", t.reward) for t in trajs) / n,
+        "batch/trajectories": float(n),
+        "batch/response_len_mean": tokens / n,
+        "batch/masked_frac": 1.0 - float(mask.sum()) / max(tokens, 1),
+        "batch/truncated_frac": sum(bool(t.truncated) for t in trajs) / n,
+        "train/adv_abs_mean": float(adv.abs().mean()),
+        "staleness/mean": sum(stale) / n,
+        "staleness/max": float(max(stale)),
+    }

