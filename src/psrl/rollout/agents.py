@@ -1,0 +1,349 @@
+"""The agent manager: prompts in, groups of trajectories out, through the staleness protocol.
+
+One dispatcher loop, written so the staleness window is spent on generation only::
+
+    take N' worker slots  ->  await reserve(v)  ->  sample a prompt  ->  launch N' members
+
+``v`` is the oldest rollout instance version, so every member may run on any instance and its
+own ``V_traj`` (its instance's version when it starts) is ``>= v`` as ``complete`` requires.
+Back-pressure comes from the protocol alone (``reserve`` waits), never from a queue limit.
+
+Each member plays one episode of the task through a :class:`~psrl.rollout.session.Session`,
+computes its reward and calls ``complete``. Every status is acted on at once:
+
+* ``occupied`` -- the group has its N members: the remaining ``N' - N`` are cancelled;
+* ``surplus`` / ``filtered`` / ``rejected``, an entry in ``drain_aborted()`` -- the group's
+  in-flight members are cancelled (real asyncio cancellation: the engine drops their requests
+  at the next token boundary) and every trajectory it held is recorded with that status.
+
+A raising episode or reward function is retried ``psrl.reward_retries`` times, then reported
+(record ``status: error``, ``counts/failed``); if the group can no longer reach N members its
+entry is aborted, so the slot refills instead of blocking a buffer. The proactive filter
+(:mod:`psrl.rollout.proactive`) runs after every change of the protocol state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from typing import Any, Hashable, Optional
+
+from psrl.rollout.proactive import ProactiveFilter
+from psrl.rollout.records import Counts, WorkerSlots, trajectory_record
+from psrl.rollout.session import Session
+from psrl.staleness import StaleVersionError, Status
+from psrl.tasks.base import episode_to_trajectory
+
+__all__ = ["AgentManager"]
+
+log = logging.getLogger(__name__)
+
+
+class _Member:
+    """One launched trajectory of a group (one agent worker)."""
+
+    __slots__ = ("idx", "uid", "task", "session", "started", "cancelled", "done", "keep_slot")
+
+    def __init__(self, idx: int, uid: str):
+        self.idx = idx
+        self.uid = uid
+        self.task: Optional[asyncio.Task] = None
+        self.session: Optional[Session] = None
+        self.started = 0.0
+        self.cancelled = False
+        self.done = False
+        self.keep_slot = False
+
+
+class _Group:
+    """A reserved group entry and its members."""
+
+    __slots__ = ("eid", "uid", "prompt", "version", "members", "held", "next_idx", "occupied", "proactive")
+
+    def __init__(self, eid: Hashable, uid: str, prompt: Any, version: int):
+        self.eid = eid
+        self.uid = uid
+        self.prompt = prompt
+        self.version = version
+        self.members: dict[int, _Member] = {}
+        self.held: list = []
+        self.next_idx = 0
+        self.occupied: Optional[int] = None
+        self.proactive = False
+
+    def live(self) -> list[_Member]:
+        """Members still generating (not finished, not being cancelled), in launch order."""
+        return [m for m in self.members.values() if not m.done and not m.cancelled]
+
+
+class AgentManager:
+    """Dispatches groups to the rollout pool and feeds the staleness manager.
+
+    Args:
+        task: a :class:`psrl.tasks.Task` (``sample_prompt``, ``run_episode``, ``reward``).
+        staleness: the :class:`psrl.staleness.StalenessManager`.
+        pool: the :class:`psrl.rollout.pool.InstancePool`.
+        psrl_cfg: ``psrl.*`` (group sizes, proactive filter, reward retries).
+        workers: agent workers (trajectories generated at once).
+        sink: gets one ``trajectory(record)`` call per trajectory that reached the manager.
+        seed: seeds the prompt stream and the per-episode rngs.
+    """
+
+    def __init__(self, task: Any, staleness: Any, pool: Any, psrl_cfg: Any, workers: int,
+                 sink: Any = None, seed: int = 0):
+        self.task = task
+        self.staleness = staleness
+        self.pool = pool
+        self.n_launch = psrl_cfg.redundant_group_size
+        self.n_need = psrl_cfg.group_size
+        self.retries = int(psrl_cfg.reward_retries)
+        self.slots = WorkerSlots(workers)
+        if self.n_launch > workers:
+            raise ValueError(f"a group launches {self.n_launch} trajectories but only {workers} agent workers exist "
+                             "(raise psrl.max_concurrent_per_instance or lower psrl.redundant_rollout.redundant_rollout_n)")
+        self.proactive = ProactiveFilter(self, psrl_cfg.proactive_filter_strategy, psrl_cfg.staleness)
+        self.sink = sink
+        self.rng = random.Random(seed)
+        self.counts = Counts()
+        self.groups: dict[Hashable, _Group] = {}
+        self.next_group = 0
+        self.failure: Optional[asyncio.Future] = None
+
+    # ------------------------------------------------------------------ dispatch
+
+    def start(self) -> asyncio.Task:
+        """Start the dispatcher; ``failure`` gets the exception of any agent worker that crashes."""
+        loop = asyncio.get_running_loop()
+        self.failure = loop.create_future()
+        return loop.create_task(self.run(), name="agent-dispatcher")
+
+    async def run(self) -> None:
+        """Dispatch groups until cancelled."""
+        while True:
+            await self.slots.acquire(self.n_launch)
+            try:
+                eid, version = await self._reserve()
+            except BaseException:
+                self.slots.release(self.n_launch)
+                raise
+            self._start_group(eid, version)
+
+    async def _reserve(self) -> tuple[Hashable, int]:
+        """Reserve at the oldest instance version; if it is too old, wait for the instances to sync."""
+        while True:
+            version = self.pool.min_version()
+            reserve = asyncio.ensure_future(self.staleness.reserve(version))
+            newer = asyncio.ensure_future(self.pool.wait_version_above(version))
+            try:
+                # A newer version reserves into a later buffer: do not keep waiting at the old one.
+                await asyncio.wait({reserve, newer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                newer.cancel()
+                if not reserve.done():
+                    reserve.cancel()
+            if not reserve.done() or reserve.cancelled():
+                continue
+            try:
+                return reserve.result(), version
+            except StaleVersionError:
+                await self.pool.wait_version_above(version)
+
+    def _start_group(self, eid: Hashable, version: int) -> None:
+        prompt = self.task.sample_prompt(self.rng)
+        g = _Group(eid, f"g{self.next_group}", prompt, version)
+        self.next_group += 1
+        self.counts.groups += 1
+        self.groups[eid] = g
+        for _ in range(self.n_launch):
+            self._launch(g)
+
+    def _launch(self, g: _Group) -> _Member:
+        """Start one member on an agent worker (its slot is already taken)."""
+        m = _Member(g.next_idx, f"{g.uid}-{g.next_idx}")
+        g.next_idx += 1
+        g.members[m.idx] = m
+        rng = random.Random(self.rng.getrandbits(64))
+        m.task = asyncio.get_running_loop().create_task(self._member(g, m, rng), name=m.uid)
+        m.task.add_done_callback(functools.partial(self._member_finished, g, m))
+        return m
+
+    # ------------------------------------------------------------------ one member
+
+    async def _member(self, g: _Group, m: _Member, rng: random.Random) -> None:
+        m.started = asyncio.get_running_loop().time()
+        m.session = Session(self.pool, g.version, g.prompt.ids)
+        episode = await self._episode(g, m, rng)
+        if episode is None:
+            return
+        reward = self._reward(g, m, episode)
+        if reward is not None:
+            self._complete(g, m, self._trajectory(g, m, episode, reward))
+
+    def _member_finished(self, g: _Group, m: _Member, task: asyncio.Task) -> None:
+        """Runs for every member however it ended (even if cancelled before it started)."""
+        m.done = True
+        if m.session is not None:
+            m.session.close()
+        g.members.pop(m.idx, None)
+        if not m.keep_slot:
+            self.slots.release(1)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent worker %s crashed: %r", m.uid, task.exception())
+            if self.failure is not None and not self.failure.done():
+                self.failure.set_exception(task.exception())
+
+    async def _episode(self, g: _Group, m: _Member, rng: random.Random) -> Any:
+        """Run the episode, retrying a raising agent loop; None once reported as failed."""
+        err: Optional[BaseException] = None
+        for attempt in range(1 + self.retries):
+            try:
+                return await self.task.run_episode(g.prompt, m.session.generate, rng)
+            except Exception as e:  # CancelledError is a BaseException: it passes through
+                err = e
+                if attempt < self.retries:
+                    self.counts.error_retries += 1
+        self._fail(g, m, "episode", err)
+        return None
+
+    def _reward(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
+        """The task's reward, retrying a raising reward function; None once reported as failed."""
+        err: Optional[BaseException] = None
+        for attempt in range(1 + self.retries):
+            try:
+                return self.task.reward(g.prompt, episode)
+            except Exception as e:
+                err = e
+                if attempt < self.retries:
+                    self.counts.error_retries += 1
+        self._fail(g, m, "reward", err, episode)
+        return None
+
+    def _trajectory(self, g: _Group, m: _Member, episode: Any, reward: dict) -> Any:
+        s = m.session
+        v_traj = s.v_traj if s is not None else g.version
+        return episode_to_trajectory(
+            g.prompt, episode, reward, uid=m.uid, group=g.uid, v_traj=v_traj,
+            instances=list(s.instances) if s is not None else [],
+            gen_seconds=asyncio.get_running_loop().time() - m.started,
+        )
+
+    # ------------------------------------------------------------------ statuses
+
+    def _complete(self, g: _Group, m: _Member, traj: Any) -> None:
+        """Hand one trajectory to the manager and act on the status it returns."""
+        m.done = True  # no longer generating: filters must not cancel or replace it
+        res = self.staleness.complete(g.eid, traj, traj.v_traj)
+        self.counts.generated += 1
+        status = res.status
+        if status == Status.PENDING:
+            g.held.append(traj)
+        elif status == Status.OCCUPIED:
+            g.held.append(traj)
+            g.occupied = res.buffer
+            self._cancel_members(g, keep=m)
+        elif status == Status.SURPLUS and g.occupied is not None:
+            self._record(traj, "surplus")
+            self.counts.surplus += 1
+        else:  # surplus (no buffer had room), filtered, rejected: the group is over
+            g.held.append(traj)
+            self._end_group(g, str(status), keep=m)
+        self.after_change()
+
+    def _end_group(self, g: _Group, status: str, abort: bool = False, keep: Optional[_Member] = None) -> None:
+        """Forget a group that will not be trained: record what it held, cancel what runs."""
+        if self.groups.pop(g.eid, None) is None:
+            return
+        if abort and self.staleness.abort(g.eid):
+            self.counts.aborted += 1
+        counter = {"surplus": "surplus", "filtered": "filtered", "rejected": "rejected"}.get(status)
+        for traj in g.held:
+            self._record(traj, status)
+            if counter:
+                setattr(self.counts, counter, getattr(self.counts, counter) + 1)
+        g.held = []
+        self._cancel_members(g, keep=keep)
+
+    def _cancel_members(self, g: _Group, keep: Optional[_Member] = None) -> None:
+        for m in g.live():
+            if m is not keep:
+                m.cancelled = True
+                m.task.cancel()
+                self.counts.cancelled += 1
+
+    def _fail(self, g: _Group, m: _Member, stage: str, err: Optional[BaseException], episode: Any = None) -> None:
+        """Report a member whose episode or reward kept raising; abort the entry if the group cannot fill."""
+        m.done = True
+        self.counts.failed += 1
+        log.warning("trajectory %s failed in %s after %d retries: %r", m.uid, stage, self.retries, err)
+        rec = {"uid": m.uid, "group": g.uid, "v_traj": m.session.v_traj if m.session else g.version,
+               "segment_versions": [], "instances": list(m.session.instances) if m.session else [],
+               "status": "error", "error": f"{stage}: {err!r}", "prompt": getattr(g.prompt, "text", "")}
+        if episode is not None:
+            rec["segment_versions"] = _segments(episode.token_versions)
+        self._emit(rec)
+        if g.eid in self.groups and g.occupied is None:
+            others = [x for x in g.live() if x is not m]
+            if len(g.held) + len(others) < self.n_need:
+                self._end_group(g, "aborted", abort=True)
+                self.after_change()
+
+    def after_change(self) -> None:
+        """The protocol state changed: cancel passively aborted work, then run the proactive filter."""
+        for eid in self.staleness.drain_aborted():
+            g = self.groups.get(eid)
+            if g is not None:
+                self.counts.aborted += 1
+                self._end_group(g, "aborted")
+        self.proactive.check()
+
+    def after_consume(self, batch: Any) -> None:
+        """Record the trajectories of a consumed batch as trained (they leave the rollout side)."""
+        for eid, trajs in zip(batch.entries, batch.groups):
+            self.groups.pop(eid, None)
+            for traj in trajs:
+                self._record(traj, "trained", consumed_version=batch.version)
+                self.counts.trained += 1
+        self.after_change()
+
+    # ------------------------------------------------------------------ records and shutdown
+
+    def _record(self, traj: Any, status: str, consumed_version: Optional[int] = None) -> None:
+        self._emit(trajectory_record(traj, status, consumed_version))
+
+    def _emit(self, rec: dict) -> None:
+        if self.sink is not None:
+            self.sink.trajectory(rec)
+
+    async def shutdown(self, record_held: bool = True) -> None:
+        """Cancel every member and wait for them; record still-held trajectories as ``held``."""
+        tasks = [m.task for g in self.groups.values() for m in g.members.values() if m.task is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if record_held:
+            for g in self.groups.values():
+                for traj in g.held:
+                    self._record(traj, "held")
+                g.held = []
+
+    def state(self) -> dict:
+        """What a checkpoint needs to continue the prompt stream and the counters."""
+        from dataclasses import asdict
+
+        return {"rng": self.rng.getstate(), "counts": asdict(self.counts), "next_group": self.next_group}
+
+    def load_state(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+        self.counts = Counts(**state["counts"])
+        self.next_group = int(state["next_group"])
+
+
+def _segments(token_versions: list[int]) -> list[int]:
+    out: list[int] = []
+    for v in token_versions:
+        if v >= 0 and (not out or out[-1] != v):
+            out.append(v)
+    return out

@@ -1,0 +1,130 @@
+"""A fake task and a fake trainer that pair with :class:`~psrl.rollout.engine.FakeEngine`.
+
+They implement the real interfaces (:class:`psrl.tasks.Task`'s methods, ``Trainer.step``), so
+tests and the simulator run the *real* coordinator on them, in virtual time, with every
+latency and reward chosen by the test. Everything here is deterministic given the seeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from psrl.rollout.engine import FakeEngine
+from psrl.tasks.base import Episode, Prompt
+
+__all__ = ["FakeTask", "FakeTrainer"]
+
+LatencyFn = Callable[[Prompt, int, int], float]
+ScoreFn = Callable[[Prompt, Episode], float]
+
+
+class FakeTask:
+    """``turns`` model turns of ``turn_tokens`` tokens separated by tool calls of chosen latency.
+
+    Args:
+        turns: model turns per episode (``turns - 1`` tool calls in between).
+        turn_tokens: ``max_new_tokens`` of every turn.
+        tool_latency: seconds of every tool call (when ``latency_fn`` is None).
+        latency_fn: ``(prompt, episode_no, call_index) -> seconds``, called once per tool call;
+            ``episode_no`` counts episodes in start order (0, 1, ...), so a test can make exactly
+            one attempt slow (a retry is a new episode).
+        score_fn: ``(prompt, episode) -> score``; default: a coin drawn from the episode rng
+            (``episode.info["coin"]``), so members of a group differ.
+        reward_fn: replaces :meth:`reward` entirely (may raise, to test error handling).
+        episode_fn: called as ``episode_fn(prompt)`` at the start of every episode (may raise).
+    """
+
+    stop_ids: set = set()
+    max_context = 10**6
+
+    def __init__(self, turns: int = 2, turn_tokens: int = 4, tool_latency: float = 0.0,
+                 latency_fn: Optional[LatencyFn] = None, score_fn: Optional[ScoreFn] = None,
+                 reward_fn: Optional[Callable[[Prompt, Episode], dict]] = None,
+                 episode_fn: Optional[Callable[[Prompt], None]] = None):
+        self.turns = int(turns)
+        self.turn_tokens = int(turn_tokens)
+        self.tool_latency = float(tool_latency)
+        self.latency_fn = latency_fn
+        self.score_fn = score_fn
+        self.reward_fn = reward_fn
+        self.episode_fn = episode_fn
+        self.prompts = 0
+        self.episodes_started = 0
+        self.reward_calls = 0
+
+    def sample_prompt(self, rng: random.Random) -> Prompt:
+        n = self.prompts
+        self.prompts += 1
+        return Prompt(uid=f"p{n}", ids=[1, 2, 3 + n % 50], answer=n, text=f"prompt {n}")
+
+    async def run_episode(self, prompt: Prompt, generate: Any, rng: random.Random) -> Episode:
+        episode_no = self.episodes_started
+        self.episodes_started += 1
+        if self.episode_fn is not None:
+            self.episode_fn(prompt)
+        ep = Episode()
+        ep.info["coin"] = rng.random()
+        for turn in range(self.turns):
+            seg = await generate(list(prompt.ids) + ep.response_ids, self.turn_tokens)
+            ep.add_model(seg)
+            if turn + 1 < self.turns:
+                latency = self.latency_fn(prompt, episode_no, turn) if self.latency_fn else self.tool_latency
+                if latency > 0:
+                    await asyncio.sleep(latency)
+                ep.add_tool([5, 5])
+                ep.tool_calls += 1
+        return ep
+
+    def reward(self, prompt: Prompt, episode: Episode) -> dict:
+        self.reward_calls += 1
+        if self.reward_fn is not None:
+            return self.reward_fn(prompt, episode)
+        if self.score_fn is not None:
+            score = float(self.score_fn(prompt, episode))
+        else:
+            score = float(episode.info.get("coin", 0.0) > 0.5)
+        return {"score": score, "acc": score, "seq_reward": score, "seq_final_reward": score}
+
+    def demonstrations(self, n: int, rng: random.Random) -> list:
+        return []
+
+
+class FakeTrainer:
+    """``step`` takes ``train_time`` (virtual) seconds and bumps the version.
+
+    ``batches`` keeps every batch; ``intervals`` the (start, end) loop time of every step, so a
+    test can check what generation did while training ran. ``save`` / ``load`` write the version.
+    """
+
+    def __init__(self, policy: Optional[Any] = None, train_time: float = 0.1):
+        self.policy = policy if policy is not None else FakeEngine()
+        self.train_time = float(train_time)
+        self.batches: list = []
+        self.intervals: list[tuple[float, float]] = []
+
+    @property
+    def version(self) -> int:
+        return int(self.policy.version)
+
+    async def step(self, batch: Any) -> dict:
+        start = asyncio.get_running_loop().time()
+        if self.train_time > 0:
+            await asyncio.sleep(self.train_time)
+        self.batches.append(batch)
+        self.intervals.append((start, asyncio.get_running_loop().time()))
+        self.policy.version = int(batch.version) + 1
+        return {"train/loss": 0.0}
+
+    def save(self, directory: Any) -> Path:
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "trainer.json").write_text(json.dumps({"version": self.version}))
+        return path / "trainer.json"
+
+    def load(self, directory: Any) -> int:
+        self.policy.version = int(json.loads((Path(directory) / "trainer.json").read_text())["version"])
+        return self.version

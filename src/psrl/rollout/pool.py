@@ -1,0 +1,80 @@
+"""The rollout instances as one pool: routing, version waits, start/stop.
+
+The pool is what the agent manager talks to: ``min_version()`` is the version it reserves at
+(every instance is at least that new, so any member of the group may run anywhere),
+``route(v_min)`` picks an instance for a trajectory with ``V_traj >= v_min``, and
+``wait_version_above(v)`` parks the dispatcher when the staleness manager says ``v`` is too old.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional, Sequence
+
+from psrl.rollout.instance import RolloutInstance
+
+__all__ = ["InstancePool"]
+
+
+class InstancePool:
+    """Rollout instances plus the router that spreads trajectories over them."""
+
+    def __init__(self, instances: Sequence[RolloutInstance], router: Any):
+        if not instances:
+            raise ValueError("InstancePool needs at least one rollout instance")
+        self.instances = list(instances)
+        self.router = router
+        self._changed = asyncio.Event()
+        for inst in self.instances:
+            inst.on_version = self._on_version
+
+    def min_version(self) -> int:
+        """The oldest instance version (every instance can serve a group reserved at it)."""
+        return min(inst.version for inst in self.instances)
+
+    def versions(self) -> list[int]:
+        return [inst.version for inst in self.instances]
+
+    def route(self, v_min: int) -> RolloutInstance:
+        """An instance with version ``>= v_min`` for a trajectory; instances mid-sync only as a last resort."""
+        eligible = [inst for inst in self.instances if inst.version >= v_min]
+        if not eligible:
+            raise ValueError(f"no rollout instance holds version >= {v_min} (versions {self.versions()})")
+        ready = [inst for inst in eligible if not inst.syncing] or eligible
+        return self.router.pick(ready, len(self.instances))
+
+    async def wait_version_above(self, version: int) -> None:
+        """Return once every instance holds a version ``> version``."""
+        while self.min_version() <= version:
+            self._changed.clear()
+            await self._changed.wait()
+
+    def notify_published(self) -> None:
+        """A new version was published: every instance re-checks its sync strategy."""
+        for inst in self.instances:
+            inst.wake()
+
+    def _on_version(self, _inst: RolloutInstance) -> None:
+        self._changed.set()
+
+    def start(self) -> None:
+        for inst in self.instances:
+            inst.start()
+
+    async def stop(self) -> None:
+        for inst in self.instances:
+            await inst.stop()
+
+    def stats(self) -> dict[str, float]:
+        """Engine counters summed over instances (for metrics)."""
+        keys = ("steps", "tokens", "loads", "interrupted", "continued")
+        return {f"rollout/{k}": float(sum(getattr(i, k) for i in self.instances)) for k in keys}
+
+
+def describe(pool: Optional[InstancePool]) -> str:
+    """``v[3,3] run[5,4]`` -- versions and running trajectories per instance, for progress lines."""
+    if pool is None:
+        return ""
+    vs = ",".join(str(i.version) for i in pool.instances)
+    rs = ",".join(str(i.running) for i in pool.instances)
+    return f"v[{vs}] run[{rs}]"

@@ -1,0 +1,116 @@
+"""Bookkeeping of the rollout side: worker slots, counters and per-trajectory records.
+
+Every trajectory that reaches the staleness manager ends in exactly one record with a
+``status`` (``trained``, ``surplus``, ``filtered``, ``rejected``, ``aborted``, ``error``,
+``held``), so nothing is ever lost silently: a test can account for every trajectory from
+``trajectories.jsonl`` alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+__all__ = ["WorkerSlots", "Counts", "trajectory_record", "MemorySink"]
+
+
+class WorkerSlots:
+    """Agent workers: how many trajectories may be generated at once.
+
+    The dispatcher takes ``N'`` slots *before* it reserves a group entry, so a reservation
+    never waits in a queue while its staleness window runs out.
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"WorkerSlots capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        self.free = int(capacity)
+        self._freed = asyncio.Event()
+
+    async def acquire(self, n: int) -> None:
+        """Wait until ``n`` slots are free and take them."""
+        if n > self.capacity:
+            raise ValueError(f"a group needs {n} workers but only {self.capacity} exist")
+        while self.free < n:
+            self._freed.clear()
+            await self._freed.wait()
+        self.free -= n
+
+    def release(self, n: int = 1) -> None:
+        self.free += n
+        if self.free > self.capacity:
+            raise RuntimeError(f"released more worker slots than taken ({self.free} > {self.capacity})")
+        self._freed.set()
+
+    @property
+    def busy(self) -> int:
+        return self.capacity - self.free
+
+
+@dataclass
+class Counts:
+    """Cumulative counters (``counts/<name>`` in ``metrics.jsonl``)."""
+
+    groups: int = 0
+    """Group entries reserved and launched."""
+    generated: int = 0
+    """Trajectories handed to the staleness manager (``complete``)."""
+    trained: int = 0
+    """Trajectories in consumed batches."""
+    cancelled: int = 0
+    """In-flight trajectories cancelled (their engine work stopped): surplus members, aborted entries, retries."""
+    aborted: int = 0
+    """Group entries ended by an abort (failure) or a passive abort (redundancy)."""
+    filtered: int = 0
+    """Trajectories of groups the group filter dropped."""
+    surplus: int = 0
+    """Trajectories the manager did not store as surplus."""
+    rejected: int = 0
+    """Trajectories the manager rejected (their entry had ended)."""
+    retried: int = 0
+    """Trajectories re-dispatched by the proactive ``retry`` filter."""
+    truncated: int = 0
+    """Trajectories force-completed by the proactive ``truncate`` filter."""
+    failed: int = 0
+    """Trajectories whose episode or reward still raised after ``psrl.reward_retries`` retries (reported)."""
+    error_retries: int = 0
+    """Retries of a raising episode or reward function."""
+
+    def as_metrics(self) -> dict[str, int]:
+        return {f"counts/{k}": v for k, v in asdict(self).items()}
+
+
+def trajectory_record(traj: Any, status: str, consumed_version: Optional[int] = None, **extra: Any) -> dict:
+    """One ``trajectories.jsonl`` line for a :class:`psrl.types.Trajectory`."""
+    rec = {
+        "uid": traj.uid,
+        "group": traj.group,
+        "v_traj": int(traj.v_traj),
+        "segment_versions": list(traj.segment_versions),
+        "instances": list(traj.instances),
+        "status": str(status),
+        "reward": float(traj.reward),
+        "truncated": bool(traj.truncated),
+        "gen_seconds": round(float(traj.gen_seconds), 6),
+        "response_len": len(traj.response_ids),
+    }
+    if consumed_version is not None:
+        rec["consumed_version"] = int(consumed_version)
+    rec.update(extra)
+    return rec
+
+
+class MemorySink:
+    """Collects records in lists (tests, benchmarks); :class:`psrl.runtime.recorder.RunRecorder` writes files."""
+
+    def __init__(self) -> None:
+        self.trajectories: list[dict] = []
+        self.metrics: list[dict] = []
+
+    def trajectory(self, rec: dict) -> None:
+        self.trajectories.append(rec)
+
+    def metric(self, row: dict) -> None:
+        self.metrics.append(row)

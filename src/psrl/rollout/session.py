@@ -1,0 +1,108 @@
+"""One trajectory's view of the rollout side: the ``generate`` function a task's episode calls.
+
+A session is bound to one instance (its ``V_traj`` is that instance's version when the
+session opens) and keeps that affinity for every turn. If the instance hands a request back
+mid-generation (partial rollout with migration), the session continues it -- same tokens,
+remaining budget -- on whichever eligible instance the router picks, possibly another one;
+``instances`` then lists more than one instance.
+
+The session also keeps a running copy of the response (model tokens, tool tokens inferred from
+the growing context, and the tokens of the request in flight), so the proactive ``truncate``
+filter can force-complete a trajectory with its partial output after cancelling the episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from psrl.tasks.base import Episode, Segment
+
+__all__ = ["Session"]
+
+
+class Session:
+    """Generation for one trajectory of ``V_traj = instance.version`` at open time."""
+
+    def __init__(self, pool: Any, v_min: int, prompt_ids: list[int]):
+        self.pool = pool
+        self.instance = pool.route(v_min)
+        self.instance.attach()
+        self.v_traj = self.instance.version
+        self.instances: list[int] = []
+        self.migrations = 0
+        self._prompt_len = len(prompt_ids)
+        self._prompt = list(prompt_ids)
+        self._ep = Episode()
+        self._req: Any = None
+        self._closed = False
+
+    async def generate(self, context_ids: list[int], max_new_tokens: int) -> Segment:
+        """``GenerateFn``: up to ``max_new_tokens`` tokens after ``context_ids`` (stops after a stop id)."""
+        self._note_context(context_ids)
+        seg = Segment()
+        remaining = int(max_new_tokens)
+        while remaining > 0:
+            req = self.instance.submit(list(context_ids) + seg.tokens, remaining, self.v_traj)
+            self._req = req
+            try:
+                await req.future
+            except asyncio.CancelledError:
+                self.instance.cancel(req)
+                raise
+            finally:
+                self._req = None
+            self._take(seg, req)
+            remaining -= len(req.tokens)
+            if not req.interrupted:
+                break
+            self._migrate()
+        return seg
+
+    def _take(self, seg: Segment, req: Any) -> None:
+        """Append a request's output to the segment and to the running record."""
+        if req.tokens:
+            if not self.instances or self.instances[-1] != self.instance.index:
+                self.instances.append(self.instance.index)
+        seg.tokens += req.tokens
+        seg.logprobs += req.logprobs
+        seg.versions += req.versions
+        self._ep.add_model(Segment(list(req.tokens), list(req.logprobs), list(req.versions)))
+
+    def _migrate(self) -> None:
+        """Re-route after an interruption; the router may keep the same instance."""
+        target = self.pool.route(self.v_traj)
+        if target is not self.instance:
+            self.instance.detach()
+            target.attach()
+            self.instance = target
+            self.migrations += 1
+
+    def _note_context(self, context: list[int]) -> None:
+        """Tokens the context gained since the last call are tool output (masked, version -1)."""
+        known = self._prompt + self._ep.response_ids
+        if context[: len(known)] == known:
+            extra = list(context[len(known):])
+        else:  # the task rewrote its context: keep what it shows, all as context
+            self._ep = Episode()
+            extra = list(context[self._prompt_len:])
+        if extra:
+            self._ep.add_tool(extra)
+
+    def partial_episode(self) -> Episode:
+        """What this trajectory produced so far, including the request in flight, marked truncated."""
+        ep = Episode(list(self._ep.response_ids), list(self._ep.logprobs), list(self._ep.loss_mask),
+                     list(self._ep.token_versions), truncated=True, turns=self._ep.turns)
+        req = self._req
+        if req is not None and req.tokens:
+            ep.add_model(Segment(list(req.tokens), list(req.logprobs), list(req.versions)))
+            if not self.instances or self.instances[-1] != self.instance.index:
+                self.instances.append(self.instance.index)
+        ep.info["partial"] = True
+        return ep
+
+    def close(self) -> None:
+        """Unbind from the instance (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.instance.detach()

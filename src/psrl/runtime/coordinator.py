@@ -1,0 +1,185 @@
+"""The asynchronous coordinator: generation and training at the same time, within ``psrl.staleness``.
+
+The whole pipeline on one screen::
+
+    instances (token-level batching, sync strategy)  <--- ParameterStore <---+
+        ^                                                                   |
+        | route / migrate                                                   | publish T+1
+    agent manager: slots -> await reserve(v) -> N' members -> complete()   |
+        |                                                                   |
+        v                                                                   |
+    StalenessManager  --- await next_batch() --->  trainer.step (thread) ---+
+
+The trainer loop never waits for generation except through ``next_batch`` (buffer ``T`` READY),
+and generation never waits for training except through ``reserve`` (back-pressure of the
+protocol). ``trainer.step`` runs in a worker thread (or is awaited if it is a coroutine, as a
+fake trainer's is), so tool calls and decoding go on while it trains. With ``staleness: 0``
+no reservation is admitted between a consume and the publication of the next version, so the
+same code trains synchronously.
+
+Time comes only from the running event loop: ``asyncio.run`` in production, the virtual-time
+loop of :mod:`psrl.runtime.vloop` in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any, Callable, Optional, Sequence
+
+from psrl.algo.filters import build_group_filter
+from psrl.rollout.agents import AgentManager
+from psrl.rollout.instance import RolloutInstance
+from psrl.rollout.pool import InstancePool
+from psrl.rollout.router import build_router, build_sync
+from psrl.staleness import StalenessManager
+from psrl.train.store import ParameterStore
+
+__all__ = ["Coordinator", "build_staleness_manager"]
+
+
+def build_staleness_manager(cfg: Any, train_version: int = 0) -> StalenessManager:
+    """The staleness manager of ``psrl.*`` (with its group filter) at ``train_version``."""
+    p = cfg.psrl
+    return StalenessManager(
+        p.staleness, p.batch_size, p.group_size, p.redundant_batch_size, p.redundant_group_size,
+        group_filter=build_group_filter(p, cfg.algorithm), train_version=train_version,
+    )
+
+
+class Coordinator:
+    """Wires instances, router, sync strategy, agent manager, staleness manager and trainer.
+
+    Args:
+        cfg: the validated :class:`psrl.config.Config`.
+        task: the task (prompts, episodes, rewards).
+        trainer: ``step(batch) -> metrics`` (sync or async) and ``policy`` (``export_state``,
+            ``version``), e.g. :class:`psrl.train.Trainer`.
+        models: one model per rollout instance (``next_token``, ``load_state``, ``version``).
+        sink: ``trajectory(record)`` / ``metric(row)`` (a RunRecorder or a MemorySink).
+        staleness: a (restored) staleness manager; default: a fresh one at the trainer's version.
+    """
+
+    def __init__(self, cfg: Any, task: Any, trainer: Any, models: Sequence[Any], *, sink: Any = None,
+                 staleness: Optional[StalenessManager] = None):
+        p = cfg.psrl
+        self.cfg = cfg
+        self.trainer = trainer
+        self.sink = sink
+        policy = trainer.policy
+        self.store = ParameterStore(keep=p.staleness + 2)
+        self.store.publish(int(policy.version), policy.export_state())
+        self.staleness = staleness or build_staleness_manager(cfg, int(policy.version))
+        version, state = self.store.get()
+        for model in models:
+            model.load_state(state, version)
+        sync = build_sync(p.sync_strategy, p.sync_request_threshold, p.staleness, self.staleness)
+        instances = [
+            RolloutInstance(i, model, self.store, sync, partial_rollout=p.partial_rollout.enable,
+                            migration=p.partial_rollout.migration, stop_ids=getattr(task, "stop_ids", ()),
+                            temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p)
+            for i, model in enumerate(models)
+        ]
+        self.pool = InstancePool(instances, build_router(p.router))
+        self.agents = AgentManager(task, self.staleness, self.pool, p, workers=len(instances) * p.max_concurrent_per_instance,
+                                   sink=sink, seed=cfg.trainer.seed)
+        self.rows: list[dict] = []
+        self.on_step: Optional[Callable[["Coordinator", dict], None]] = None
+        self.in_step = False
+        self._t0 = 0.0
+        self._last = 0.0
+
+    @property
+    def version(self) -> int:
+        return int(self.trainer.policy.version)
+
+    async def run(self, total_steps: int) -> list[dict]:
+        """Train until the trainer holds version ``total_steps``; returns one metrics row per step."""
+        loop = asyncio.get_running_loop()
+        self._t0 = self._last = loop.time()
+        self.pool.start()
+        dispatcher = self.agents.start()
+        finished = False
+        try:
+            while self.version < total_steps:
+                batch = await self._next_batch(dispatcher)
+                await self._train_on(batch)
+            finished = True
+        finally:
+            dispatcher.cancel()
+            await asyncio.gather(dispatcher, return_exceptions=True)
+            await self.agents.shutdown(record_held=finished)
+            await self.pool.stop()
+        return self.rows
+
+    async def _next_batch(self, dispatcher: asyncio.Task) -> Any:
+        """``await next_batch()``, but fail fast if the dispatcher or an agent worker crashed."""
+        nb = asyncio.ensure_future(self.staleness.next_batch())
+        watched = {nb, dispatcher, self.agents.failure}
+        try:
+            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            nb.cancel()
+            raise
+        if nb in done:
+            return nb.result()
+        nb.cancel()
+        for fut in done:
+            fut.result()  # raises the crash
+        raise RuntimeError("the agent dispatcher stopped")
+
+    async def _train_on(self, batch: Any) -> None:
+        """Record the batch, train on it (generation keeps going), publish ``T + 1``, wake instances."""
+        loop = asyncio.get_running_loop()
+        self.agents.after_consume(batch)
+        started = loop.time()
+        self.in_step = True
+        try:
+            metrics = await self._step(batch)
+        finally:
+            self.in_step = False
+        version = int(batch.version) + 1
+        policy = self.trainer.policy
+        policy.version = version
+        self.store.publish(version, policy.export_state())
+        self.pool.notify_published()
+        row = self._row(batch, metrics or {}, loop.time() - started)
+        self.rows.append(row)
+        if self.sink is not None:
+            self.sink.metric(row)
+        if self.on_step is not None:
+            self.on_step(self, row)
+
+    async def _step(self, batch: Any) -> dict:
+        step = self.trainer.step
+        if inspect.iscoroutinefunction(step):
+            return await step(batch)
+        return await asyncio.to_thread(step, batch)
+
+    def _row(self, batch: Any, metrics: dict, train_seconds: float) -> dict:
+        """One ``metrics.jsonl`` line: progress, reward, staleness, buffer states, counters, throughput."""
+        now = asyncio.get_running_loop().time()
+        trajs = [t for g in batch.groups for t in g]
+        stale = [int(batch.version) - int(t.v_traj) for t in trajs]
+        elapsed = max(now - self._t0, 1e-9)
+        row = {
+            "step": int(batch.version) + 1,
+            "version": int(batch.version) + 1,
+            "time": round(elapsed, 6),
+            "step_seconds": round(now - self._last, 6),
+            "train_seconds": round(train_seconds, 6),
+            "reward/mean": sum(t.reward for t in trajs) / max(len(trajs), 1),
+            "staleness/mean": sum(stale) / max(len(stale), 1),
+            "staleness/max": max(stale, default=0),
+            "batch/trajectories": len(trajs),
+            "batch/truncated_frac": sum(bool(t.truncated) for t in trajs) / max(len(trajs), 1),
+            "buffers": {str(b): str(s) for b, s in self.staleness.buffer_states().items()},
+            "instance_versions": self.pool.versions(),
+            "throughput/trajectories_per_s": self.agents.counts.generated / elapsed,
+        }
+        self._last = now
+        row.update(self.agents.counts.as_metrics())
+        row.update(self.pool.stats())
+        for k, v in metrics.items():
+            row.setdefault(k, v)
+        return row

@@ -1,0 +1,110 @@
+"""``psrl train`` on one machine: real policy copies, the real trainer, one asyncio loop.
+
+Builds the task, the trainer's policy and one policy copy per rollout instance, warm-starts
+(fresh runs only), restores a checkpoint when ``trainer.resume`` finds one, runs the
+:class:`~psrl.runtime.coordinator.Coordinator` and writes the run directory: ``config.yaml``,
+``metrics.jsonl``, ``trajectories.jsonl``, ``checkpoint/`` (every ``trainer.checkpoint_every``
+steps, at the end and on Ctrl-C between steps) and ``final/`` (the final weights).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from psrl.algo.filters import build_group_filter
+from psrl.models import build_policy
+from psrl.runtime.checkpoint import resume, save_checkpoint
+from psrl.runtime.coordinator import Coordinator
+from psrl.runtime.recorder import RunRecorder
+from psrl.runtime.sync_loop import warm_start
+from psrl.train import Trainer, build_task_and_policy, seed_everything
+
+__all__ = ["train", "progress_line"]
+
+
+def progress_line(row: dict, total: int) -> str:
+    """One human line per step: step, version, reward, staleness, buffer states, throughput."""
+    buffers = " ".join(f"{b}:{s}" for b, s in row["buffers"].items())
+    return (
+        f"step {row['step']:3d}/{total} v{row['version']:<3d} reward {row['reward/mean']:.3f} "
+        f"staleness {row['staleness/mean']:.2f}/{row['staleness/max']} | {buffers} | "
+        f"inst v{row['instance_versions']} | {row['throughput/trajectories_per_s']:.1f} traj/s "
+        f"{row['step_seconds']:.2f}s/step | gen {row['counts/generated']} abort {row['counts/aborted']} "
+        f"cancel {row['counts/cancelled']} filt {row['counts/filtered']} retry {row['counts/retried']} "
+        f"trunc {row['counts/truncated']} fail {row['counts/failed']}"
+    )
+
+
+class _StepHook:
+    """After each step: print progress, checkpoint every ``trainer.checkpoint_every`` steps and at the end."""
+
+    def __init__(self, run_dir: Path, recorder: RunRecorder, total: int, every: int, log: Callable[[str], None]):
+        self.run_dir, self.recorder, self.total, self.every, self.log = run_dir, recorder, total, every, log
+
+    def __call__(self, coord: Coordinator, row: dict) -> None:
+        self.log(progress_line(row, self.total))
+        # The last step is always checkpointed here, *before* the coordinator records the
+        # still-held trajectories as ``held``: a resume cuts those records off again.
+        if (self.every > 0 and row["step"] % self.every == 0) or row["step"] >= self.total:
+            save_checkpoint(self.run_dir, coord, self.recorder)
+
+
+def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -> Coordinator:
+    """Task, trainer, rollout models and coordinator for ``cfg``; restores ``run_dir/checkpoint`` if resuming."""
+    seed = cfg.trainer.seed
+    seed_everything(seed)
+    task, policy = build_task_and_policy(cfg)
+    trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
+    group_filter = build_group_filter(cfg.psrl, cfg.algorithm)
+    ck = resume(recorder.run_dir, trainer, recorder, group_filter) if cfg.trainer.resume else None
+    staleness = None
+    if ck is not None:
+        staleness = ck["manager"]
+        log(f"resumed from {ck['dir']} at version {trainer.version}")
+    else:
+        warm_start(cfg, task, trainer, log)
+    models = [build_policy(cfg.model, task, seed=seed + 1 + i) for i in range(cfg.psrl.num_rollout_instances)]
+    coord = Coordinator(cfg, task, trainer, models, sink=recorder, staleness=staleness)
+    if ck is not None:
+        coord.agents.load_state(ck["agents"])
+    return coord
+
+
+async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print) -> list[dict]:
+    """Run ``psrl train`` for ``cfg`` into ``run_dir``; returns the metrics rows of this invocation."""
+    torch.set_num_threads(1)
+    run_dir = Path(run_dir)
+    recorder = RunRecorder(run_dir)
+    recorder.write_config(cfg)
+    coord = build(cfg, recorder, log)
+    total = cfg.trainer.total_steps
+    coord.on_step = _StepHook(run_dir, recorder, total, cfg.trainer.checkpoint_every, log)
+    p = cfg.psrl
+    log(f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
+        f"(N'={p.redundant_group_size}), {p.num_rollout_instances} instances x {p.max_concurrent_per_instance} workers, "
+        f"task {cfg.task.name}, {total} steps -> {run_dir}")
+    started = time.perf_counter()
+    try:
+        rows = await coord.run(total)
+    except BaseException:
+        if not coord.in_step:  # between steps the state is consistent: make the run resumable from here
+            save_checkpoint(run_dir, coord, recorder)
+        recorder.close()
+        raise
+    coord.trainer.save(run_dir / "final")
+    recorder.close()
+    if rows:
+        first, last = rows[0]["reward/mean"], rows[-1]["reward/mean"]
+        log(f"done: {len(rows)} steps in {time.perf_counter() - started:.1f}s, reward {first:.3f} -> {last:.3f}, "
+            f"max staleness {max(r['staleness/max'] for r in rows)} (bound {p.staleness}); run dir {run_dir}")
+    return rows
+
+
+def run(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print) -> list[dict]:
+    """Synchronous entry point: ``asyncio.run(train(...))``."""
+    return asyncio.run(train(cfg, run_dir, log))

@@ -1,0 +1,106 @@
+"""The run directory: ``config.yaml``, ``metrics.jsonl``, ``trajectories.jsonl``.
+
+Lines are flushed as they are written, so a crashed run keeps everything up to the crash. A
+checkpoint stores the byte length of both JSONL files; resuming truncates them back to it,
+so a resumed run's files read as if it had never stopped (no duplicated steps).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunRecorder", "default_run_dir", "read_jsonl"]
+
+_FILES = ("metrics.jsonl", "trajectories.jsonl")
+
+
+def default_run_dir(root: str | Path = "runs") -> Path:
+    """``runs/<UTC timestamp>`` (a suffix is added if it exists)."""
+    import datetime
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = Path(root) / stamp
+    k = 1
+    while path.exists():
+        path = Path(root) / f"{stamp}-{k}"
+        k += 1
+    return path
+
+
+class RunRecorder:
+    """Appends JSON lines to the run directory; the sink the agent manager and coordinator write to."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._files = {name: open(self.run_dir / name, "a", encoding="utf-8") for name in _FILES}
+
+    def write_config(self, cfg: Any) -> Path:
+        import yaml
+
+        from psrl.config import config_to_dict
+
+        path = self.run_dir / "config.yaml"
+        path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        return path
+
+    def trajectory(self, rec: dict) -> None:
+        self._write("trajectories.jsonl", rec)
+
+    def metric(self, row: dict) -> None:
+        self._write("metrics.jsonl", row)
+
+    def _write(self, name: str, obj: dict) -> None:
+        f = self._files[name]
+        f.write(json.dumps(_plain(obj), separators=(",", ":")) + "\n")
+        f.flush()
+
+    def offsets(self) -> dict[str, int]:
+        """Current byte length of each JSONL file (stored in checkpoints)."""
+        out = {}
+        for name, f in self._files.items():
+            f.flush()
+            out[name] = os.fstat(f.fileno()).st_size
+        return out
+
+    def truncate(self, offsets: dict[str, int]) -> None:
+        """Cut the JSONL files back to ``offsets`` (resume from a checkpoint)."""
+        for name, size in offsets.items():
+            f = self._files[name]
+            f.flush()
+            if os.fstat(f.fileno()).st_size > int(size):
+                os.ftruncate(f.fileno(), int(size))
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become None, enums / paths strings."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, int):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, str):
+        return str(obj)
+    try:
+        return float(obj)
+    except (TypeError, ValueError):
+        return str(obj)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """All records of a JSONL file (tests, benchmarks, plots)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
