@@ -128,6 +128,10 @@ class PsrlConfig:
     sync_request_threshold: int = _f(
         2, "request_num strategy: pull new weights once running requests on the instance drop below this."
     )
+    runtime: str = _f(
+        "local", "Where rollout models run: local (this process, worker threads) | ray (one Ray actor per instance)."
+    )
+    ray_address: Optional[str] = _f(None, "runtime=ray: address of an existing Ray cluster (null starts a local one).")
     reward_retries: int = _f(1, "Times a failing reward function / agent loop is retried before it is reported.")
 
     # Derived values (B, B', N, N') -- computed, never written back.
@@ -298,6 +302,7 @@ class Config:
         del rr
         _one_of("psrl.router", p.router, ["round_robin", "request_num_balance"])
         _one_of("psrl.sync_strategy", p.sync_strategy, ["greedy", "request_num"])
+        _one_of("psrl.runtime", p.runtime, ["local", "ray"])
         _one_of("psrl.proactive_filter_strategy.method", p.proactive_filter_strategy.method, [None, "retry", "truncate"])
         _check(p.proactive_filter_strategy.threshold >= 1, "psrl.proactive_filter_strategy.threshold", "must be >= 1")
         gpp = p.group_post_process

@@ -23,6 +23,7 @@ from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.recorder import RunRecorder
 from psrl.runtime.sync_loop import warm_start
 from psrl.train import Trainer, build_task_and_policy, seed_everything
+from psrl.viz.events import EventLog
 
 __all__ = ["train", "progress_line"]
 
@@ -68,7 +69,13 @@ def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -
         log(f"resumed from {ck['dir']} at version {trainer.version}")
     else:
         warm_start(cfg, task, trainer, log)
-    models = [build_policy(cfg.model, task, seed=seed + 1 + i) for i in range(cfg.psrl.num_rollout_instances)]
+    n = cfg.psrl.num_rollout_instances
+    if cfg.psrl.runtime == "ray":
+        from psrl.runtime.ray_runtime import build_ray_models
+
+        models = build_ray_models(cfg, n, seed, initial_state=policy.export_state(), version=int(policy.version))
+    else:
+        models = [build_policy(cfg.model, task, seed=seed + 1 + i) for i in range(n)]
     coord = Coordinator(cfg, task, trainer, models, sink=recorder, staleness=staleness)
     if ck is not None:
         coord.agents.load_state(ck["agents"])
@@ -84,6 +91,8 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
     coord = build(cfg, recorder, log)
     total = cfg.trainer.total_steps
     coord.on_step = _StepHook(run_dir, recorder, total, cfg.trainer.checkpoint_every, log)
+    events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)
+    coord.staleness.on_event = events  # the buffer timeline for `psrl viz RUN_DIR`
     p = cfg.psrl
     log(f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
         f"(N'={p.redundant_group_size}), {p.num_rollout_instances} instances x {p.max_concurrent_per_instance} workers, "
@@ -94,9 +103,11 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
     except BaseException:
         if not coord.in_step:  # between steps the state is consistent: make the run resumable from here
             save_checkpoint(run_dir, coord, recorder)
+        events.close()
         recorder.close()
         raise
     coord.trainer.save(run_dir / "final")
+    events.close()
     recorder.close()
     if rows:
         first, last = rows[0]["reward/mean"], rows[-1]["reward/mean"]
