@@ -387,6 +387,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(key, f"expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 2e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, f"expected a number, got {value!r}")
         return float(value)

@@ -140,14 +140,13 @@ def test_demonstrations_mix_expert_and_lazy_and_are_reproducible(tool_task):
     for p_ids, resp, mask in demos:
         text = task.tokenizer.decode(resp)
         assert text.endswith("<eos>") and len(resp) == len(mask)
+        inside = False
         for tok, m in zip(resp, mask):
-            assert (m == 0) == (tok in {task.res_id, task.end_res_id} or _inside_res(text, tok, task) and not m)
+            inside = inside or tok == task.res_id
+            assert m == (0 if inside else 1)
+            inside = inside and tok != task.end_res_id
         full += text.count("<call>") == task.tokenizer.decode(p_ids).count("+")
     assert abs(full / len(demos) - (1 - task.demo_lazy_prob)) < 0.08
-
-
-def _inside_res(text, tok, task) -> bool:
-    return True
 
 
 # ---------------------------------------------------------------- latency
