@@ -281,8 +281,7 @@ class StalenessManager:
         entry.slot = b
         self.stats.occupies += 1
         self.stats.occupies_by_offset[b - self._T] += 1
-        if self.on_event is not None:
-            self.on_event(Event("occupy", entry.id, b, entry.version, entry.min_version, self._T, r))
+        self._emit("occupy", entry, b, r)
         if b == self._frontier and len(buf.groups) >= self.batch_size:
             self._advance_frontier()
         self._notify()
