@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from psrl.sim import JSON_KEYS, POLICIES
+from psrl.sim import DEFAULT_POLICIES, JSON_KEYS
 from psrl.sim.cli import main
 
 SMALL = ["sim.steps=6", "sim.slots=8", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2"]
@@ -21,7 +21,7 @@ def test_json_prints_one_object_per_policy_with_exactly_the_keys(capsys):
     """--json: one object per policy, keys exactly JSON_KEYS, in the policies' order."""
     assert main(SMALL + ["--json"]) == 0
     rows = _json_lines(capsys.readouterr().out)
-    assert [r["policy"] for r in rows] == list(POLICIES)
+    assert [r["policy"] for r in rows] == list(DEFAULT_POLICIES)
     for r in rows:
         assert tuple(r) == JSON_KEYS
         assert r["violations"] >= 0 and 0 <= r["trainer_idle"] <= 1

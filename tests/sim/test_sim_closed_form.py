@@ -42,7 +42,7 @@ def test_sync_with_fewer_slots_generates_in_rounds(slots, rounds):
     assert r.steps_per_hour == pytest.approx(3600 / (rounds + 0.5))
 
 
-@pytest.mark.parametrize("policy", ["psrl", "areal", "one_step_off", "sample_budget"])
+@pytest.mark.parametrize("policy", ["psrl", "coordinator", "areal", "one_step_off", "sample_budget"])
 @pytest.mark.parametrize("d,t", [(1.0, 0.5), (1.0, 2.0)])
 def test_one_step_overlap_period_is_max_of_generation_and_training(policy, d, t):
     """eta = 1, S = B*N, no sync delay: generation of step k+1 overlaps training of step k, so the
@@ -59,7 +59,7 @@ def test_one_step_overlap_period_is_max_of_generation_and_training(policy, d, t)
     assert r.discarded_fraction == 0 and r.length_bias == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("policy", ["psrl", "areal", "sync"])
+@pytest.mark.parametrize("policy", ["psrl", "coordinator", "areal", "sync"])
 def test_eta_zero_is_synchronous(policy):
     """eta = 0 leaves no room to overlap: psrl and areal both fall back to sync's d + t + s."""
     r = simulate(wl(staleness=0, median=1.0, train_time=0.5, sync_time=0.25), policy)
@@ -85,10 +85,11 @@ def test_discard_requeue_eta_zero_discards_every_other_batch():
     assert r.length_bias == pytest.approx(1.0)  # all times equal: no length bias possible
 
 
+@pytest.mark.parametrize("policy", ["psrl", "coordinator"])
 @pytest.mark.parametrize("eta", [1, 2, 3])
-def test_psrl_trainer_bound_runs_at_train_time(eta):
+def test_psrl_trainer_bound_runs_at_train_time(eta, policy):
     """psrl with a slow trainer (t = 3d): the trainer never waits after the first batch."""
-    r = simulate(wl(staleness=eta, median=1.0, train_time=3.0), "psrl")
+    r = simulate(wl(staleness=eta, median=1.0, train_time=3.0), policy)
     assert r.steps_per_hour == pytest.approx(3600 / 3.0)
     assert r.trainer_idle == pytest.approx(0.0, abs=1e-12)
     assert r.staleness_max <= eta and r.violations == 0

@@ -22,7 +22,7 @@ def _run(policy, wl=WL):
 
 def test_every_policy_sees_the_same_stream():
     """Policies launch different numbers of trajectories, but the k-th launch draws the same time in all."""
-    runs = {name: _run(name).t_drawn for name in POLICIES}
+    runs = {name: _run(name).t_drawn for name in POLICIES}  # coordinator included
     n = min(len(v) for v in runs.values())
     assert n > 50
     ref = runs["psrl"][:n]

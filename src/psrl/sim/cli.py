@@ -14,7 +14,7 @@ import sys
 import time
 
 from psrl.config import ConfigError, load_config
-from psrl.sim import JSON_KEYS, POLICIES
+from psrl.sim import DEFAULT_POLICIES, JSON_KEYS, POLICIES
 from psrl.sim.report import format_frontier, format_table, plot, sweep
 from psrl.sim.workload import Workload
 
@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("args", nargs="*", metavar="[CONFIG] key=value",
                     help="optional YAML config, then dotted overrides such as sim.slots=64 psrl.staleness=2")
-    ap.add_argument("--policies", default=",".join(POLICIES),
-                    help=f"comma-separated subset of {','.join(POLICIES)} (default: all)")
+    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                    help=f"comma-separated subset of {','.join(POLICIES)} (default: {','.join(DEFAULT_POLICIES)}; "
+                         "'coordinator' runs psrl train's real coordinator in virtual time)")
     ap.add_argument("--json", action="store_true", help=f"one JSON object per row with keys {', '.join(JSON_KEYS)}")
     ap.add_argument("--sweep", default=None, metavar="KEY=v1,v2,...",
                     help="rerun every policy for each value of one config key, e.g. psrl.staleness=0,1,2,4,8")
