@@ -1,6 +1,6 @@
 """Does the simulator predict a real ``psrl train`` run? Replay its timings, compare seconds per step.
 
-    .venv/bin/python benchmarks/sim_vs_real.py RUN_DIR [RUN_DIR ...] [--tolerance 0.15]
+    .venv/bin/python benchmarks/sim_vs_real.py RUN_DIR [RUN_DIR ...] [--tolerance 0.15] [--policy coordinator]
 
 For each run directory (``config.yaml``, ``trajectories.jsonl``, ``metrics.jsonl``) the workload is
 the run's own config with
@@ -10,7 +10,8 @@ the run's own config with
 * ``sim.slots`` = ``psrl.num_rollout_instances x psrl.max_concurrent_per_instance`` (agent workers),
 * ``sim.steps`` = the steps the run recorded,
 
-and the psrl policy is simulated. Measured seconds per step use the same window as the simulator
+and the psrl policy is simulated (``--policy coordinator``: psrl train's real coordinator in virtual
+time, one instance with that many workers). Measured seconds per step use the same window as the simulator
 (end of warm-up to the last step, from the ``time`` column). Exit status 1 if any run is off by
 more than the tolerance.
 """
@@ -48,11 +49,11 @@ def replay_workload(run_dir: Path, steps: int) -> Workload:
     return Workload.from_config(load_config(run_dir / "config.yaml", overrides))
 
 
-def compare_run(run_dir: Path) -> dict:
-    """Predicted vs measured seconds per step of one run."""
+def compare_run(run_dir: Path, policy: str = "psrl") -> dict:
+    """Predicted (by ``policy``: psrl or coordinator) vs measured seconds per step of one run."""
     measured, steps = measured_seconds_per_step(run_dir)
     wl = replay_workload(run_dir, steps)
-    r = simulate(wl, "psrl")
+    r = simulate(wl, policy)
     return {"run": str(run_dir), "steps": steps, "slots": wl.slots, "eta": wl.staleness,
             "mean_gen_s": wl.mean_gen_time(), "train_s": wl.train_time, "measured_s_per_step": measured,
             "predicted_s_per_step": r.seconds_per_step, "error": r.seconds_per_step / measured - 1.0,
@@ -64,8 +65,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("runs", nargs="+", help="run directories of psrl train")
     ap.add_argument("--tolerance", type=float, default=0.15, help="allowed relative error (default 0.15)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--policy", choices=("psrl", "coordinator"), default="psrl",
+                    help="predict with the psrl model (default) or psrl train's real coordinator in virtual time")
     ns = ap.parse_args(argv)
-    rows = [compare_run(Path(p)) for p in ns.runs]
+    rows = [compare_run(Path(p), ns.policy) for p in ns.runs]
     if ns.json:
         for row in rows:
             print(json.dumps(row))

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_replay_predicts_seconds_per_step_within_15_percent(tmp_path):
-    """Replaying a real run's trajectories.jsonl / metrics.jsonl predicts its seconds per step within 15%."""
+    """Replaying a real run's trajectories.jsonl / metrics.jsonl predicts its seconds per step within 15%,
+    with the psrl model and with the real coordinator in virtual time."""
     run = tmp_path / "run"
     train = subprocess.run([sys.executable, "-m", "psrl.cli", "train", "trainer.total_steps=12",
                             f"trainer.run_dir={run}"], capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -21,5 +22,6 @@ def test_replay_predicts_seconds_per_step_within_15_percent(tmp_path):
         import sim_vs_real
     finally:
         sys.path.pop(0)
-    row = sim_vs_real.compare_run(run)
-    assert abs(row["error"]) <= 0.15, row
+    for policy in ("psrl", "coordinator"):
+        row = sim_vs_real.compare_run(run, policy)
+        assert abs(row["error"]) <= 0.15, (policy, row)
