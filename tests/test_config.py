@@ -44,6 +44,7 @@ def test_yaml_then_overrides(tmp_path):
         (["psrl.group_post_process.enable=true", "psrl.group_post_process.name=dynamic_sampling_filter"], "algorithm.filter_groups.metric", "score"),
         (["psrl.proactive_filter_strategy.method=retri"], "psrl.proactive_filter_strategy.method", "retry"),
         (["algorithm.loss_agg_mode=mean"], "algorithm.loss_agg_mode", "token-mean"),
+        (["trainer.warm_start_steps=-1"], "trainer.warm_start_steps", "use 0 to skip"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(overrides, key, fix):

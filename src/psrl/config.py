@@ -225,7 +225,8 @@ class TrainerConfig:
     max_new_tokens: int = _f(8, "Tokens generated per model turn.")
     temperature: float = _f(1.0, "Sampling temperature.")
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
-    warm_start_steps: int = _f(0, "Supervised warm-start steps on scripted demonstrations before RL (0 = task default).")
+    warm_start_steps: Optional[int] = _f(
+        None, "Supervised warm-start steps on scripted demonstrations before RL (null = the task's default, 0 = none).")
     warm_start_lr: float = _f(2e-3, "AdamW learning rate of the supervised warm start (its own optimiser).")
     sync_tool_latency_scale: float = _f(
         0.0, "Synchronous loop only: multiply tool latencies by this (0 = no waiting, runs repeat exactly)."
@@ -332,6 +333,9 @@ class Config:
         _one_of("model.dtype", self.model.dtype, ["float32", "bfloat16", "float16"])
         _check(self.trainer.total_steps >= 1, "trainer.total_steps", "must be >= 1")
         _check(self.trainer.minibatches >= 1, "trainer.minibatches", "must be >= 1")
+        ws = self.trainer.warm_start_steps
+        _check(ws is None or ws >= 0, "trainer.warm_start_steps",
+               f"must be >= 0 or null, got {ws}", "use 0 to skip the warm start, null for the task's default")
         _check(self.sim.slots >= 1, "sim.slots", "must be >= 1")
         _one_of("sim.gen_time.dist", self.sim.gen_time.dist, ["lognormal", "pareto", "constant", "trace"])
         if self.sim.gen_time.dist == "trace":

@@ -52,8 +52,10 @@ async def rollout_groups(task, batcher: DecodeBatcher, prompts: list[Prompt], gr
 
 
 def warm_start(cfg, task, trainer: Trainer, log: Callable[[str], None] = print) -> list[float]:
-    """Supervised warm start on the task's demos (``trainer.warm_start_steps``, 0 = the task's default)."""
-    steps = cfg.trainer.warm_start_steps or getattr(task, "warm_start_steps", 0)
+    """Supervised warm start on the task's demos (``trainer.warm_start_steps``; null = the task's default, 0 = none)."""
+    steps = cfg.trainer.warm_start_steps
+    if steps is None:
+        steps = getattr(task, "warm_start_steps", 0)
     if steps <= 0:
         return []
     demos = task.demonstrations(max(256, 4 * steps), random.Random(f"{cfg.trainer.seed}/demos"))

@@ -83,7 +83,7 @@ class Task(abc.ABC):
     """A verifiable task. Subclasses set ``tokenizer`` and ``stop_ids`` in ``__init__``.
 
     ``warm_start_steps`` is the task's default number of supervised steps on
-    :meth:`demonstrations` before RL (``trainer.warm_start_steps: 0`` means use it).
+    :meth:`demonstrations` before RL (``trainer.warm_start_steps: null`` means use it, ``0`` skips the warm start).
     """
 
     tokenizer: Any
