@@ -17,7 +17,11 @@ from psrl.staleness import Event
 
 
 class EventLog:
-    """Append each :class:`Event` as a JSON line ``{"t", "kind", "entry", "buffer", ...}``."""
+    """Append each :class:`Event` as a JSON line ``{"t", "kind", "entry", "buffer", ...}``.
+
+    Lines are buffered and flushed at every ``consume`` (once per training step) and every
+    ``flush_every`` events, so a run that is killed keeps its log up to the last step.
+    """
 
     def __init__(self, path: str | Path, clock: Optional[Callable[[], float]] = None, flush_every: int = 256):
         self.path = Path(path)
@@ -31,7 +35,7 @@ class EventLog:
         rec = {"t": round(self._clock() - self._t0, 6), **ev._asdict()}
         self._fh.write(json.dumps(rec, default=str) + "\n")
         self._n += 1
-        if self._n % self._flush_every == 0:
+        if ev.kind == "consume" or self._n % self._flush_every == 0:
             self._fh.flush()
 
     def close(self) -> None:
