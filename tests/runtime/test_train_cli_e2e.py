@@ -27,7 +27,9 @@ def test_psrl_train_writes_a_complete_resumable_run_dir(tmp_path):
     trajs = read_jsonl(run_dir / "trajectories.jsonl")
     assert check_bound(trajs, 1) == 3 * 2 * 2
     assert all("gen_seconds" in t and "segment_versions" in t for t in trajs)
-    assert (run_dir / "final" / "trainer.pt").exists() and (run_dir / "checkpoint" / "trainer.pt").exists()
+    assert (run_dir / "final" / "config.json").exists() and (run_dir / "final" / "tokenizer.json").exists()
+    assert (run_dir / "final" / "psrl_version.txt").read_text().strip() == "3"
+    assert (run_dir / "checkpoint" / "trainer.pt").exists()
 
     assert main(args + ["trainer.total_steps=4"]) == 0
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]

@@ -19,6 +19,7 @@ sequences short, and correctness (exact position ids under padding) comes first.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterable, Optional
 
 import torch
@@ -117,6 +118,15 @@ class Policy:
     def export_state(self) -> dict[str, Tensor]:
         """CPU copies of every weight (what a ParameterStore publishes)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write model and tokenizer as a Hugging Face directory (``AutoModelForCausalLM.from_pretrained``)."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(path))
+        self.tokenizer.save_pretrained(path)
+        (path / "psrl_version.txt").write_text(f"{self.version}\n")
+        return path
 
     def load_state(self, state: dict[str, Tensor], version: int) -> None:
         """Load published weights and take their version."""

@@ -15,6 +15,7 @@ Tasks need their markers to be single tokens (a turn ends at a stop *token*), so
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 __all__ = ["CharTokenizer", "HFTokenizer", "load_tokenizer", "MARKERS"]
@@ -69,6 +70,15 @@ class CharTokenizer:
         for t in tokens:
             self.token_id(t)
 
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write a Hugging Face fast tokenizer (``AutoTokenizer.from_pretrained(directory)`` loads it)."""
+        from transformers import PreTrainedTokenizerFast
+
+        names = {i: t for t, i in self._tk.get_vocab(with_added_tokens=True).items()}
+        bos = None if self.bos_id is None else names[self.bos_id]
+        PreTrainedTokenizerFast(tokenizer_object=self._tk, eos_token=names[self.eos_id], pad_token=names[self.pad_id],
+                                unk_token="<unk>", bos_token=bos).save_pretrained(str(directory))
+
 
 class HFTokenizer:
     """A local Hugging Face tokenizer (``AutoTokenizer``, offline) behind the same interface."""
@@ -111,6 +121,10 @@ class HFTokenizer:
         missing = [t for t in tokens if t not in self.hf.get_vocab()]
         if missing:
             self.hf.add_tokens(missing, special_tokens=True)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write the tokenizer (with the task's added markers) in Hugging Face format."""
+        self.hf.save_pretrained(str(directory))
 
 
 def load_tokenizer(model_cfg) -> Optional[HFTokenizer]:

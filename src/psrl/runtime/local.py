@@ -4,7 +4,8 @@ Builds the task, the trainer's policy and one policy copy per rollout instance, 
 (fresh runs only), restores a checkpoint when ``trainer.resume`` finds one, runs the
 :class:`~psrl.runtime.coordinator.Coordinator` and writes the run directory: ``config.yaml``,
 ``metrics.jsonl``, ``trajectories.jsonl``, ``checkpoint/`` (every ``trainer.checkpoint_every``
-steps, at the end and on Ctrl-C between steps) and ``final/`` (the final weights).
+steps, at the end and on Ctrl-C between steps) and ``final/`` (the final model and tokenizer as a
+Hugging Face directory, loadable with ``model.path=RUN_DIR/final``).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
         events.close()
         recorder.close()
         raise
-    coord.trainer.save(run_dir / "final")
+    coord.trainer.policy.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
     events.close()
     recorder.close()
     if rows:
