@@ -145,13 +145,10 @@ def test_every_policy_trains_b_groups_per_step(policy):
 
 
 @pytest.mark.slow
-def test_a_million_trajectories_simulate_in_under_a_minute():
-    """250 steps of 512 groups x 8 (about 1M trajectories) through the real manager in < 60 s."""
-    import time
-
+def test_a_million_trajectories_through_the_real_manager():
+    """250 steps of 512 groups x 8 (about 1M trajectories) keep the bound and lose nothing.
+    Its speed (the issue's < 60 s) is measured by ``benchmarks/policies.py --million``, not asserted here."""
     wl = Workload(slots=4096, steps=250, staleness=2, batch_size=512, redundant_batch_size=512, group_size=8,
                   redundant_group_size=8, sigma=1.0, train_time=math.exp(0.5))
-    t0 = time.perf_counter()
     r = simulate(wl, "psrl")
-    assert time.perf_counter() - t0 < 60
-    assert r.trained_trajectories == 250 * 512 * 8 and r.violations == 0
+    assert r.trained_trajectories == 250 * 512 * 8 and r.violations == 0 and r.discarded_fraction == 0
