@@ -123,7 +123,15 @@ class Policy:
         """Write model and tokenizer as a Hugging Face directory (``AutoModelForCausalLM.from_pretrained``)."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(path))
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # one small shard: a progress bar only clutters psrl train's log
+        try:
+            self.model.save_pretrained(str(path))
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         self.tokenizer.save_pretrained(path)
         (path / "psrl_version.txt").write_text(f"{self.version}\n")
         return path
