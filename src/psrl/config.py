@@ -528,7 +528,8 @@ def reference_markdown() -> str:
         sect = _yaml_key(f)
         lines += [f"## `{sect}` -- {f.metadata['help']}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for key, tp, default, help in _rows(_hints(Config)[f.name], sect):
-            lines.append(f"| `{key}` | {tp} | `{default}` | {help} |")
+            cells = [f"`{key}`", tp, f"`{default}`", help]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")  # '|' would split a cell
         lines.append("")
     return "\n".join(lines)
 
