@@ -94,6 +94,25 @@ def test_export_is_a_cpu_copy_and_load_state_restores_and_versions():
         assert torch.allclose(policy.sequence_logprobs(prompts, responses), before)
 
 
+def test_replica_is_an_independent_copy_with_its_own_seed():
+    """A rollout copy starts with the same weights and version, samples from its own seed, and neither
+    training the original nor loading new weights into the copy touches the other."""
+    policy = tiny_policy(seed=0)
+    policy.version = 3
+    twin = policy.replica(seed=9)
+    a, b = policy.export_state(), twin.export_state()
+    assert twin.version == 3 and all(torch.equal(a[k], b[k]) for k in a)
+    assert not any(w.requires_grad for w in twin.model.parameters())
+    assert twin.generator.initial_seed() == 9
+    prompts = _prompts()
+    (t1, lp1), (t2, lp2) = (m.next_token(prompts, temperature=0.0, top_p=1.0) for m in (twin, policy))
+    assert t1 == t2 and max(abs(x - y) for x, y in zip(lp1, lp2)) < 1e-5
+    with torch.no_grad():
+        for w in policy.model.parameters():
+            w.add_(1.0)
+    assert all(torch.equal(b[k], v) for k, v in twin.export_state().items())
+
+
 def test_builtin_model_is_reproducible_from_its_seed():
     """Same seed -> identical initial weights; another seed -> different ones."""
     a, b, c = (tiny_policy(seed=s).export_state() for s in (9, 9, 10))

@@ -19,6 +19,7 @@ sequences short, and correctness (exact position ids under padding) comes first.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -118,6 +119,17 @@ class Policy:
     def export_state(self) -> dict[str, Tensor]:
         """CPU copies of every weight (what a ParameterStore publishes)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def replica(self, seed: int) -> "Policy":
+        """An independent copy (same weights and version, its own sampling seed) for a rollout instance:
+        cheaper than loading ``model.path`` again (a GGUF file is dequantized on every load)."""
+        model = copy.deepcopy(self.model)
+        for w in model.parameters():  # a rollout copy never trains: no gradients, no autograd
+            w.grad = None
+            w.requires_grad_(False)
+        twin = Policy(model, self.tokenizer, device=str(self.device), seed=seed)
+        twin.version = self.version
+        return twin
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write model and tokenizer as a Hugging Face directory (``AutoModelForCausalLM.from_pretrained``)."""

@@ -18,7 +18,6 @@ from typing import Any, Callable
 import torch
 
 from psrl.algo.filters import build_group_filter
-from psrl.models import build_policy
 from psrl.runtime.checkpoint import resume, save_checkpoint
 from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.recorder import RunRecorder
@@ -76,7 +75,7 @@ def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -
 
         models = build_ray_models(cfg, n, seed, initial_state=policy.export_state(), version=int(policy.version))
     else:
-        models = [build_policy(cfg.model, task, seed=seed + 1 + i) for i in range(n)]
+        models = [policy.replica(seed=seed + 1 + i) for i in range(n)]
     coord = Coordinator(cfg, task, trainer, models, sink=recorder, staleness=staleness)
     if ck is not None:
         coord.agents.load_state(ck["agents"])
