@@ -43,3 +43,76 @@ def test_psrl_train_reports_config_errors_with_the_key(capsys):
     assert main(["psrl.redundant_rollout.redundant_rollout_n=1", "psrl.rollout_n=4"]) == 2
     err = capsys.readouterr().err
     assert "psrl.redundant_rollout.redundant_rollout_n" in err and "fix" in err
+
+
+def test_ctrl_c_during_a_training_step_finishes_it_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
+    """SIGINT while step 2 trains (sent from inside the step, which then holds on until the coordinator
+    has seen the interrupt): psrl train finishes and records step 2, checkpoints at version 2 and exits
+    130; the same command then continues at step 3."""
+    import os
+    import signal
+    import threading
+
+    import psrl.runtime.local as local
+    from psrl.cli import main as psrl_main
+    from psrl.train import Trainer
+
+    seen = threading.Event()
+
+    class Coordinator(local.Coordinator):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            say = self.log
+            self.log = lambda msg: (say(msg), seen.set())
+
+    real_step = Trainer.step
+
+    def step_with_ctrl_c(self, batch):
+        if int(batch.version) + 1 == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives while this step runs (in its thread)
+            assert seen.wait(timeout=60), "the coordinator never reported the interrupt"
+        return real_step(self, batch)
+
+    monkeypatch.setattr(local, "Coordinator", Coordinator)
+    monkeypatch.setattr(Trainer, "step", step_with_ctrl_c)
+    run_dir = tmp_path / "run"
+    args = ["train"] + TINY + [f"trainer.run_dir={run_dir}", "trainer.checkpoint_every=100"]
+    assert psrl_main(args + ["trainer.total_steps=6"]) == 130
+    assert "finishing training step 2" in capsys.readouterr().out
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+
+    monkeypatch.setattr(Trainer, "step", real_step)
+    assert psrl_main(args + ["trainer.total_steps=4"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    trajs = read_jsonl(run_dir / "trajectories.jsonl")
+    assert len({t["uid"] for t in trajs}) == len(trajs)
+    assert check_bound(trajs, 2) == 4 * 2 * 2
+
+
+def test_a_trainer_crash_resumes_from_the_last_periodic_checkpoint(tmp_path, monkeypatch):
+    """The trainer raises in step 3 (checkpoint_every=2): the error propagates, the checkpoint stays at
+    version 2, and rerunning redoes step 3 once -- no step lost or recorded twice."""
+    import pytest
+
+    from psrl.train import Trainer
+
+    real_step = Trainer.step
+
+    def crash_at_3(self, batch):
+        if int(batch.version) + 1 == 3:
+            raise RuntimeError("out of memory (simulated)")
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Trainer, "step", crash_at_3)
+    run_dir = tmp_path / "run"
+    args = TINY + [f"trainer.run_dir={run_dir}", "trainer.total_steps=4"]
+    with pytest.raises(RuntimeError, match="simulated"):
+        main(args)
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+    monkeypatch.setattr(Trainer, "step", real_step)
+    assert main(args) == 0
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    trajs = read_jsonl(run_dir / "trajectories.jsonl")
+    assert len({t["uid"] for t in trajs}) == len(trajs)
+    assert check_bound(trajs, 2) == 4 * 2 * 2

@@ -58,12 +58,19 @@ class Coordinator:
         models: one model per rollout instance (``next_token``, ``load_state``, ``version``).
         sink: ``trajectory(record)`` / ``metric(row)`` (a RunRecorder or a MemorySink).
         staleness: a (restored) staleness manager; default: a fresh one at the trainer's version.
+        log: where to say that a cancelled run is finishing its training step (default: print).
+
+    Cancelling :meth:`run` (Ctrl-C) while a training step runs lets that step finish and be
+    published and recorded before ``CancelledError`` propagates: the step cannot be interrupted
+    (it runs in a thread), and finishing it leaves the run at a consistent, checkpointable state
+    instead of one with a consumed but untrained batch. Cancelling again stops at once.
     """
 
     def __init__(self, cfg: Any, task: Any, trainer: Any, models: Sequence[Any], *, sink: Any = None,
-                 staleness: Optional[StalenessManager] = None):
+                 staleness: Optional[StalenessManager] = None, log: Optional[Callable[[str], None]] = None):
         p = cfg.psrl
         self.cfg = cfg
+        self.log = log or print
         self.trainer = trainer
         self.sink = sink
         policy = trainer.policy
@@ -133,11 +140,23 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         self.agents.after_consume(batch)
         started = loop.time()
-        self.in_step = True
+        self.in_step = True  # stays True if the step fails or is abandoned: no checkpoint of a half-done step
+        interrupted = False
+        step = asyncio.ensure_future(self._step(batch))
         try:
-            metrics = await self._step(batch)
-        finally:
-            self.in_step = False
+            metrics = await asyncio.shield(step)
+        except asyncio.CancelledError:
+            interrupted = True
+            if not step.done():
+                self.log(f"interrupted: finishing training step {int(batch.version) + 1} first "
+                         "(interrupt again to stop now)")
+                try:
+                    await asyncio.wait([step])
+                except asyncio.CancelledError:
+                    step.cancel()
+                    raise
+            metrics = step.result()
+        self.in_step = False
         version = int(batch.version) + 1
         policy = self.trainer.policy
         policy.version = version
@@ -149,6 +168,8 @@ class Coordinator:
             self.sink.metric(row)
         if self.on_step is not None:
             self.on_step(self, row)
+        if interrupted:
+            raise asyncio.CancelledError()
 
     async def _step(self, batch: Any) -> dict:
         step = self.trainer.step

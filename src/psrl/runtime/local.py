@@ -4,7 +4,7 @@ Builds the task, the trainer's policy and one policy copy per rollout instance, 
 (fresh runs only), restores a checkpoint when ``trainer.resume`` finds one, runs the
 :class:`~psrl.runtime.coordinator.Coordinator` and writes the run directory: ``config.yaml``,
 ``metrics.jsonl``, ``trajectories.jsonl``, ``checkpoint/`` (every ``trainer.checkpoint_every``
-steps, at the end and on Ctrl-C between steps) and ``final/`` (the final model and tokenizer as a
+steps, at the end and on Ctrl-C, after the training step in progress) and ``final/`` (the final model and tokenizer as a
 Hugging Face directory, loadable with ``model.path=RUN_DIR/final``).
 """
 
@@ -76,7 +76,7 @@ def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -
         models = build_ray_models(cfg, n, seed, initial_state=policy.export_state(), version=int(policy.version))
     else:
         models = [policy.replica(seed=seed + 1 + i) for i in range(n)]
-    coord = Coordinator(cfg, task, trainer, models, sink=recorder, staleness=staleness)
+    coord = Coordinator(cfg, task, trainer, models, sink=recorder, staleness=staleness, log=log)
     if ck is not None:
         coord.agents.load_state(ck["agents"])
     return coord
