@@ -4,7 +4,7 @@ With no arguments it trains the built-in agentic task (``tool_arith``: a calcula
 heavy-tailed latency) on the tiny built-in model, asynchronously, in a few minutes on a
 laptop CPU, and writes ``runs/<timestamp>/``. ``CONFIG`` is a YAML file with ``psrl:``,
 ``algorithm:``, ``model:``, ``task:``, ``trainer:`` sections; dotted ``key=value`` overrides
-follow it (``psrl.staleness=0`` trains synchronously). Ctrl-C leaves a resumable run: run the
+follow it (``psrl.staleness=0`` trains synchronously). Ctrl-C or SIGTERM leaves a resumable run: run the
 same command with ``trainer.run_dir=<that dir>`` to continue.
 """
 
@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, load and validate the config, train; 0 on success, 2 on a config error, 130 on Ctrl-C."""
+    """Parse, load and validate the config, train; 0 on success, 2 on a config error, 130 on Ctrl-C,
+    143 on SIGTERM (both leave a resumable run)."""
     from psrl.config import ConfigError, load_config
 
     ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -44,16 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from psrl.runtime.local import run
+    from psrl.runtime.local import Terminated, run
     from psrl.runtime.recorder import default_run_dir
 
     run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else default_run_dir()
     try:
         run(cfg, run_dir, log=_log)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; resume with: psrl train {' '.join(ns.args)} trainer.run_dir={run_dir}".replace("  ", " "),
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated is a KeyboardInterrupt)
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"\n{what}; resume with: psrl train {' '.join(ns.args)} trainer.run_dir={run_dir}".replace("  ", " "),
               file=sys.stderr)
-        return 130
+        return 143 if what == "terminated" else 130
     return 0
 
 

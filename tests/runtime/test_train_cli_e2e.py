@@ -45,15 +45,13 @@ def test_psrl_train_reports_config_errors_with_the_key(capsys):
     assert "psrl.redundant_rollout.redundant_rollout_n" in err and "fix" in err
 
 
-def test_ctrl_c_during_a_training_step_finishes_it_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
-    """SIGINT while step 2 trains (sent from inside the step, which then holds on until the coordinator
-    has seen the interrupt): psrl train finishes and records step 2, checkpoints at version 2 and exits
-    130; the same command then continues at step 3."""
+def _signal_during_step(monkeypatch, sig, at):
+    """Make the real trainer's step ``at`` send ``sig`` to the main thread (as a terminal or a scheduler
+    would) and hold on until the coordinator has reported the interrupt, so it lands inside the step."""
     import signal
     import threading
 
     import psrl.runtime.local as local
-    from psrl.cli import main as psrl_main
     from psrl.train import Trainer
 
     seen = threading.Event()
@@ -66,29 +64,57 @@ def test_ctrl_c_during_a_training_step_finishes_it_checkpoints_and_resumes(tmp_p
 
     real_step = Trainer.step
 
-    def step_with_ctrl_c(self, batch):
-        if int(batch.version) + 1 == 2:
-            # Ctrl-C arrives while this step runs (in its thread); aimed at the main thread, as a terminal's
-            # is in practice, so that its wait for events is interrupted even when nothing else is running
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    def step(self, batch):
+        if int(batch.version) + 1 == at:
+            signal.pthread_kill(threading.main_thread().ident, sig)
             assert seen.wait(timeout=60), "the coordinator never reported the interrupt"
         return real_step(self, batch)
 
     monkeypatch.setattr(local, "Coordinator", Coordinator)
-    monkeypatch.setattr(Trainer, "step", step_with_ctrl_c)
+    monkeypatch.setattr(Trainer, "step", step)
+    return lambda: monkeypatch.setattr(Trainer, "step", real_step)
+
+
+def test_ctrl_c_during_a_training_step_finishes_it_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
+    """SIGINT while step 2 trains: psrl train finishes and records step 2, checkpoints at version 2 and
+    exits 130; the same command then continues at step 3."""
+    import signal
+
+    from psrl.cli import main as psrl_main
+
+    undo = _signal_during_step(monkeypatch, signal.SIGINT, at=2)
     run_dir = tmp_path / "run"
     args = ["train"] + TINY + [f"trainer.run_dir={run_dir}", "trainer.checkpoint_every=100"]
     assert psrl_main(args + ["trainer.total_steps=6"]) == 130
-    assert "finishing training step 2" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "finishing training step 2" in out.out and "interrupted; resume with" in out.err
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
 
-    monkeypatch.setattr(Trainer, "step", real_step)
+    undo()
     assert psrl_main(args + ["trainer.total_steps=4"]) == 0
     assert "resumed from" in capsys.readouterr().out
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
     trajs = read_jsonl(run_dir / "trajectories.jsonl")
     assert len({t["uid"] for t in trajs}) == len(trajs)
     assert check_bound(trajs, 2) == 4 * 2 * 2
+
+
+def test_sigterm_is_handled_like_ctrl_c(tmp_path, monkeypatch, capsys):
+    """A scheduler's SIGTERM during step 2: the step finishes, the run checkpoints and exits 143, the
+    SIGTERM handler is removed again, and the same command resumes the run."""
+    import signal
+
+    undo = _signal_during_step(monkeypatch, signal.SIGTERM, at=2)
+    run_dir = tmp_path / "run"
+    args = TINY + [f"trainer.run_dir={run_dir}", "trainer.checkpoint_every=100"]
+    assert main(args + ["trainer.total_steps=6"]) == 143
+    out = capsys.readouterr()
+    assert "finishing training step 2" in out.out and "terminated; resume with" in out.err
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    undo()
+    assert main(args + ["trainer.total_steps=3"]) == 0
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
 
 
 def test_a_trainer_crash_resumes_from_the_last_periodic_checkpoint(tmp_path, monkeypatch):

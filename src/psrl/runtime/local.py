@@ -4,13 +4,14 @@ Builds the task, the trainer's policy and one policy copy per rollout instance, 
 (fresh runs only), restores a checkpoint when ``trainer.resume`` finds one, runs the
 :class:`~psrl.runtime.coordinator.Coordinator` and writes the run directory: ``config.yaml``,
 ``metrics.jsonl``, ``trajectories.jsonl``, ``checkpoint/`` (every ``trainer.checkpoint_every``
-steps, at the end and on Ctrl-C, after the training step in progress) and ``final/`` (the final model and tokenizer as a
+steps, at the end and on Ctrl-C or SIGTERM, after the training step in progress) and ``final/`` (the final model and tokenizer as a
 Hugging Face directory, loadable with ``model.path=RUN_DIR/final``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -98,14 +99,19 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
         f"(N'={p.redundant_group_size}), {p.num_rollout_instances} instances x {p.max_concurrent_per_instance} workers, "
         f"task {cfg.task.name}, {total} steps -> {run_dir}")
     started = time.perf_counter()
+    terminated = _cancel_on_sigterm(asyncio.current_task())
     try:
         rows = await coord.run(total)
-    except BaseException:
+    except BaseException as exc:
         if not coord.in_step:  # between steps the state is consistent: make the run resumable from here
             save_checkpoint(run_dir, coord, recorder)
         events.close()
         recorder.close()
+        if terminated() and isinstance(exc, asyncio.CancelledError):
+            raise Terminated("SIGTERM") from None
         raise
+    finally:
+        _restore_sigterm()
     coord.trainer.policy.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
     events.close()
     recorder.close()
@@ -114,6 +120,32 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
         log(f"done: {len(rows)} steps in {time.perf_counter() - started:.1f}s, reward {first:.3f} -> {last:.3f}, "
             f"max staleness {max(r['staleness/max'] for r in rows)} (bound {p.staleness}); run dir {run_dir}")
     return rows
+
+
+class Terminated(KeyboardInterrupt):
+    """``psrl train`` got SIGTERM (a scheduler pre-empting the job): handled like Ctrl-C."""
+
+
+def _cancel_on_sigterm(task: asyncio.Task) -> Callable[[], bool]:
+    """Make SIGTERM cancel ``task`` (the same path as Ctrl-C); returns "has SIGTERM arrived?"."""
+    fired = []
+
+    def on_term() -> None:
+        fired.append(True)
+        task.cancel()
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_term)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+        pass
+    return lambda: bool(fired)
+
+
+def _restore_sigterm() -> None:
+    try:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass
 
 
 def run(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print) -> list[dict]:
