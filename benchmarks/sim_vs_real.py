@@ -57,6 +57,7 @@ def compare_run(run_dir: Path, policy: str = "psrl") -> dict:
     return {"run": str(run_dir), "steps": steps, "slots": wl.slots, "eta": wl.staleness,
             "mean_gen_s": wl.mean_gen_time(), "train_s": wl.train_time, "measured_s_per_step": measured,
             "predicted_s_per_step": r.seconds_per_step, "error": r.seconds_per_step / measured - 1.0,
+            "ideal_s_per_step": 3600.0 / r.ideal_steps_per_hour,
             "predicted_staleness_mean": r.staleness_mean}
 
 

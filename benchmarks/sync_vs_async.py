@@ -8,10 +8,13 @@ trainer); larger values let generation run ahead by up to that many versions.
 
 Printed per run: seconds per step, speedup over ``staleness=0``, reward reached (mean training
 reward over the last third of the steps, and the accuracy of the final weights on a fixed set
-of held-out prompts), and the maximum staleness observed. The last line is one JSON object::
+of held-out prompts), and the maximum staleness observed. Then, for the margin the workload
+allows, each run is replayed in ``psrl simulate`` (``benchmarks/sim_vs_real.py``: its own
+generation times and step time): measured vs predicted seconds per step after warm-up, and the
+ideal ``min(generation bound, trainer bound)`` no policy can beat. The last line is one JSON object::
 
     {"speedup": {"1": x, "2": y, "4": z}, "reward": {"0": a, "1": b, "2": c, "4": d},
-     "max_staleness": {...}, "eval": {...}, "seconds_per_step": {...}}
+     "max_staleness": {...}, "eval": {...}, "seconds_per_step": {...}, "simulated": {...}}
 
 Usage: ``python benchmarks/sync_vs_async.py [--steps N] [--staleness 0 1 2 4] [key=value ...]``
 (overrides as for ``psrl train``). Takes about three minutes on a 2-core CPU.
@@ -25,16 +28,21 @@ import dataclasses
 import json
 import random
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from psrl.config import load_config
-from psrl.models import DecodeBatcher, build_policy
-from psrl.rollout.records import MemorySink
+from psrl.models import DecodeBatcher
 from psrl.runtime.coordinator import Coordinator
+from psrl.runtime.recorder import RunRecorder
 from psrl.runtime.sync_loop import rollout_groups, warm_start
 from psrl.train import Trainer, build_task_and_policy, seed_everything
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_vs_real import compare_run  # noqa: E402
 
 # The benchmark workload: heavy-tailed tool calls dominate a synchronous step.
 # 2 instances x 16 workers = one batch (B * N = 8 * 4 trajectories) in flight: more workers than
@@ -60,15 +68,20 @@ def warm_weights(cfg) -> dict:
     return policy.export_state()
 
 
-def run_one(cfg, weights: dict, steps: int) -> tuple[list[dict], object, object]:
-    """One asynchronous (or, at staleness 0, synchronous) run from ``weights``."""
+def run_one(cfg, weights: dict, steps: int, run_dir: Path) -> tuple[list[dict], object, object]:
+    """One asynchronous (or, at staleness 0, synchronous) run from ``weights``, recorded in ``run_dir``."""
     seed_everything(cfg.trainer.seed)
     task, policy = build_task_and_policy(cfg)
     policy.load_state(weights, 0)
     trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
-    models = [build_policy(cfg.model, task, seed=cfg.trainer.seed + 1 + i) for i in range(cfg.psrl.num_rollout_instances)]
-    coord = Coordinator(cfg, task, trainer, models, sink=MemorySink())
-    rows = asyncio.run(coord.run(steps))
+    models = [policy.replica(seed=cfg.trainer.seed + 1 + i) for i in range(cfg.psrl.num_rollout_instances)]
+    recorder = RunRecorder(run_dir)
+    recorder.write_config(cfg)
+    coord = Coordinator(cfg, task, trainer, models, sink=recorder)
+    try:
+        rows = asyncio.run(coord.run(steps))
+    finally:
+        recorder.close()
     return rows, task, policy
 
 
@@ -92,12 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     etas = sorted(set(args.staleness) | {0})
     weights = warm_weights(build_cfg(args.overrides, 0))
-    out = {"seconds_per_step": {}, "reward": {}, "eval": {}, "max_staleness": {}}
+    out = {"seconds_per_step": {}, "reward": {}, "eval": {}, "max_staleness": {}, "simulated": {}}
+    runs = Path(tempfile.mkdtemp(prefix="sync_vs_async-"))
     for eta in etas:
         cfg = build_cfg(args.overrides, eta)
         t0 = time.perf_counter()
-        rows, task, policy = run_one(cfg, weights, args.steps)
+        rows, task, policy = run_one(cfg, weights, args.steps, runs / f"staleness{eta}")
         wall = time.perf_counter() - t0
+        sim = compare_run(runs / f"staleness{eta}")
+        out["simulated"][str(eta)] = {k: round(sim[k], 4) for k in ("measured_s_per_step", "predicted_s_per_step",
+                                                                       "ideal_s_per_step")}
         tail = rows[-max(1, len(rows) // 3):]
         key = str(eta)
         out["seconds_per_step"][key] = round(rows[-1]["time"] / len(rows), 4)
@@ -116,8 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         sp = out["speedup"].get(k, 1.0)
         print(f"{eta:>9} {out['seconds_per_step'][k]:>8.3f} {sp:>7.2f}x {out['reward'][k]:>7.3f} "
               f"{out['eval'][k]:>6.3f} {out['max_staleness'][k]:>9}")
+    print()
+    print("the margin the workload allows (each run replayed in psrl simulate; seconds per step after warm-up):")
+    print(f"{'staleness':>9} {'measured':>9} {'simulated':>9} {'ideal':>7} {'measured/ideal':>15}")
+    for eta in etas:
+        m = out["simulated"][str(eta)]
+        print(f"{eta:>9} {m['measured_s_per_step']:>9.3f} {m['predicted_s_per_step']:>9.3f} {m['ideal_s_per_step']:>7.3f} "
+              f"{m['ideal_s_per_step'] / m['measured_s_per_step']:>15.2f}")
+    print(f"(run directories: {runs})")
     ordered = {"speedup": out["speedup"], "reward": out["reward"], "max_staleness": out["max_staleness"],
-               "eval": out["eval"], "seconds_per_step": out["seconds_per_step"]}
+               "eval": out["eval"], "seconds_per_step": out["seconds_per_step"], "simulated": out["simulated"]}
     print(json.dumps(ordered))
     return 0
 
