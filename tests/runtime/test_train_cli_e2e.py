@@ -118,16 +118,20 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, monkeypatch, capsys):
 
 
 def test_a_trainer_crash_resumes_from_the_last_periodic_checkpoint(tmp_path, monkeypatch):
-    """The trainer raises in step 3 (checkpoint_every=2): the error propagates, the checkpoint stays at
-    version 2, and rerunning redoes step 3 once -- no step lost or recorded twice."""
+    """The trainer raises in step 3 (checkpoint_every=2): events.jsonl was already on disk for steps 1-2
+    (as after a kill), the error propagates, the checkpoint stays at version 2, and rerunning redoes
+    step 3 once -- no step lost or recorded twice."""
     import pytest
 
     from psrl.train import Trainer
+    from psrl.viz.events import read_events
 
     real_step = Trainer.step
+    on_disk = []
 
     def crash_at_3(self, batch):
         if int(batch.version) + 1 == 3:
+            on_disk.extend(read_events(run_dir / "events.jsonl"))
             raise RuntimeError("out of memory (simulated)")
         return real_step(self, batch)
 
@@ -136,6 +140,7 @@ def test_a_trainer_crash_resumes_from_the_last_periodic_checkpoint(tmp_path, mon
     args = TINY + [f"trainer.run_dir={run_dir}", "trainer.total_steps=4"]
     with pytest.raises(RuntimeError, match="simulated"):
         main(args)
+    assert {e["buffer"] for e in on_disk if e["kind"] == "consume"} >= {0, 1}
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
     monkeypatch.setattr(Trainer, "step", real_step)
     assert main(args) == 0

@@ -63,16 +63,19 @@ def test_viz_writes_png(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_log_is_on_disk_after_every_consume(tmp_path):
-    """A run killed mid-way keeps its events up to the last training step (no close needed)."""
+def test_flush_puts_buffered_events_on_disk(tmp_path):
+    """Events are buffered; flush() (psrl train calls it after every step) writes all of them so far."""
     log = EventLog(tmp_path / "events.jsonl", clock=lambda: 0.0, flush_every=10**9)
     m = StalenessManager(staleness=1, batch_size=2, group_size=1, on_event=log)
     for _ in range(2):
         eid = m.try_reserve(0)
         m.complete(eid, "t", 0)
     m.consume()
-    eid = m.try_reserve(0)  # one more event after the consume, still buffered
+    assert read_events(tmp_path / "events.jsonl") == []
+    log.flush()
     kinds = [e["kind"] for e in read_events(tmp_path / "events.jsonl")]
     assert kinds.count("consume") == 2 and kinds[-1] == "consume"
+    m.try_reserve(0)  # one more event after the flush, still buffered
+    assert read_events(tmp_path / "events.jsonl")[-1]["kind"] == "consume"
     log.close()
     assert read_events(tmp_path / "events.jsonl")[-1]["kind"] == "reserve"

@@ -11,10 +11,11 @@ Hugging Face directory, loadable with ``model.path=RUN_DIR/final``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -43,13 +44,17 @@ def progress_line(row: dict, total: int) -> str:
 
 
 class _StepHook:
-    """After each step: print progress, checkpoint every ``trainer.checkpoint_every`` steps and at the end."""
+    """After each step: print progress, put events.jsonl on disk, checkpoint every
+    ``trainer.checkpoint_every`` steps and at the end."""
 
-    def __init__(self, run_dir: Path, recorder: RunRecorder, total: int, every: int, log: Callable[[str], None]):
-        self.run_dir, self.recorder, self.total, self.every, self.log = run_dir, recorder, total, every, log
+    def __init__(self, run_dir: Path, recorder: RunRecorder, events: EventLog, total: int, every: int,
+                 log: Callable[[str], None]):
+        self.run_dir, self.recorder, self.events = run_dir, recorder, events
+        self.total, self.every, self.log = total, every, log
 
     def __call__(self, coord: Coordinator, row: dict) -> None:
         self.log(progress_line(row, self.total))
+        self.events.flush()  # a killed run keeps its buffer timeline up to this step
         # The last step is always checkpointed here, *before* the coordinator records the
         # still-held trajectories as ``held``: a resume cuts those records off again.
         if (self.every > 0 and row["step"] % self.every == 0) or row["step"] >= self.total:
@@ -91,27 +96,25 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
     recorder.write_config(cfg)
     coord = build(cfg, recorder, log)
     total = cfg.trainer.total_steps
-    coord.on_step = _StepHook(run_dir, recorder, total, cfg.trainer.checkpoint_every, log)
     events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)
     coord.staleness.on_event = events  # the buffer timeline for `psrl viz RUN_DIR`
+    coord.on_step = _StepHook(run_dir, recorder, events, total, cfg.trainer.checkpoint_every, log)
     p = cfg.psrl
     log(f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
         f"(N'={p.redundant_group_size}), {p.num_rollout_instances} instances x {p.max_concurrent_per_instance} workers, "
         f"task {cfg.task.name}, {total} steps -> {run_dir}")
     started = time.perf_counter()
-    terminated = _cancel_on_sigterm(asyncio.current_task())
-    try:
-        rows = await coord.run(total)
-    except BaseException as exc:
-        if not coord.in_step:  # between steps the state is consistent: make the run resumable from here
-            save_checkpoint(run_dir, coord, recorder)
-        events.close()
-        recorder.close()
-        if terminated() and isinstance(exc, asyncio.CancelledError):
-            raise Terminated("SIGTERM") from None
-        raise
-    finally:
-        _restore_sigterm()
+    with _sigterm_cancels(asyncio.current_task()) as terminated:
+        try:
+            rows = await coord.run(total)
+        except BaseException as exc:
+            if not coord.in_step:  # between steps the state is consistent: make the run resumable from here
+                save_checkpoint(run_dir, coord, recorder)
+            events.close()
+            recorder.close()
+            if terminated() and isinstance(exc, asyncio.CancelledError):
+                raise Terminated("SIGTERM") from None
+            raise
     coord.trainer.policy.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
     events.close()
     recorder.close()
@@ -126,8 +129,10 @@ class Terminated(KeyboardInterrupt):
     """``psrl train`` got SIGTERM (a scheduler pre-empting the job): handled like Ctrl-C."""
 
 
-def _cancel_on_sigterm(task: asyncio.Task) -> Callable[[], bool]:
-    """Make SIGTERM cancel ``task`` (the same path as Ctrl-C); returns "has SIGTERM arrived?"."""
+@contextlib.contextmanager
+def _sigterm_cancels(task: asyncio.Task) -> Iterator[Callable[[], bool]]:
+    """While inside, SIGTERM cancels ``task`` (the same path as Ctrl-C); yields "has SIGTERM arrived?"."""
+    loop = asyncio.get_running_loop()
     fired = []
 
     def on_term() -> None:
@@ -135,17 +140,15 @@ def _cancel_on_sigterm(task: asyncio.Task) -> Callable[[], bool]:
         task.cancel()
 
     try:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_term)
+        loop.add_signal_handler(signal.SIGTERM, on_term)
+        installed = True
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
-        pass
-    return lambda: bool(fired)
-
-
-def _restore_sigterm() -> None:
+        installed = False
     try:
-        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
-    except (NotImplementedError, RuntimeError, ValueError):
-        pass
+        yield lambda: bool(fired)
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGTERM)
 
 
 def run(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print) -> list[dict]:

@@ -19,8 +19,8 @@ from psrl.staleness import Event
 class EventLog:
     """Append each :class:`Event` as a JSON line ``{"t", "kind", "entry", "buffer", ...}``.
 
-    Lines are buffered and flushed at every ``consume`` (once per training step) and every
-    ``flush_every`` events, so a run that is killed keeps its log up to the last step.
+    Lines are buffered and flushed every ``flush_every`` events and on :meth:`flush`; ``psrl train``
+    flushes after every training step, so a run that is killed keeps its log up to the last step.
     """
 
     def __init__(self, path: str | Path, clock: Optional[Callable[[], float]] = None, flush_every: int = 256):
@@ -35,8 +35,11 @@ class EventLog:
         rec = {"t": round(self._clock() - self._t0, 6), **ev._asdict()}
         self._fh.write(json.dumps(rec, default=str) + "\n")
         self._n += 1
-        if ev.kind == "consume" or self._n % self._flush_every == 0:
+        if self._n % self._flush_every == 0:
             self._fh.flush()
+
+    def flush(self) -> None:
+        self._fh.flush()
 
     def close(self) -> None:
         self._fh.close()
