@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(cfg, run_dir, log=_log)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated is a KeyboardInterrupt)
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        what, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
         print(f"\n{what}; resume with: psrl train {' '.join(ns.args)} trainer.run_dir={run_dir}".replace("  ", " "),
               file=sys.stderr)
-        return 143 if what == "terminated" else 130
+        return code
     return 0
 
 
