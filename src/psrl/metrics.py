@@ -1,0 +1,111 @@
+"""The one metric-name table: every key ``psrl train`` writes to ``metrics.jsonl``.
+
+Each metric has one name, used alike by the code that computes it, ``metrics.jsonl``, the
+progress line, the trackers and the plot labels. ``docs/metrics.md`` is generated from this
+table (``python -m psrl.metrics > docs/metrics.md``); a test fails when a run writes a key that
+is not listed here, or when the page is stale. A name ending in ``/*`` stands for a family
+(``counts/*``: one key per counter).
+
+Standard library only: the simulator and the viewer read these names too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Metric", "METRICS", "known", "markdown"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    """The key in ``metrics.jsonl`` (``prefix/*`` for a family)."""
+    unit: str
+    """Unit of the value: ``s``, ``count``, ``fraction``, ``nats``, ``steps``, ``tokens``, ... or ``-``."""
+    meaning: str
+    """What it measures, and over what (a step's batch, the run so far, ...)."""
+    owner: str
+    """The one module that computes it."""
+
+
+def _m(name: str, unit: str, meaning: str, owner: str) -> Metric:
+    return Metric(name, unit, meaning, owner)
+
+
+_C = "psrl.runtime.coordinator"
+_T = "psrl.train.trainer"
+_L = "psrl.algo.losses"
+_X = "psrl.algo.corrections"
+_A = "psrl.rollout.records"
+_P = "psrl.rollout.pool"
+
+METRICS: tuple[Metric, ...] = (
+    # progress and time
+    _m("step", "steps", "Training steps done (the trainer's version after this step).", _C),
+    _m("version", "version", "Policy version published by this step.", _C),
+    _m("time", "s", "Seconds since the run (or this resumed invocation) started.", _C),
+    _m("step_seconds", "s", "Seconds between the previous step's end and this one's.", _C),
+    _m("train_seconds", "s", "Seconds the trainer spent on this step's batch.", _C),
+    _m("throughput/trajectories_per_s", "1/s", "Trajectories completed per second, over the run so far.", _C),
+    # the batch
+    _m("reward/mean", "reward", "Mean reward of the trajectories of this step's batch.", _C),
+    _m("reward/std", "reward", "Standard deviation of the batch's rewards.", _T),
+    _m("reward/acc", "fraction", "Mean accuracy (the reward's 'acc', else the reward) of the batch.", _T),
+    _m("staleness/mean", "versions", "Mean consumed_version - V_traj over the batch (the measured lag).", _C),
+    _m("staleness/max", "versions", "Max consumed_version - V_traj over the batch; never above psrl.staleness.", _C),
+    _m("batch/trajectories", "count", "Trajectories in this step's batch (B x N).", _C),
+    _m("batch/response_len_mean", "tokens", "Mean response length (model and tool tokens) in the batch.", _T),
+    _m("batch/masked_frac", "fraction", "Fraction of response tokens masked out of the loss (tool output).", _T),
+    _m("batch/truncated_frac", "fraction", "Fraction of the batch force-completed (truncate filter, max length).", _C),
+    _m("buffers", "-", "State of every live buffer after the consume: {version: PENDING|STUCK|READY|...}.", _C),
+    _m("instance_versions", "versions", "Weight version of each rollout instance at the end of the step.", _C),
+    # the optimiser and the loss
+    _m("train/loss", "nats", "Total loss of the step (mean over minibatches).", _T),
+    _m("train/grad_norm", "-", "Gradient norm before clipping (mean over minibatches).", _T),
+    _m("train/adv_abs_mean", "-", "Mean |advantage| over the batch.", _T),
+    _m("train/version", "version", "The trainer's version after the step.", _T),
+    _m("loss/policy", "nats", "Policy-gradient loss (PPO / GSPO, after aggregation).", _L),
+    _m("actor/ratio_mean", "-", "Mean importance ratio pi_theta / pi_old over loss tokens.", _L),
+    _m("actor/clip_frac_low", "fraction", "Loss tokens clipped below (ratio < 1 - clip_ratio_low).", _L),
+    _m("actor/clip_frac_high", "fraction", "Loss tokens clipped above (ratio > 1 + clip_ratio_high).", _L),
+    _m("actor/approx_kl", "nats", "Approximate KL(pi_old || pi_theta) over loss tokens.", _L),
+    _m("correction/rho_mean", "-", "Mean ratio pi_old / pi_behaviour (the off-policy gap the corrections see).", _X),
+    _m("correction/is_weight_mean", "-", "Mean truncated importance weight.", _X),
+    _m("correction/is_weight_max", "-", "Max truncated importance weight.", _X),
+    _m("correction/is_truncated_frac", "fraction", "Tokens whose IS weight hit the truncation C.", _X),
+    _m("correction/rs_masked_frac", "fraction", "Tokens masked by rejection sampling.", _X),
+    # the rollout side (cumulative)
+    _m("counts/*", "count", "Cumulative trajectory / group counters of the agent manager (see Counts).", _A),
+    _m("rollout/*", "count", "Cumulative counters of the rollout instances, summed (steps, tokens, loads, ...).", _P),
+)
+
+_BY_NAME = {m.name: m for m in METRICS}
+
+
+def known(name: str) -> bool:
+    """Is ``name`` in the table (directly or through a ``prefix/*`` family)?"""
+    if name in _BY_NAME:
+        return True
+    head = name.split("/", 1)[0]
+    return "/" in name and f"{head}/*" in _BY_NAME
+
+
+def markdown() -> str:
+    """``docs/metrics.md``."""
+    lines = [
+        "# Metric names",
+        "",
+        "Generated from `src/psrl/metrics.py` by `python -m psrl.metrics > docs/metrics.md`; a test fails",
+        "when a run writes a key missing here or this page is stale. `prefix/*` is a family of keys.",
+        "",
+        "| name | unit | meaning | computed in |",
+        "|---|---|---|---|",
+    ]
+    for m in METRICS:
+        cells = [f"`{m.name}`", m.unit, m.meaning, f"`{m.owner}`"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(markdown(), end="")
