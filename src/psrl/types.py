@@ -1,4 +1,5 @@
-"""Data that crosses layers: one trajectory, as the rollout side hands it to the trainer.
+"""Data and interfaces that cross layers: one trajectory, as the rollout side hands it to the trainer,
+and the engine seam (:class:`Engine`, :class:`GenRequest`, :class:`EngineLoad`) a rollout instance drives.
 
 Standard library only. Every field is plain data (picklable, JSON-able), so trajectories
 cross Ray processes and land in ``trajectories.jsonl`` unchanged.
@@ -7,6 +8,7 @@ cross Ray processes and land in ``trajectories.jsonl`` unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, runtime_checkable
 
 
 @dataclass
@@ -48,3 +50,94 @@ class Trajectory:
             if v >= 0 and (not out or out[-1] != v):
                 out.append(v)
         return out
+
+
+# --------------------------------------------------------------------------- the engine seam
+
+
+@dataclass(eq=False)
+class GenRequest:
+    """One generation on one engine: context and budget in, tokens with their log-probs and versions out.
+
+    The engine appends to ``tokens`` / ``logprobs`` / ``versions`` as tokens arrive (so a partial
+    output is always readable) and sets ``finish`` when it is done: ``"stop"`` (a stop token, kept),
+    ``"length"`` (the budget) or ``"abort"`` (aborted: what was generated so far is kept).
+    Compared by identity: two requests with the same context are different requests.
+    """
+
+    context: list[int]
+    """Token ids the model continues (prompt, earlier turns, tool output, and any kept prefix)."""
+    max_new_tokens: int
+    """Most tokens to generate (capped by ``trainer.max_new_tokens``)."""
+    v_min: int = 0
+    """The trajectory's V_traj: the engine must hold a version >= this when the request starts."""
+    tokens: list[int] = field(default_factory=list)
+    """Generated token ids, in order."""
+    logprobs: list[float] = field(default_factory=list)
+    """Behaviour log-prob of each generated token under the weights that produced it."""
+    versions: list[int] = field(default_factory=list)
+    """Weight version that produced each generated token."""
+    finish: str = ""
+    """Empty while running; then stop | length | abort | error."""
+    interrupted: bool = False
+    """Handed back unfinished (migration, a failed engine): the caller may continue it elsewhere."""
+    error: str = ""
+    """Why the engine failed this request (finish == "error")."""
+    rid: str = ""
+    """Engine-side request id (set by engines that need one)."""
+    future: Any = None
+    """The rollout instance's asyncio future for this request (resolves to the request)."""
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What an engine reports about its own load: the router and the sync strategies read this."""
+
+    running: int
+    """Requests generating now."""
+    queued: int
+    """Requests accepted but not yet generating."""
+    tokens_per_s: float
+    """Generated tokens per second over the engine's recent window (0.0 before any token)."""
+    kv_usage: Optional[float] = None
+    """Fraction of the KV cache in use, where the engine has one (None otherwise)."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine a rollout instance drives: the only thing above it that knows about engines.
+
+    All methods are coroutines except ``abort`` and ``load``; an engine is used from one event loop.
+    Weight updates happen only while the engine is paused or idle, so every token carries exactly
+    one version: the version the engine held when that token was produced.
+    """
+
+    version: int
+    """Weight version held now."""
+
+    async def start(self) -> None:
+        """Start serving (spawn or attach to servers, start the decode loop)."""
+
+    async def generate(self, req: GenRequest) -> GenRequest:
+        """Generate for ``req`` until it finishes or is aborted; returns ``req`` with ``finish`` set."""
+
+    def abort(self, req: GenRequest) -> None:
+        """Stop ``req`` now; its ``generate`` returns with ``finish == "abort"`` and the tokens so far."""
+
+    async def abort_all(self) -> None:
+        """Abort every request in flight (each keeps its tokens so far)."""
+
+    async def pause(self) -> None:
+        """Stop generating at the next token boundary, keeping in-flight requests; returns once idle."""
+
+    async def resume(self) -> None:
+        """Continue the kept requests (their next tokens carry the current version)."""
+
+    async def update_weights(self, version: int, store: Any) -> None:
+        """Load ``version`` from the parameter store ``store``; only while paused or idle."""
+
+    def load(self) -> EngineLoad:
+        """Running and queued requests, tokens/s and KV use."""
+
+    async def close(self) -> None:
+        """Stop serving and release what :meth:`start` took (servers psrl started are stopped)."""

@@ -13,8 +13,9 @@ of RL frameworks and keeps recorded and recomputed log-probs comparable.
 
 ``temperature <= 0`` means greedy decoding; log-probs are then those of temperature 1.
 
-No KV cache: every step runs the whole (left-padded) batch. The built-in models are tiny and
-sequences short, and correctness (exact position ids under padding) comes first.
+``next_token`` has no KV cache: every call runs the whole (left-padded) batch. It is the slow,
+obviously-correct twin of the cached engine (:class:`psrl.rollout.hf_engine.HFEngine`), which the
+tests check against it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Policy", "build_policy", "resolve_device"]
+__all__ = ["Policy", "build_policy", "resolve_device", "sample"]
 
 
 class Policy:
@@ -55,15 +56,8 @@ class Policy:
             return [], []
         ids, mask = _left_pad(seqs, self.pad_id, self.device)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        logits = self._forward(ids, mask, pos, last_only=True)[:, -1, :].float()
-        logp = F.log_softmax(logits / _temp(temperature), dim=-1)
-        if temperature <= 0:
-            tokens = logp.argmax(dim=-1)
-        else:
-            probs = _nucleus(logp.exp(), top_p).cpu()
-            tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(1).to(logp.device)
-        chosen = logp.gather(1, tokens[:, None]).squeeze(1)
-        return tokens.tolist(), chosen.tolist()
+        logits = self._forward(ids, mask, pos, last_only=True)[:, -1, :]
+        return sample(logits, temperature, top_p, self.generator)
 
     def generate(
         self,
@@ -156,6 +150,22 @@ class Policy:
     def _forward(self, ids: Tensor, mask: Tensor, pos: Tensor, last_only: bool) -> Tensor:
         kw = {"logits_to_keep": 1} if last_only else {}
         return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kw).logits
+
+
+def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> tuple[list[int], list[float]]:
+    """Sample one token per row of ``[B, vocab]`` logits: (tokens, log-probs of the tempered full distribution).
+
+    Every engine of this process samples here, so the recorded behaviour log-prob is the formula
+    the trainer recomputes (:meth:`Policy.sequence_logprobs`).
+    """
+    logp = F.log_softmax(logits.float() / _temp(temperature), dim=-1)
+    if temperature <= 0:
+        tokens = logp.argmax(dim=-1)
+    else:
+        probs = _nucleus(logp.exp(), top_p).cpu()
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(logp.device)
+    chosen = logp.gather(1, tokens[:, None]).squeeze(1)
+    return tokens.tolist(), chosen.tolist()
 
 
 def _temp(temperature: float) -> float:

@@ -1,22 +1,31 @@
-"""What a rollout instance needs from a model, and a fake one for tests.
+"""In-process engines: continuous batching in this event loop, and a fake model for tests.
 
-A model is anything with ``next_token(seqs, temperature, top_p) -> (tokens, logprobs)``,
-``load_state(state, version)`` and ``version`` (:class:`psrl.models.Policy` is one). Those are
-synchronous and CPU/GPU heavy, so the instance runs them in a worker thread
-(``asyncio.to_thread``) and the event loop keeps serving tool calls and the trainer meanwhile.
+An engine implements :class:`psrl.types.Engine`. :class:`BatchingEngine` is the in-process
+skeleton: requests join and leave at any token boundary, one decode step advances every running
+request by one token, ``pause`` takes effect at the next token boundary. Subclasses say how a
+step is computed:
 
-A model may instead offer ``anext_token`` / ``aload_state`` coroutines; the instance then
-awaits them directly. :class:`FakeEngine` does that: its costs are ``asyncio.sleep`` calls, so
-on the virtual-time loop (:mod:`psrl.runtime.vloop`) a test controls exactly how long every
-decode step and every weight load takes, without sleeping for real.
+* :class:`NoCacheEngine` wraps any *model* with ``next_token(seqs, temperature, top_p)``,
+  ``load_state(state, version)`` and ``version`` (:class:`psrl.models.Policy`, :class:`FakeEngine`):
+  every step re-runs whole sequences. It is the slow, obvious twin the cached engine is tested
+  against, and the engine of the virtual-time tests.
+* :class:`psrl.rollout.hf_engine.HFEngine` keeps a KV cache (``rollout.engine: hf``).
+
+Models are synchronous and CPU/GPU heavy, so their calls run in a worker thread
+(``asyncio.to_thread``). A model may instead offer ``anext_token`` / ``aload_state`` coroutines,
+awaited directly: :class:`FakeEngine` does, so on the virtual-time loop (:mod:`psrl.runtime.vloop`)
+a test controls how long every decode step and every weight load takes, without sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Sequence
+import collections
+from typing import Any, Iterable, Optional, Sequence
 
-__all__ = ["decode_step", "load_weights", "FakeEngine"]
+from psrl.types import EngineLoad, GenRequest
+
+__all__ = ["BatchingEngine", "NoCacheEngine", "FakeEngine", "decode_step", "load_weights", "as_engine"]
 
 
 async def decode_step(model: Any, seqs: list[list[int]], temperature: float, top_p: float) -> tuple[list[int], list[float]]:
@@ -34,6 +43,203 @@ async def load_weights(model: Any, state: Any, version: int) -> None:
         await fast(state, version)
         return
     await asyncio.to_thread(model.load_state, state, version)
+
+
+class BatchingEngine:
+    """Continuous batching in this process (see the module docstring); subclasses implement ``_decode``/``_load``.
+
+    Args:
+        stop_ids: tokens that end a request (kept in its output).
+        temperature, top_p: sampling.
+        max_batch: most requests per decode step (None: all); the rest wait, counted as queued.
+    """
+
+    window_s = 10.0
+    """Seconds of recent decode steps behind ``load().tokens_per_s``."""
+
+    def __init__(self, *, stop_ids: Iterable[int] = (), temperature: float = 1.0, top_p: float = 1.0,
+                 max_batch: Optional[int] = None):
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.max_batch = max_batch
+        self.steps = 0
+        self.tokens = 0
+        self._rows: list[GenRequest] = []
+        self._waiting: list[GenRequest] = []
+        self._done: dict[int, asyncio.Future] = {}
+        self._paused = False
+        self._wake: Optional[asyncio.Event] = None
+        self._idle: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task] = None
+        self._recent: collections.deque = collections.deque()
+
+    # ------------------------------------------------------------------ the Engine interface
+
+    async def start(self) -> None:
+        self._events()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"{type(self).__name__}-loop")
+
+    async def generate(self, req: GenRequest) -> GenRequest:
+        if req.max_new_tokens <= 0:
+            req.finish = "length"
+            return req
+        await self.start()
+        fut = asyncio.get_running_loop().create_future()
+        self._done[id(req)] = fut
+        self._waiting.append(req)
+        self._wake.set()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self.abort(req)
+            raise
+        return req
+
+    def abort(self, req: GenRequest) -> None:
+        self._finish(req, "abort")
+
+    async def abort_all(self) -> None:
+        for req in self._waiting + self._rows:
+            self._finish(req, "abort")
+
+    async def pause(self) -> None:
+        self._events()
+        self._paused = True
+        await self._idle.wait()
+
+    async def resume(self) -> None:
+        self._events()
+        self._paused = False
+        self._wake.set()
+
+    async def update_weights(self, version: int, store: Any) -> None:
+        if self._rows and not self._paused:
+            raise RuntimeError("update_weights while generating: pause() first")
+        version, state = store.get(version)
+        await self._load(state, int(version))
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(running=len(self._rows), queued=len(self._waiting), tokens_per_s=self._tokens_per_s(),
+                          kv_usage=self._kv_usage())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.abort_all()
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
+        """Next token and its log-prob for every row (``context + tokens``)."""
+        raise NotImplementedError
+
+    async def _load(self, state: Any, version: int) -> None:
+        raise NotImplementedError
+
+    def _kv_usage(self) -> Optional[float]:
+        return None
+
+    # ------------------------------------------------------------------ the loop
+
+    def _events(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+            self._idle = asyncio.Event()
+            self._idle.set()
+
+    async def _run(self) -> None:
+        while True:
+            self._admit()
+            if self._paused or not self._rows:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._step()
+
+    def _admit(self) -> None:
+        while self._waiting and (self.max_batch is None or len(self._rows) < self.max_batch):
+            self._rows.append(self._waiting.pop(0))
+
+    async def _step(self) -> None:
+        """One token for every running row; a failing step fails its rows (``finish == "error"``), not the engine."""
+        rows = list(self._rows)
+        version = int(self.version)
+        self._idle.clear()
+        try:
+            toks, lps = await self._decode(rows)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- reported on every request of the step
+            for req in rows:
+                req.error = f"{type(exc).__name__}: {exc}"
+                self._finish(req, "error")
+            return
+        finally:
+            self._idle.set()
+        self.steps += 1
+        self.tokens += len(rows)
+        self._recent.append((asyncio.get_running_loop().time(), len(rows)))
+        for req, tok, lp in zip(rows, toks, lps):
+            if req.finish:  # aborted while the step ran: its token is discarded
+                continue
+            req.tokens.append(int(tok))
+            req.logprobs.append(float(lp))
+            req.versions.append(version)
+            if int(tok) in self.stop_ids:
+                self._finish(req, "stop")
+            elif len(req.tokens) >= req.max_new_tokens:
+                self._finish(req, "length")
+
+    def _finish(self, req: GenRequest, why: str) -> None:
+        if req.finish:
+            return
+        req.finish = why
+        for lst in (self._rows, self._waiting):
+            if req in lst:
+                lst.remove(req)
+        fut = self._done.pop(id(req), None)
+        if fut is not None and not fut.done():
+            fut.set_result(req)
+
+    def _tokens_per_s(self) -> float:
+        if not self._recent:
+            return 0.0
+        now = asyncio.get_running_loop().time()
+        while self._recent and self._recent[0][0] < now - self.window_s:
+            self._recent.popleft()
+        if not self._recent:
+            return 0.0
+        span = max(now - self._recent[0][0], 1e-9)
+        return sum(n for _, n in self._recent) / span
+
+
+class NoCacheEngine(BatchingEngine):
+    """A :class:`BatchingEngine` over a ``next_token`` model: every step re-runs whole sequences (no cache)."""
+
+    def __init__(self, model: Any, **kw: Any):
+        super().__init__(**kw)
+        self.model = model
+
+    @property
+    def version(self) -> int:
+        return int(self.model.version)
+
+    async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
+        return await decode_step(self.model, [r.context + r.tokens for r in rows], self.temperature, self.top_p)
+
+    async def _load(self, state: Any, version: int) -> None:
+        await load_weights(self.model, state, version)
+
+
+def as_engine(model_or_engine: Any, **kw: Any) -> Any:
+    """An engine as is; a bare ``next_token`` model wrapped in a :class:`NoCacheEngine` with ``kw``."""
+    if hasattr(model_or_engine, "generate") and hasattr(model_or_engine, "update_weights"):
+        return model_or_engine
+    return NoCacheEngine(model_or_engine, **kw)
 
 
 class FakeEngine:

@@ -1,21 +1,28 @@
-"""A rollout instance: its own weights and version, and a token-level batching loop.
+"""A rollout instance: one inference engine, its version, and the sync strategy's decisions.
 
-Every decode step runs all active requests of the instance as one batch (continuous batching:
-a request joins or leaves at any token boundary). Each generated token records the version of
-the weights that produced it, so a trajectory's ``token_versions`` say exactly which policy
+The instance drives an :class:`psrl.types.Engine` (in-process ``hf`` with a KV cache, a vLLM
+server, or the no-cache twin over a fake model in tests). The engine batches continuously (a
+request joins or leaves at any token boundary) and records, for each generated token, the version
+of the weights that produced it, so a trajectory's ``token_versions`` say exactly which policy
 wrote what.
 
 Weight sync (when to pull is the sync strategy's call, :mod:`psrl.rollout.router`):
 
-* **partial rollout on**: the instance pulls at the next token boundary. In-flight requests
-  keep their tokens and continue under the new weights; with **migration** they are instead
-  handed back (``interrupted``) so their sessions may continue them on another instance while
-  this one loads.
+* **partial rollout on**: the instance pauses the engine at the next token boundary (in-flight
+  requests kept), loads, resumes: requests continue under the new weights. With **migration**
+  in-flight requests are instead aborted and handed back (``interrupted``, tokens kept) so their
+  sessions may continue them on another instance while this one loads.
 * **partial rollout off**: the instance stops admitting requests, lets the running ones finish
-  under the old weights, then pulls. A request never mixes versions.
+  under the old weights, then loads. A request never mixes versions.
 
 Either way an instance's version only grows, and a request is only ever submitted to an
 instance whose version is ``>= V_traj``, so no segment is older than its trajectory's ``V_traj``.
+
+Faults: a request the engine fails (``finish == "error"``: the engine died or stopped answering
+within ``rollout.request_timeout_s``) is handed back like a migrated one -- same ``V_traj``, the
+tokens the engine returned kept -- and its session re-runs the rest elsewhere. The instance then
+restarts its engine (up to ``rollout.max_restarts`` times) or, past that, marks itself ``dead``:
+the router stops choosing it, and the run stops only when no instance is left.
 """
 
 from __future__ import annotations
@@ -23,87 +30,95 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Iterable, Optional
 
-from psrl.rollout.engine import decode_step, load_weights
+from psrl.rollout.engine import as_engine
+from psrl.types import EngineLoad, GenRequest
 
 __all__ = ["GenRequest", "RolloutInstance"]
 
 
-class GenRequest:
-    """One ``generate`` call on one instance: context, budget and the tokens produced so far.
-
-    ``future`` resolves to the request itself when it finished (stop token or budget) or was
-    ``interrupted`` (handed back at a token boundary for migration).
-    """
-
-    __slots__ = ("context", "max_new_tokens", "v_min", "tokens", "logprobs", "versions", "interrupted", "future")
-
-    def __init__(self, context: list[int], max_new_tokens: int, v_min: int, future: asyncio.Future):
-        self.context = context
-        self.max_new_tokens = int(max_new_tokens)
-        self.v_min = int(v_min)
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.interrupted = False
-        self.future = future
-
-
 class RolloutInstance:
-    """One inference engine (a model copy) serving many trajectories at once.
+    """One inference engine serving many trajectories at once.
 
     Args:
         index: instance id (recorded per segment in ``Trajectory.instances``).
-        model: ``next_token`` / ``load_state`` / ``version`` (see :mod:`psrl.rollout.engine`).
-        weights: where new versions come from: ``latest_version()`` and ``get() -> (version, state)``
+        engine: a :class:`psrl.types.Engine`, or a bare ``next_token`` model (wrapped in the no-cache
+            engine with ``stop_ids``, ``temperature``, ``top_p``).
+        weights: where new versions come from: ``latest_version()`` and ``get(version)``
             (a :class:`psrl.train.ParameterStore`).
         sync: the sync strategy, ``should_pull(instance, latest_version) -> bool``.
         partial_rollout, migration: see the module docstring.
-        stop_ids: tokens that end a request (kept in its output).
-        max_batch: most requests per decode step (None: all active ones).
+        max_batch: most requests in the engine at once (None: all); the rest queue here.
+        max_new_tokens: the cap on any request's budget (``trainer.max_new_tokens``).
+        max_restarts: engine restarts after failures before the instance is ``dead``.
     """
 
-    def __init__(self, index: int, model: Any, weights: Any, sync: Any, *, partial_rollout: bool = False,
+    def __init__(self, index: int, engine: Any, weights: Any, sync: Any, *, partial_rollout: bool = False,
                  migration: bool = False, stop_ids: Iterable[int] = (), temperature: float = 1.0,
-                 top_p: float = 1.0, max_batch: Optional[int] = None):
+                 top_p: float = 1.0, max_batch: Optional[int] = None, max_new_tokens: Optional[int] = None,
+                 max_restarts: int = 0):
         self.index = int(index)
-        self.model = model
+        self.engine = as_engine(engine, stop_ids=stop_ids, temperature=temperature, top_p=top_p)
         self.weights = weights
         self.sync = sync
         self.partial_rollout = bool(partial_rollout)
         self.migration = bool(migration) and self.partial_rollout
-        self.stop_ids = frozenset(int(t) for t in stop_ids)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
         self.max_batch = max_batch
+        self.max_new_tokens = max_new_tokens
+        self.max_restarts = int(max_restarts)
         self.running = 0
         """Trajectories (sessions) bound to this instance, in a model turn or a tool call."""
         self.syncing = False
+        self.dead = False
+        """Failed more than ``max_restarts`` times: the router no longer picks it."""
         self.on_version: Optional[Callable[["RolloutInstance"], None]] = None
         self._queue: list[GenRequest] = []
         self._active: list[GenRequest] = []
+        self._serving: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
-        self.steps = 0
-        self.tokens = 0
+        self._failed: Optional[str] = None
+        self.ready = asyncio.Event()
+        """Set once the engine is started and holds the newest published version."""
         self.loads = 0
         self.interrupted = 0
         self.continued = 0
         """Requests that kept generating across a weight load (partial rollout without migration)."""
+        self.failed = 0
+        """Requests the engine failed, handed back to be re-run elsewhere."""
+        self.restarts = 0
 
     # ------------------------------------------------------------------ reading
 
     @property
     def version(self) -> int:
-        return int(self.model.version)
+        return int(self.engine.version)
+
+    @property
+    def model(self) -> Any:
+        """The wrapped model of a no-cache engine (tests read its counters)."""
+        return getattr(self.engine, "model", None)
+
+    @property
+    def steps(self) -> int:
+        return int(getattr(self.engine, "steps", 0))
+
+    @property
+    def tokens(self) -> int:
+        return int(getattr(self.engine, "tokens", 0))
 
     @property
     def active(self) -> int:
-        """Requests in the decode batch now."""
+        """Requests in the engine now."""
         return len(self._active)
 
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    def load(self) -> EngineLoad:
+        """The engine's load figures, with this instance's own queue added."""
+        inner = self.engine.load()
+        return EngineLoad(inner.running, inner.queued + len(self._queue), inner.tokens_per_s, inner.kv_usage)
 
     # ------------------------------------------------------------------ requests
 
@@ -111,9 +126,16 @@ class RolloutInstance:
         """Queue a generation; await ``req.future``. ``v_min`` (the trajectory's V_traj) must not exceed the version."""
         if v_min > self.version:
             raise ValueError(f"instance {self.index} holds version {self.version} < V_traj {v_min}")
-        req = GenRequest(list(context), max_new_tokens, v_min, asyncio.get_running_loop().create_future())
+        if self.max_new_tokens is not None:
+            max_new_tokens = min(int(max_new_tokens), int(self.max_new_tokens))
+        req = GenRequest(list(context), int(max_new_tokens), int(v_min),
+                         future=asyncio.get_running_loop().create_future())
         if req.max_new_tokens <= 0:
+            req.finish = "length"
             req.future.set_result(req)
+            return req
+        if self.dead:
+            self._hand_back(req, "error")
             return req
         self._queue.append(req)
         self._wake.set()
@@ -123,9 +145,10 @@ class RolloutInstance:
         """Drop ``req`` now (its trajectory was cancelled): the engine stops spending on it."""
         if not req.future.done():
             req.future.cancel()
-        for lst in (self._queue, self._active):
-            if req in lst:
-                lst.remove(req)
+        if req in self._queue:
+            self._queue.remove(req)
+        if req in self._active:
+            self.engine.abort(req)
         self._wake.set()
 
     def attach(self) -> None:
@@ -141,97 +164,152 @@ class RolloutInstance:
 
     # ------------------------------------------------------------------ the loop
 
+    async def load_initial(self) -> None:
+        """Start the engine; load the newest published version unless it holds a published one already."""
+        await self.engine.start()
+        latest = self.weights.latest_version()
+        if latest is not None and self.version not in self.weights.versions():  # a fresh server holds none
+            await self.engine.update_weights(latest, self.weights)
+        self.ready.set()
+        if self.on_version is not None:
+            self.on_version(self)
+
     def start(self) -> asyncio.Task:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self.run(), name=f"rollout-instance-{self.index}")
         return self._task
 
     async def stop(self) -> None:
-        """Stop the loop; pending requests are cancelled."""
+        """Stop the loop and the engine; pending requests are cancelled."""
         if self._task is not None:
             self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         for req in self._queue + self._active:
             if not req.future.done():
                 req.future.cancel()
         self._queue.clear()
-        self._active.clear()
+        try:
+            await self.engine.close()
+        finally:
+            for t in list(self._serving):
+                t.cancel()
+            await asyncio.gather(*self._serving, return_exceptions=True)
+            self._active.clear()
 
     async def run(self) -> None:
-        """Batch, decode, sync; forever (until cancelled)."""
+        """Admit, sync, recover; forever (until cancelled). Decoding happens in the engine."""
+        if not self.ready.is_set():
+            await self.load_initial()
         while True:
+            if self._failed is not None:
+                await self._recover()
+                continue
             pull = self._wants_pull()
             if pull and (self.partial_rollout or not self._active):
                 await self._pull()
                 continue
             if not pull:
                 self._admit()
-            self._prune()
-            if not self._active:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            await self._step()
+            self._wake.clear()
+            await self._wake.wait()
 
     def _wants_pull(self) -> bool:
+        if self.dead:
+            return False
         latest = self.weights.latest_version()
         return latest is not None and latest > self.version and bool(self.sync.should_pull(self, latest))
 
     def _admit(self) -> None:
-        room = None if self.max_batch is None else self.max_batch - len(self._active)
-        while self._queue and (room is None or room > 0):
+        while self._queue and not self.dead and (self.max_batch is None or len(self._active) < self.max_batch):
             req = self._queue.pop(0)
-            if not req.future.done():
-                self._active.append(req)
-                room = None if room is None else room - 1
-
-    def _prune(self) -> None:
-        if any(r.future.done() for r in self._active):
-            self._active = [r for r in self._active if not r.future.done()]
-
-    async def _step(self) -> None:
-        """One decode step for every active request; finished ones resolve."""
-        batch = list(self._active)
-        version = self.version
-        toks, lps = await decode_step(self.model, [r.context + r.tokens for r in batch], self.temperature, self.top_p)
-        self.steps += 1
-        self.tokens += len(batch)
-        for req, tok, lp in zip(batch, toks, lps):
-            if req.future.done():  # cancelled while the step ran: its token is discarded
+            if req.future.done():
                 continue
-            req.tokens.append(int(tok))
-            req.logprobs.append(float(lp))
-            req.versions.append(version)
-            if tok in self.stop_ids or len(req.tokens) >= req.max_new_tokens:
-                req.future.set_result(req)
-        self._prune()
+            self._active.append(req)
+            task = asyncio.get_running_loop().create_task(self._serve(req))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+
+    async def _serve(self, req: GenRequest) -> None:
+        """One request through the engine; resolves its future (finished, handed back, or failed)."""
+        try:
+            await self.engine.generate(req)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- an engine fault: hand the request back, recover the engine
+            req.finish, req.error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            if req in self._active:
+                self._active.remove(req)
+            self._wake.set()
+        if req.future.done():
+            return
+        if req.finish == "error":
+            self._failed = self._failed or req.error
+            self._hand_back(req, "error")
+        elif req.finish == "abort":
+            self._hand_back(req, "abort")
+        else:
+            req.future.set_result(req)
+
+    def _hand_back(self, req: GenRequest, why: str) -> None:
+        """Resolve ``req`` as interrupted (tokens kept): its session continues it on an eligible instance."""
+        req.interrupted = True
+        if why == "error":
+            self.failed += 1
+        else:
+            self.interrupted += 1
+        if not req.future.done():
+            req.future.set_result(req)
 
     async def _pull(self) -> None:
-        """Load the newest weights at a token boundary."""
+        """Load the newest weights at a token boundary (see the module docstring)."""
         self.syncing = True
         try:
+            await self.engine.pause()
             if self.migration:
-                self._interrupt_all()
+                for req in list(self._queue):
+                    self._queue.remove(req)
+                    self._hand_back(req, "abort")
+                await self.engine.abort_all()
             else:
                 self.continued += len(self._active)
-            version, state = self.weights.get()
-            await load_weights(self.model, state, version)
+            await self.engine.update_weights(self.weights.latest_version(), self.weights)
+            await self.engine.resume()
             self.loads += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- the engine failed to load: recover it
+            self._failed = self._failed or f"weight update failed: {type(exc).__name__}: {exc}"
         finally:
             self.syncing = False
         if self.on_version is not None:
             self.on_version(self)
 
-    def _interrupt_all(self) -> None:
-        """Hand every unfinished request back with its tokens so far (sessions may migrate them)."""
-        for req in self._active + self._queue:
-            if not req.future.done():
-                req.interrupted = True
-                req.future.set_result(req)
-                self.interrupted += 1
-        self._active.clear()
-        self._queue.clear()
+    async def _recover(self) -> None:
+        """The engine failed: hand back everything in it, restart it (or give up on this instance)."""
+        reason, self._failed = self._failed, None
+        await self.engine.abort_all()
+        if self.restarts >= self.max_restarts or not hasattr(self.engine, "restart"):
+            self.dead = True
+            for req in list(self._queue):
+                self._queue.remove(req)
+                self._hand_back(req, "error")
+            self.log_failure(f"rollout instance {self.index} is dead after {self.restarts} restarts: {reason}")
+        else:
+            self.restarts += 1
+            self.log_failure(f"rollout instance {self.index}: restarting its engine "
+                             f"({self.restarts}/{self.max_restarts}): {reason}")
+            try:
+                await self.engine.restart()
+                await self.engine.update_weights(self.weights.latest_version(), self.weights)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self._failed = f"restart failed: {type(exc).__name__}: {exc}"
+        if self.on_version is not None:
+            self.on_version(self)
+
+    def log_failure(self, message: str) -> None:
+        """Where engine failures are reported (the coordinator replaces it with its log)."""
+        print(message, flush=True)

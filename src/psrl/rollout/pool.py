@@ -28,16 +28,24 @@ class InstancePool:
         for inst in self.instances:
             inst.on_version = self._on_version
 
+    def alive(self) -> list[RolloutInstance]:
+        """Instances not given up on; a run with none left cannot continue."""
+        alive = [inst for inst in self.instances if not getattr(inst, "dead", False)]
+        if not alive:
+            raise RuntimeError(f"every rollout instance is dead ({len(self.instances)} instances, each restarted "
+                               "up to rollout.max_restarts times; see the messages above)")
+        return alive
+
     def min_version(self) -> int:
-        """The oldest instance version (every instance can serve a group reserved at it)."""
-        return min(inst.version for inst in self.instances)
+        """The oldest live instance version (every live instance can serve a group reserved at it)."""
+        return min(inst.version for inst in self.alive())
 
     def versions(self) -> list[int]:
         return [inst.version for inst in self.instances]
 
     def route(self, v_min: int) -> RolloutInstance:
         """An instance with version ``>= v_min`` for a trajectory; instances mid-sync only as a last resort."""
-        eligible = [inst for inst in self.instances if inst.version >= v_min]
+        eligible = [inst for inst in self.alive() if inst.version >= v_min]
         if not eligible:
             raise ValueError(f"no rollout instance holds version >= {v_min} (versions {self.versions()})")
         ready = [inst for inst in eligible if not inst.syncing] or eligible
@@ -61,6 +69,11 @@ class InstancePool:
         for inst in self.instances:
             inst.start()
 
+    async def ready(self) -> None:
+        """Return once every instance's engine is started and holds the newest published version."""
+        for inst in self.instances:
+            await inst.ready.wait()
+
     async def stop(self) -> None:
         for inst in self.instances:
             await inst.stop()
@@ -68,7 +81,18 @@ class InstancePool:
     def stats(self) -> dict[str, float]:
         """Engine counters summed over instances (for metrics)."""
         keys = ("steps", "tokens", "loads", "interrupted", "continued")
-        return {f"rollout/{k}": float(sum(getattr(i, k) for i in self.instances)) for k in keys}
+        out = {f"rollout/{k}": float(sum(getattr(i, k) for i in self.instances)) for k in keys}
+        out["engine/failed_requests"] = float(sum(i.failed for i in self.instances))
+        out["engine/restarts"] = float(sum(i.restarts for i in self.instances))
+        out["engine/dead"] = float(sum(i.dead for i in self.instances))
+        loads = [i.load() for i in self.instances]
+        out["engine/tokens_per_s"] = float(sum(ld.tokens_per_s for ld in loads))
+        out["engine/running"] = float(sum(ld.running for ld in loads))
+        out["engine/queued"] = float(sum(ld.queued for ld in loads))
+        kv = [ld.kv_usage for ld in loads if ld.kv_usage is not None]
+        if kv:
+            out["engine/kv_usage"] = sum(kv) / len(kv)
+        return out
 
 
 def describe(pool: Optional[InstancePool]) -> str:

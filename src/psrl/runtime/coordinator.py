@@ -34,6 +34,7 @@ from psrl.rollout.pool import InstancePool
 from psrl.rollout.router import build_router, build_sync
 from psrl.staleness import StalenessManager
 from psrl.train.store import ParameterStore
+from psrl.types import Engine
 
 __all__ = ["Coordinator", "build_staleness_manager"]
 
@@ -79,14 +80,19 @@ class Coordinator:
         self.staleness = staleness or build_staleness_manager(cfg, int(policy.version))
         version, state = self.store.get()
         for model in models:
-            model.load_state(state, version)
+            if not isinstance(model, Engine):  # a bare next_token model: load it now (engines load at start)
+                model.load_state(state, version)
         sync = build_sync(p.sync_strategy, p.sync_request_threshold, p.staleness, self.staleness)
+        r = cfg.rollout
         instances = [
             RolloutInstance(i, model, self.store, sync, partial_rollout=p.partial_rollout.enable,
                             migration=p.partial_rollout.migration, stop_ids=getattr(task, "stop_ids", ()),
-                            temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p)
+                            temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p,
+                            max_new_tokens=cfg.trainer.max_new_tokens, max_restarts=r.max_restarts)
             for i, model in enumerate(models)
         ]
+        for inst in instances:
+            inst.log_failure = self.log
         self.pool = InstancePool(instances, build_router(p.router))
         self.agents = AgentManager(task, self.staleness, self.pool, p, workers=len(instances) * p.max_concurrent_per_instance,
                                    sink=sink, seed=cfg.trainer.seed)
@@ -105,6 +111,7 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         self._t0 = self._last = loop.time()
         self.pool.start()
+        await self._ready()
         dispatcher = self.agents.start()
         finished = False
         try:
@@ -118,6 +125,17 @@ class Coordinator:
             await self.agents.shutdown(record_held=finished)
             await self.pool.stop()
         return self.rows
+
+    async def _ready(self) -> None:
+        """Every engine started and holding the newest version; an engine that cannot start stops the run."""
+        ready = asyncio.ensure_future(self.pool.ready())
+        loops = [inst._task for inst in self.pool.instances if inst._task is not None]
+        done, _ = await asyncio.wait([ready, *loops], return_when=asyncio.FIRST_COMPLETED)
+        if ready not in done:
+            ready.cancel()
+            for fut in done:
+                fut.result()  # raises the engine's start-up error
+            raise RuntimeError("a rollout instance stopped before its engine was ready")
 
     async def _next_batch(self, dispatcher: asyncio.Task) -> Any:
         """``await next_batch()``, but fail fast if the dispatcher or an agent worker crashed."""

@@ -22,6 +22,7 @@ import torch
 from psrl.algo.filters import build_group_filter
 from psrl.runtime.checkpoint import resume, save_checkpoint
 from psrl.runtime.coordinator import Coordinator
+from psrl.runtime.engines import build_engines
 from psrl.runtime.recorder import RunRecorder
 from psrl.runtime.sync_loop import warm_start
 from psrl.train import Trainer, build_task_and_policy, seed_everything
@@ -75,14 +76,8 @@ def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -
         log(f"resumed from {ck['dir']} at version {trainer.version}")
     else:
         warm_start(cfg, task, trainer, log)
-    n = cfg.psrl.num_rollout_instances
-    if cfg.psrl.runtime == "ray":
-        from psrl.runtime.ray_runtime import build_ray_models
-
-        models = build_ray_models(cfg, n, seed, initial_state=policy.export_state(), version=int(policy.version))
-    else:
-        models = [policy.replica(seed=seed + 1 + i) for i in range(n)]
-    coord = Coordinator(cfg, task, trainer, models, sink=recorder, staleness=staleness, log=log)
+    engines = build_engines(cfg, policy, task, recorder.run_dir)
+    coord = Coordinator(cfg, task, trainer, engines, sink=recorder, staleness=staleness, log=log)
     if ck is not None:
         coord.agents.load_state(ck["agents"])
     return coord

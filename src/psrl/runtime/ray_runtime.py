@@ -1,11 +1,15 @@
-"""Ray at the edges: each rollout instance's model lives in its own Ray actor process.
+"""Ray at the edges: each rollout instance's engine lives in its own Ray actor process.
 
-The coordinator does not change. A rollout instance awaits ``model.anext_token`` /
-``model.aload_state`` when a model offers them (see :mod:`psrl.rollout.engine`), and
-:class:`RayModel` offers exactly that, forwarding to a plain :class:`PolicyWorker` wrapped
-with ``ray.remote`` where the actor is created (slime's habit: no Ray inside the classes).
-Weights cross as CPU tensors through Ray's object store; the worker process calls
-``torch.set_num_threads`` itself.
+The coordinator does not change. A rollout instance drives a :class:`psrl.types.Engine`;
+:class:`RayEngine` is one, forwarding each *request* (never each token) to an
+:class:`EngineWorker` actor that runs the KV-cached ``hf`` engine in its own event loop
+(slime's habit: a plain class, wrapped with ``ray.remote`` where the actor is created).
+Weights cross as CPU tensors through Ray's object store, once per version per actor; the worker
+process calls ``torch.set_num_threads`` itself. Actors are placed by resources
+(``num_cpus`` per actor, 0 on a laptop so both instances fit beside the trainer).
+
+A request's tokens come back when it finishes or is aborted, so the proactive ``truncate`` filter
+sees the tokens of a Ray request in flight only once it is aborted (the tokens are kept then).
 
 Select it with ``psrl.runtime=ray`` (``pip install -e '.[ray]'``). ``ray_address`` joins an
 existing cluster; by default a local one is started with the dashboard off.
@@ -13,59 +17,135 @@ existing cluster; by default a local one is started with the dashboard off.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from typing import Any, Optional
 
-__all__ = ["PolicyWorker", "RayModel", "build_ray_models", "ensure_ray"]
+from psrl.types import EngineLoad, GenRequest
+
+__all__ = ["EngineWorker", "RayEngine", "build_ray_engines", "ensure_ray"]
 
 
-class PolicyWorker:
-    """A policy copy in a worker process, built from plain config data (picklable across Ray)."""
+class EngineWorker:
+    """An ``hf`` engine over a policy copy in a worker process, built from plain config data (picklable)."""
 
     def __init__(self, cfg_data: dict, seed: int, threads: int = 1):
         import torch
 
         torch.set_num_threads(threads)
         from psrl.config import Config, _build
-        from psrl.models import build_policy
+        from psrl.models import build_policy, load_tokenizer
+        from psrl.rollout.hf_engine import HFEngine
         from psrl.tasks import get_task
-        from psrl.models import load_tokenizer
+        from psrl.train.store import ParameterStore
 
         cfg = _build(Config, cfg_data)
         tok = load_tokenizer(cfg.model)
         task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
-        self.policy = build_policy(cfg.model, task, seed=seed)
+        policy = build_policy(cfg.model, task, seed=seed)
+        self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update,
+                               stop_ids=getattr(task, "stop_ids", ()), temperature=cfg.trainer.temperature,
+                               top_p=cfg.trainer.top_p)
+        self.store = ParameterStore(keep=1)
+        self.reqs: dict[str, GenRequest] = {}
 
-    def next_token(self, seqs: list[list[int]], temperature: float, top_p: float) -> tuple[list[int], list[float]]:
-        return self.policy.next_token(seqs, temperature, top_p)
+    async def generate(self, rid: str, context: list[int], max_new_tokens: int) -> tuple:
+        req = GenRequest(list(context), int(max_new_tokens), rid=rid)
+        self.reqs[rid] = req
+        try:
+            await self.engine.generate(req)
+        finally:
+            self.reqs.pop(rid, None)
+        return req.tokens, req.logprobs, req.versions, req.finish, req.error
 
-    def load_state(self, state: dict, version: int) -> int:
-        self.policy.load_state(state, version)
-        return version
+    def abort(self, rid: str) -> None:
+        req = self.reqs.get(rid)
+        if req is not None:
+            self.engine.abort(req)
 
-    def version(self) -> int:
-        return self.policy.version
+    async def abort_all(self) -> None:
+        await self.engine.abort_all()
+
+    async def pause(self) -> None:
+        await self.engine.pause()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def update_weights(self, state: dict, version: int) -> int:
+        self.store = ParameterStore(keep=1)
+        self.store.publish(int(version), state)
+        await self.engine.update_weights(int(version), self.store)
+        return self.engine.version
+
+    def load(self) -> tuple:
+        ld = self.engine.load()
+        return ld.running, ld.queued, ld.tokens_per_s
 
 
-class RayModel:
-    """Client side of a :class:`PolicyWorker` actor, with the coroutine interface instances await."""
+class RayEngine:
+    """Client side of an :class:`EngineWorker` actor: a :class:`psrl.types.Engine`, one Ray call per request."""
 
-    def __init__(self, actor: Any, version: int = 0):
+    def __init__(self, actor: Any, version: int = -1):
         self.actor = actor
-        self.version = version
+        self.version = int(version)
+        self.steps = 0
+        self.tokens = 0
+        self._ids = itertools.count()
+        self._running: dict[str, GenRequest] = {}
 
-    async def anext_token(self, seqs: list[list[int]], temperature: float, top_p: float):
-        return await self.actor.next_token.remote(seqs, temperature, top_p)
+    async def start(self) -> None:
+        return None
 
-    async def aload_state(self, state: dict, version: int) -> None:
-        await self.actor.load_state.remote(state, version)
-        self.version = version
+    async def generate(self, req: GenRequest) -> GenRequest:
+        if req.max_new_tokens <= 0:
+            req.finish = "length"
+            return req
+        req.rid = req.rid or f"r{next(self._ids)}"
+        self._running[req.rid] = req
+        try:
+            toks, lps, vers, finish, error = await self.actor.generate.remote(req.rid, req.context, req.max_new_tokens)
+        except asyncio.CancelledError:
+            self.abort(req)
+            raise
+        finally:
+            self._running.pop(req.rid, None)
+        if not req.finish:  # an abort decided here wins; its tokens still come back from the actor
+            req.finish = finish
+        req.tokens += toks
+        req.logprobs += lps
+        req.versions += vers
+        req.error = error
+        self.steps += 1
+        self.tokens += len(toks)
+        return req
 
-    def load_state(self, state: dict, version: int) -> None:
-        """Blocking variant (checkpoint restore, start-up)."""
+    def abort(self, req: GenRequest) -> None:
+        if req.rid:
+            self.actor.abort.remote(req.rid)
+
+    async def abort_all(self) -> None:
+        await self.actor.abort_all.remote()
+
+    async def pause(self) -> None:
+        await self.actor.pause.remote()
+
+    async def resume(self) -> None:
+        await self.actor.resume.remote()
+
+    async def update_weights(self, version: int, store: Any) -> None:
         import ray
 
-        ray.get(self.actor.load_state.remote(state, version))
-        self.version = version
+        version, state = store.get(version)
+        self.version = int(await self.actor.update_weights.remote(ray.put(state), int(version)))
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(running=len(self._running), queued=0, tokens_per_s=0.0)
+
+    async def close(self) -> None:
+        import ray
+
+        ray.kill(self.actor)
 
 
 def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
@@ -81,20 +161,17 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
         ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
 
 
-def build_ray_models(cfg: Any, n: int, seed: int, initial_state: Optional[dict] = None, version: int = 0) -> list[RayModel]:
-    """``n`` policy actors (seeds ``seed + 1 + i``), optionally loaded with ``initial_state``."""
+def build_ray_engines(cfg: Any, n: int, seed: int, policy: Any = None, task: Any = None,
+                      run_dir: Any = None) -> list[RayEngine]:
+    """``n`` engine actors (sampling seeds ``seed + 1 + i``); the instances load the first version at start."""
     import ray
 
     from psrl.config import config_to_dict
 
+    if cfg.rollout.engine != "hf":
+        raise NotImplementedError("psrl.runtime=ray runs the hf engine in its actors; for vLLM under Ray attach "
+                                  "to the servers with rollout.engine=vllm and rollout.vllm.urls")
     ensure_ray(getattr(cfg.psrl, "ray_address", None))
-    remote_cls = ray.remote(num_cpus=0)(PolicyWorker)
+    remote_cls = ray.remote(num_cpus=0)(EngineWorker)
     data = config_to_dict(cfg)
-    actors = [remote_cls.remote(data, seed + 1 + i) for i in range(n)]
-    models = [RayModel(a) for a in actors]
-    if initial_state is not None:
-        ref = ray.put(initial_state)
-        ray.get([a.load_state.remote(ref, version) for a in actors])
-        for m in models:
-            m.version = version
-    return models
+    return [RayEngine(remote_cls.remote(data, seed + 1 + i)) for i in range(n)]

@@ -25,5 +25,11 @@ def build_task_and_policy(cfg):
     first, so the task can add its marker tokens before the model's embeddings are sized."""
     tok = load_tokenizer(cfg.model)
     task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
+    turn = getattr(task, "turn_tokens", None)
+    if turn is not None and int(turn) > cfg.trainer.max_new_tokens:
+        from psrl.config import ConfigError
+
+        raise ConfigError("trainer.max_new_tokens", f"is {cfg.trainer.max_new_tokens}, below task {cfg.task.name}'s "
+                          f"turn length {turn}", f"set trainer.max_new_tokens={turn} or more")
     policy = build_policy(cfg.model, task, seed=cfg.trainer.seed)
     return task, policy

@@ -1,0 +1,170 @@
+"""``rollout.engine: hf``: continuous batching in this process with a KV cache (transformers).
+
+Each decode step feeds one new token per running request and reuses the keys/values of
+everything before it, so a sequence of L tokens costs O(L) instead of the O(L^2) of the no-cache
+twin (:class:`psrl.rollout.engine.NoCacheEngine`). Requests join and leave at any token
+boundary: a joining request is prefilled on its own (its whole context, left-padded among the
+other joiners) and its cache rows are merged into the batch's; a leaving request's rows are
+dropped. The batch cache is left-padded: an attention mask marks the real positions and each
+row's position ids count only its real tokens, so every row sees exactly what it would alone
+and its log-probs match the trainer's recomputation (:meth:`psrl.models.Policy.sequence_logprobs`)
+to float tolerance.
+
+Invariant: the cache of a running row holds ``context + tokens[:-1]``; its last sampled token
+is the next step's input.
+
+Across a weight update under partial rollout (``rollout.kv_after_update``):
+
+* ``recompute`` (default): the cache is dropped and every kept request is prefilled again under
+  the new weights at its next step. Tokens after the update are exactly what the new policy
+  produces given the prefix; the cost is one prefill per in-flight request per update.
+* ``keep``: the cache survives the update (vLLM's ``clear_cache=False``, the "stale KV" of
+  PSRL's partial rollout). New tokens attend to keys/values the old weights computed, so their
+  behaviour log-probs are not exactly what the trainer recomputes for the new version; the
+  off-policy corrections see that difference, and ``engine/logprob_mismatch_*`` shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+import torch
+from transformers import DynamicCache
+
+from psrl.models.policy import _left_pad, sample
+from psrl.rollout.engine import BatchingEngine
+from psrl.types import GenRequest
+
+__all__ = ["HFEngine", "KV_MODES"]
+
+KV_MODES = ("recompute", "keep")
+
+
+class HFEngine(BatchingEngine):
+    """A :class:`BatchingEngine` over a :class:`psrl.models.Policy` with a batch KV cache.
+
+    Args:
+        policy: the rollout copy of the policy (model, sampling generator, version).
+        kv_after_update: ``recompute`` | ``keep`` (module docstring).
+        **kw: :class:`BatchingEngine` arguments (stop ids, sampling, max batch).
+    """
+
+    def __init__(self, policy: Any, kv_after_update: str = "recompute", **kw: Any):
+        super().__init__(**kw)
+        if kv_after_update not in KV_MODES:
+            raise ValueError(f"kv_after_update must be one of {KV_MODES}, got {kv_after_update!r}")
+        self.policy = policy
+        self.kv_after_update = kv_after_update
+        self.prefills = 0
+        """Requests prefilled (joins, and re-prefills after a ``recompute`` update)."""
+        self._cached: list[GenRequest] = []
+        self._kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None
+        self._mask: Optional[torch.Tensor] = None
+
+    @property
+    def version(self) -> int:
+        return int(self.policy.version)
+
+    @property
+    def model(self) -> Any:
+        return self.policy
+
+    async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
+        return await asyncio.to_thread(self.step, rows)
+
+    async def _load(self, state: Any, version: int) -> None:
+        await asyncio.to_thread(self.policy.load_state, state, version)
+        if self.kv_after_update == "recompute":
+            self._drop_all()
+
+    async def restart(self) -> None:
+        """Start over after a failure: no cache, the same weights (the instance reloads the newest)."""
+        self._drop_all()
+
+    # ------------------------------------------------------------------ one step (worker thread)
+
+    @torch.no_grad()
+    def step(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
+        """Next token of every row: decode the cached rows, prefill the new ones, sample all together."""
+        self._keep_only(rows)
+        known = {id(r) for r in self._cached}
+        joins = [r for r in rows if id(r) not in known]
+        logits = []
+        if self._cached:
+            logits.append(self._decode_cached())
+        if joins:
+            logits.append(self._prefill(joins))
+        toks, lps = sample(torch.cat(logits, dim=0), self.temperature, self.top_p, self.policy.generator)
+        where = {id(r): i for i, r in enumerate(self._cached)}
+        order = [where[id(r)] for r in rows]
+        return [toks[i] for i in order], [lps[i] for i in order]
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        out = self.policy.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                                use_cache=True, logits_to_keep=1)
+        self._last_cache = cache  # extended in place
+        return out.logits[:, -1, :]
+
+    def _decode_cached(self) -> torch.Tensor:
+        """One token for every cached row: its last sampled token in, the cache extended by one."""
+        dev = self.policy.device
+        ids = torch.tensor([[r.tokens[-1]] for r in self._cached], dtype=torch.long, device=dev)
+        pos = self._mask.sum(dim=1, keepdim=True)
+        mask = torch.cat([self._mask, torch.ones_like(pos)], dim=1)
+        logits = self._forward(ids, mask, pos, DynamicCache(ddp_cache_data=self._kv))
+        self._kv = _layers(self._last_cache)
+        self._mask = mask
+        return logits
+
+    def _prefill(self, joins: list[GenRequest]) -> torch.Tensor:
+        """Prefill ``context + tokens`` of each joining row and merge its cache into the batch's."""
+        self.prefills += len(joins)
+        ids, mask = _left_pad([r.context + r.tokens for r in joins], self.policy.pad_id, self.policy.device)
+        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        logits = self._forward(ids, mask, pos, DynamicCache())
+        kv = _layers(self._last_cache)
+        if self._kv is None:
+            self._kv, self._mask = kv, mask
+        else:
+            width = max(self._mask.shape[1], mask.shape[1])
+            self._kv = [(torch.cat([_lpad(k0, width), _lpad(k1, width)]), torch.cat([_lpad(v0, width), _lpad(v1, width)]))
+                        for (k0, v0), (k1, v1) in zip(self._kv, kv)]
+            self._mask = torch.cat([_lpad(self._mask, width), _lpad(mask, width)])
+        self._cached = self._cached + list(joins)
+        return logits
+
+    def _keep_only(self, rows: list[GenRequest]) -> None:
+        """Drop the cache rows of requests that left; trim columns no remaining row uses."""
+        live = {id(r) for r in rows}
+        keep = [i for i, r in enumerate(self._cached) if id(r) in live]
+        if len(keep) == len(self._cached):
+            return
+        if not keep:
+            self._drop_all()
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self._mask.device)
+        mask = self._mask.index_select(0, idx)
+        used = mask.sum(dim=0).nonzero()
+        first = int(used[0]) if len(used) else mask.shape[1]
+        self._mask = mask[:, first:]
+        self._kv = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in self._kv]
+        self._cached = [self._cached[i] for i in keep]
+
+    def _drop_all(self) -> None:
+        self._cached, self._kv, self._mask = [], None, None
+
+
+def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _lpad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad the sequence dimension (last for a mask, -2 for keys/values) with zeros up to ``width``."""
+    dim = -1 if t.dim() == 2 else -2
+    missing = width - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)

@@ -1,0 +1,32 @@
+"""The rollout engines of a run, from ``rollout.*``: one per rollout instance.
+
+``hf``: a KV-cached in-process engine over a copy of the policy (its own sampling seed).
+``vllm``: one vLLM server per instance, started and owned by psrl (or attached to with
+``rollout.vllm.urls``), driven through :class:`psrl.rollout.vllm_engine.VLLMEngine`.
+With ``psrl.runtime=ray`` each engine lives in a Ray actor (:mod:`psrl.runtime.ray_runtime`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["build_engines"]
+
+
+def build_engines(cfg: Any, policy: Any, task: Any, run_dir: Optional[Path] = None) -> list[Any]:
+    """One engine per rollout instance for ``cfg`` (the policy supplies weights, tokenizer and shape)."""
+    n, seed, r = cfg.psrl.num_rollout_instances, cfg.trainer.seed, cfg.rollout
+    sampling = dict(stop_ids=getattr(task, "stop_ids", ()), temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p)
+    if cfg.psrl.runtime == "ray":
+        from psrl.runtime.ray_runtime import build_ray_engines
+
+        return build_ray_engines(cfg, n, seed, policy, task, run_dir)
+    if r.engine == "vllm":
+        from psrl.rollout.vllm_engine import build_vllm_engines
+
+        return build_vllm_engines(cfg, policy, run_dir, **sampling)
+    from psrl.rollout.hf_engine import HFEngine
+
+    return [HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, **sampling)
+            for i in range(n)]
