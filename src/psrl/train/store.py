@@ -10,8 +10,11 @@ into the model, so the normal use is safe).
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 from collections import OrderedDict
+from pathlib import Path
 from typing import Optional
 
 from torch import Tensor
@@ -28,6 +31,7 @@ class ParameterStore:
         self.keep = int(keep)
         self._lock = threading.Lock()
         self._states: "OrderedDict[int, dict[str, Tensor]]" = OrderedDict()
+        self._disk_lock = threading.Lock()
 
     def publish(self, version: int, state: dict[str, Tensor]) -> None:
         """Store ``state`` as ``version``; versions must strictly increase. Evicts beyond ``keep``."""
@@ -59,3 +63,29 @@ class ParameterStore:
             if version not in self._states:
                 raise KeyError(f"version {version} is not held (held: {list(self._states)})")
             return version, self._states[version]
+
+    def path(self, version: int, root: str | Path, config_dir: Optional[str | Path] = None) -> Path:
+        """``root/v{version}``: the weights of ``version`` as safetensors in Hugging Face layout, for engines that
+        load from disk (vLLM's ``reload_weights``). Written once per version, atomically (a temporary directory
+        renamed into place), with ``config.json`` from ``config_dir``; directories of versions this store no longer
+        holds are deleted. Safe to call from several threads and instances at once."""
+        from safetensors.torch import save_file
+
+        root = Path(root)
+        final = root / f"v{int(version)}"
+        with self._disk_lock:
+            if final.exists():
+                return final
+            _, state = self.get(version)
+            tmp = root / f".tmp-v{int(version)}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+            if config_dir is not None and (Path(config_dir) / "config.json").exists():
+                shutil.copy(Path(config_dir) / "config.json", tmp / "config.json")
+            os.replace(tmp, final)
+            held = {f"v{v}" for v in self.versions()}
+            for old in root.glob("v*"):
+                if old.name not in held and old != final:
+                    shutil.rmtree(old, ignore_errors=True)
+            return final

@@ -1,0 +1,293 @@
+"""``rollout.engine: vllm``: each rollout instance is a vLLM OpenAI-compatible server.
+
+Requests go to ``POST /v1/completions`` with token ids in (``"prompt": [ids]``) and token ids and
+the log-prob of each sampled token out (``return_token_ids``, ``logprobs: 0``, vLLM's
+``processed_logprobs``: the tempered distribution the trainer recomputes), streamed, so the
+tokens of a request are readable while it runs. No text crosses: nothing is re-tokenised.
+
+* **Weights**: the parameter store writes each version once as safetensors (atomically, in a
+  versioned directory, old versions pruned: :meth:`psrl.train.ParameterStore.path`) and every
+  server loads it in place with ``POST /collective_rpc`` ``reload_weights`` (dev mode), without a
+  restart. On GPUs vLLM's NCCL weight-transfer API is the faster path (docs/engines.md says what
+  was run).
+* **Partial rollout**: ``POST /pause?mode=keep`` (in-flight requests kept, with their KV cache:
+  the stale KV of PSRL's partial rollout), reload, ``POST /resume``. Tokens that arrive before
+  the resume are labelled with the old version, tokens after it with the new one.
+* **Abort one request** (passive abort, surplus members, migration): its streamed HTTP call is
+  cancelled; vLLM aborts a request whose client went away, and the tokens streamed so far are
+  kept. (vLLM 0.32's abort-by-id endpoint did not stop the request here: ``shared/notes``.)
+* **Faults**: a request that gets no chunk within ``rollout.request_timeout_s``, a refused
+  connection or a server error fails the request (``finish == "error"``) with the tokens it
+  got; the rollout instance hands it back and restarts the server (:meth:`restart`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from psrl.rollout.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
+from psrl.types import EngineLoad, GenRequest
+
+__all__ = ["VLLMEngine", "build_vllm_engines"]
+
+
+class VLLMEngine:
+    """A :class:`psrl.types.Engine` over one vLLM server (started by psrl, or attached to by URL).
+
+    Args:
+        url: an already running server (``rollout.vllm.urls``), or None with ``server``.
+        server: a :class:`VLLMServer` psrl starts and owns.
+        weights_root: where the store writes the safetensors of each version (shared by all servers).
+        config_dir: a model directory whose ``config.json`` goes beside each version's weights.
+    """
+
+    window_s = 10.0
+
+    def __init__(self, url: Optional[str] = None, server: Optional[VLLMServer] = None, *, weights_root: Path,
+                 config_dir: Optional[Path] = None, stop_ids: Iterable[int] = (), temperature: float = 1.0,
+                 top_p: float = 1.0, request_timeout_s: float = 300.0, model_name: str = "psrl"):
+        if (url is None) == (server is None):
+            raise ValueError("VLLMEngine needs exactly one of url (attach) and server (start)")
+        self.url = url.rstrip("/") if url else None
+        self.server = server
+        self.weights_root = Path(weights_root)
+        self.config_dir = config_dir
+        self.stop_ids = sorted(int(t) for t in stop_ids)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.request_timeout_s = float(request_timeout_s)
+        self.model_name = model_name
+        self.version = -1
+        """Version of the weights the server holds (-1: none of psrl's yet)."""
+        self._token_version = -1
+        self.steps = 0
+        self.tokens = 0
+        self.reloads = 0
+        self._client = None
+        self._ids = itertools.count()
+        self._inflight: dict[int, asyncio.Task] = {}
+        self._reqs: dict[int, GenRequest] = {}
+        self._recent: collections.deque = collections.deque()
+        self._kv: Optional[float] = None
+        self._waiting = 0
+        self._poller: Optional[asyncio.Task] = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=10.0),
+                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                                             trust_env=False)
+        if self.server is not None and not self.server.alive():
+            self.url = await self.server.start(self._client)
+        elif self.server is None:
+            await self._check_attached()
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
+
+    async def _check_attached(self) -> None:
+        try:
+            resp = await self._client.get(f"{self.url}/health", timeout=10.0)
+            ok = resp.status_code == 200
+        except Exception as exc:  # noqa: BLE001
+            raise EngineSetupError(f"rollout.vllm.urls: {self.url} does not answer /health ({type(exc).__name__}: "
+                                   f"{exc}); start the server or fix the URL") from None
+        if not ok:
+            raise EngineSetupError(f"rollout.vllm.urls: {self.url}/health answered {resp.status_code}")
+
+    async def restart(self) -> None:
+        """After a failure: a server psrl owns is stopped and started again (an attached one cannot be)."""
+        if self.server is None:
+            raise EngineSetupError(f"the vLLM server at {self.url} failed and psrl did not start it, so it cannot "
+                                   "restart it")
+        await self.abort_all()
+        await asyncio.to_thread(self.server.stop)
+        self.version = self._token_version = -1
+        self.url = await self.server.start(self._client)
+
+    async def close(self) -> None:
+        await self.abort_all()
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+            self._poller = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, req: GenRequest) -> GenRequest:
+        if req.max_new_tokens <= 0:
+            req.finish = "length"
+            return req
+        req.rid = req.rid or f"psrl-{next(self._ids)}"
+        task = asyncio.get_running_loop().create_task(self._stream(req))
+        self._inflight[id(req)] = task
+        self._reqs[id(req)] = req
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and req.finish == "abort":
+                pass  # aborted by abort(): keep the tokens streamed so far
+            else:
+                self.abort(req)
+                raise
+        finally:
+            self._inflight.pop(id(req), None)
+            self._reqs.pop(id(req), None)
+        return req
+
+    def abort(self, req: GenRequest) -> None:
+        if req.finish:
+            return
+        req.finish = "abort"
+        task = self._inflight.get(id(req))
+        if task is not None:
+            task.cancel()  # closes the HTTP stream: vLLM aborts a request whose client went away
+
+    async def abort_all(self) -> None:
+        for req in list(self._reqs.values()):
+            self.abort(req)
+        tasks = list(self._inflight.values())
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stream(self, req: GenRequest) -> None:
+        body = {
+            "model": self.model_name, "prompt": list(req.context), "max_tokens": int(req.max_new_tokens),
+            "temperature": self.temperature, "top_p": self.top_p, "logprobs": 0, "return_token_ids": True,
+            "stop_token_ids": self.stop_ids, "ignore_eos": True, "skip_special_tokens": False, "stream": True,
+        }
+        try:
+            async with self._client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")[:500]
+                    raise RuntimeError(f"HTTP {resp.status_code}: {text}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    self._take(req, json.loads(line[6:]))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- timeout, refused, dropped connection, server error
+            if not req.finish:
+                req.error = f"vLLM server {self.url}: {type(exc).__name__}: {exc}"
+                req.finish = "error"
+            return
+        if not req.finish:
+            req.finish = "length" if len(req.tokens) >= req.max_new_tokens else "stop"
+
+    def _take(self, req: GenRequest, chunk: dict) -> None:
+        if "error" in chunk:
+            raise RuntimeError(str(chunk["error"])[:500])
+        choice = chunk["choices"][0]
+        toks = choice.get("token_ids") or []
+        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        if len(lps) != len(toks):
+            raise RuntimeError(f"a chunk with {len(toks)} token ids and {len(lps)} log-probs")
+        if req.finish:  # aborted meanwhile: what arrives now is discarded
+            return
+        v = self._token_version
+        req.tokens += [int(t) for t in toks]
+        req.logprobs += [float(x) for x in lps]
+        req.versions += [v] * len(toks)
+        self.tokens += len(toks)
+        self.steps += 1
+        self._recent.append((asyncio.get_running_loop().time(), len(toks)))
+        reason = choice.get("finish_reason")
+        if reason == "abort":
+            req.finish = "abort"
+        elif reason is not None:
+            req.finish = "length" if reason == "length" else "stop"
+
+    # ------------------------------------------------------------------ weights and partial rollout
+
+    async def pause(self) -> None:
+        await self._post("/pause", params={"mode": "keep"})
+
+    async def resume(self) -> None:
+        self._token_version = self.version  # tokens from here on come from the loaded weights
+        await self._post("/resume")
+
+    async def update_weights(self, version: int, store: Any) -> None:
+        path = await asyncio.to_thread(store.path, int(version), self.weights_root, self.config_dir)
+        out = await self._post("/collective_rpc", json={"method": "reload_weights",
+                                                       "kwargs": {"weights_path": str(path)}})
+        self.version = int(version)
+        self.reloads += 1
+        if not self._inflight:
+            self._token_version = self.version
+        return out
+
+    async def _post(self, path: str, **kw: Any) -> Any:
+        resp = await self._client.post(f"{self.url}{path}", **kw)
+        if resp.status_code != 200:
+            raise RuntimeError(f"vLLM server {self.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
+        return resp.json() if resp.content else None
+
+    # ------------------------------------------------------------------ load figures
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(running=len(self._inflight), queued=self._waiting, tokens_per_s=self._tokens_per_s(),
+                          kv_usage=self._kv)
+
+    def _tokens_per_s(self) -> float:
+        if not self._recent:
+            return 0.0
+        now = asyncio.get_running_loop().time()
+        while self._recent and self._recent[0][0] < now - self.window_s:
+            self._recent.popleft()
+        return sum(n for _, n in self._recent) / self.window_s if self._recent else 0.0
+
+    async def _poll_metrics(self, every_s: float = 2.0) -> None:
+        """KV-cache use and waiting requests from the server's Prometheus ``/metrics``, every ``every_s``."""
+        while True:
+            try:
+                resp = await self._client.get(f"{self.url}/metrics", timeout=5.0)
+                self._kv = _gauge(resp.text, "vllm:kv_cache_usage_perc")
+                waiting = _gauge(resp.text, "vllm:num_requests_waiting")
+                self._waiting = int(waiting or 0)
+            except Exception:  # noqa: BLE001 -- figures only; a dead server is noticed by its requests
+                pass
+            await asyncio.sleep(every_s)
+
+
+def _gauge(text: str, name: str) -> Optional[float]:
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def build_vllm_engines(cfg: Any, policy: Any, run_dir: Optional[Path], **sampling: Any) -> list[VLLMEngine]:
+    """One engine per rollout instance: attached to ``rollout.vllm.urls`` or each with a server psrl starts.
+
+    The servers start from the policy itself, saved as a Hugging Face directory in the run directory
+    (so a task's added tokens and a dequantized GGUF model are served as the trainer sees them);
+    every version after that arrives through ``reload_weights``.
+    """
+    r, n = cfg.rollout, cfg.psrl.num_rollout_instances
+    root = Path(run_dir if run_dir is not None else ".") / "vllm"
+    model_dir = root / "model"
+    common = dict(weights_root=root / "weights", config_dir=model_dir, request_timeout_s=r.request_timeout_s, **sampling)
+    if not (model_dir / "config.json").exists():
+        policy.save_pretrained(model_dir)
+    if r.vllm.urls:
+        return [VLLMEngine(url=u, **common) for u in r.vllm.urls]
+    python = find_vllm_python(r.vllm.python)
+    mcfg = policy.model.config
+    max_len = r.vllm.max_model_len or getattr(mcfg, "max_position_embeddings", None) or getattr(mcfg, "n_positions")
+    return [VLLMEngine(server=VLLMServer(python, model_dir, root / f"server-{i}.log", dtype=cfg.model.dtype,
+                                         max_model_len=max_len, kv_cache_gb=r.vllm.kv_cache_gb,
+                                         extra_args=r.vllm.args, startup_timeout_s=r.vllm.startup_timeout_s), **common)
+            for i in range(n)]

