@@ -159,6 +159,7 @@ class BatchingEngine:
                 await self._wake.wait()
                 continue
             await self._step()
+            await asyncio.sleep(0)  # a step that never suspended (a free fake step) must not starve the loop
 
     def _admit(self) -> None:
         while self._waiting and (self.max_batch is None or len(self._rows) < self.max_batch):

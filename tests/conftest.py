@@ -1,0 +1,63 @@
+"""Engines under test: the fake (no-cache twin over FakeEngine), ``hf`` and ``vllm``, built alike.
+
+The vLLM servers (two, of the built-in default model) start once per test session and are shared;
+every test attaches to them through ``rollout.vllm.urls``-style engines and loads its own weights.
+Without the vLLM environment (docs/engines.md) the ``vllm`` cases are skipped with the reason.
+Run the whole ``-m vllm`` suite in a loopback-only network namespace (``.ci/run`` does).
+"""
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from psrl.config import load_config  # noqa: E402
+from psrl.train import build_task_and_policy  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The default task and its built-in model (the shape vLLM serves), and the config."""
+    cfg = load_config(None, [])
+    task, policy = build_task_and_policy(cfg)
+    return cfg, task, policy
+
+
+def vllm_python_or_skip() -> str:
+    from psrl.rollout.vllm_server import EngineSetupError, find_vllm_python
+
+    try:
+        return find_vllm_python(os.environ.get("PSRL_VLLM_PYTHON"))
+    except EngineSetupError as exc:
+        pytest.skip(f"no vLLM environment: {exc}")
+
+
+@pytest.fixture(scope="session")
+def vllm_urls(tiny, tmp_path_factory):
+    """Two vLLM servers of the default model for the whole session (started once, stopped at the end)."""
+    import httpx
+
+    from psrl.rollout.vllm_server import VLLMServer
+
+    python = vllm_python_or_skip()
+    _, _, policy = tiny
+    root = tmp_path_factory.mktemp("vllm")
+    policy.save_pretrained(root / "model")
+    servers = [VLLMServer(python, root / "model", root / f"server-{i}.log", max_model_len=128) for i in range(2)]
+
+    async def start_all():
+        async with httpx.AsyncClient(trust_env=False) as client:
+            return await asyncio.gather(*(s.start(client) for s in servers))
+
+    try:
+        urls = asyncio.run(start_all())
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    yield urls
+    for s in servers:
+        s.stop()

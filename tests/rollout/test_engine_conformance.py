@@ -1,0 +1,242 @@
+"""One conformance suite for the engine interface (:class:`psrl.types.Engine`), run unchanged on every engine.
+
+``fake``: the no-cache twin over :class:`FakeEngine` (deterministic tokens, log-prob encodes the
+version); ``hf``: the KV-cached in-process engine over the default model; ``vllm``: a vLLM server
+of the same model (``-m vllm``; skipped with the reason when the vLLM environment is absent).
+
+Waiting for an engine to have produced a token uses :func:`until`, a bounded wait on a condition.
+"""
+
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from psrl.rollout.engine import FakeEngine, NoCacheEngine
+from psrl.rollout.hf_engine import HFEngine
+from psrl.train.store import ParameterStore
+from psrl.types import Engine, EngineLoad, GenRequest
+
+ENGINES = ["fake", "hf", pytest.param("vllm", marks=pytest.mark.vllm)]
+CTX = [1, 5, 6, 7]
+
+
+async def until(cond, timeout: float = 120.0) -> None:
+    """Return once ``cond()`` holds; fail the test after ``timeout`` seconds (no unbounded wait)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+class Rig:
+    """An engine of one kind plus what the checks need: the store it loads from, and a policy to compare with."""
+
+    def __init__(self, kind, tiny, request, tmp_path, stop_ids=(), temperature=1.0):
+        cfg, task, policy = tiny
+        self.kind = kind
+        self.policy = copy.deepcopy(policy)
+        self.store = ParameterStore(keep=4)
+        self.vocab = 97 if kind == "fake" else self.policy.model.config.vocab_size
+        sampling = dict(stop_ids=stop_ids, temperature=temperature)
+        if kind == "fake":
+            self.engine = NoCacheEngine(FakeEngine(token_cost=0.005), **sampling)  # 5 ms a row: polls see progress
+            self.store.publish(1, {"v": 1})
+        elif kind == "hf":
+            self.engine = HFEngine(self.policy.replica(seed=3), **sampling)
+            self.store.publish(1, self.policy.export_state())
+        else:
+            from psrl.rollout.vllm_engine import VLLMEngine
+
+            url = request.getfixturevalue("vllm_urls")[0]
+            self.engine = VLLMEngine(url=url, weights_root=tmp_path / "weights", **sampling)
+            self.store.publish(1, self.policy.export_state())
+
+    async def __aenter__(self):
+        await self.engine.start()
+        await self.engine.update_weights(1, self.store)
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.engine.close()
+
+    def publish_perturbed(self, version: int, scale: float = 0.05) -> None:
+        """Publish ``version``: the policy's weights moved by a seeded perturbation (the fake: a marker)."""
+        if self.kind == "fake":
+            self.store.publish(version, {"v": version})
+            return
+        gen = torch.Generator().manual_seed(version)
+        with torch.no_grad():
+            for w in self.policy.model.parameters():
+                w.add_(torch.randn(w.shape, generator=gen) * scale)
+        self.policy.version = version
+        self.store.publish(version, self.policy.export_state())
+
+    def recompute(self, req: GenRequest) -> list[float]:
+        """The trainer's log-probs of ``req``'s tokens under the rig's current policy weights."""
+        with torch.no_grad():
+            return self.policy.sequence_logprobs([req.context], [req.tokens])[0].tolist()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_engine_satisfies_the_protocol(kind, tiny, request, tmp_path):
+    """Every engine is a psrl.types.Engine and reports its load as an EngineLoad."""
+    rig = Rig(kind, tiny, request, tmp_path)
+    assert isinstance(rig.engine, Engine)
+
+    async def main():
+        async with rig:
+            return rig.engine.load(), rig.engine.version
+
+    load, version = run(main())
+    assert isinstance(load, EngineLoad) and load.running == 0 and version == 1
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_generate_fills_tokens_logprobs_versions_within_the_budget(kind, tiny, request, tmp_path):
+    """Budget obeyed exactly without stop ids; one log-prob (<= 0) and one version per token."""
+    rig = Rig(kind, tiny, request, tmp_path)
+
+    async def main():
+        async with rig:
+            reqs = [GenRequest(CTX + [i % 5 + 5], n) for i, n in enumerate([1, 7, 12, 3])]
+            await asyncio.gather(*(rig.engine.generate(r) for r in reqs))
+            return reqs
+
+    for req in run(main()):
+        assert req.finish == "length" and len(req.tokens) == req.max_new_tokens
+        assert len(req.logprobs) == len(req.tokens) and all(lp <= 0 for lp in req.logprobs)
+        assert req.versions == [1] * len(req.tokens)
+        assert all(0 <= t < rig.vocab for t in req.tokens)
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_a_stop_token_ends_the_request_and_is_kept(kind, tiny, request, tmp_path):
+    """With every token a stop token, each request ends after exactly one token, finish 'stop'."""
+    cfg, task, policy = tiny
+    vocab = 97 if kind == "fake" else policy.model.config.vocab_size
+    rig = Rig(kind, tiny, request, tmp_path, stop_ids=range(vocab))
+
+    async def main():
+        async with rig:
+            req = GenRequest(list(CTX), 10)
+            await rig.engine.generate(req)
+            return req
+
+    req = run(main())
+    assert req.finish == "stop" and len(req.tokens) == 1
+
+
+@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_behaviour_logprobs_equal_the_trainers_recomputation(kind, tiny, request, tmp_path):
+    """Sampled at temperature 1, each token's behaviour log-prob is what the trainer recomputes (same weights)."""
+    rig = Rig(kind, tiny, request, tmp_path)
+
+    async def main():
+        async with rig:
+            reqs = [GenRequest(CTX[: 2 + i], 20) for i in range(3)]
+            await asyncio.gather(*(rig.engine.generate(r) for r in reqs))
+            return reqs
+
+    tol = 1e-5 if kind == "hf" else 1e-4
+    for req in run(main()):
+        diff = max(abs(a - b) for a, b in zip(req.logprobs, rig.recompute(req)))
+        assert diff < tol, diff
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_abort_one_request_returns_its_tokens_so_far_and_spares_the_others(kind, tiny, request, tmp_path):
+    """Passive abort: the aborted request keeps what it generated (finish 'abort'); the other one finishes."""
+    rig = Rig(kind, tiny, request, tmp_path)
+
+    async def main():
+        async with rig:
+            victim, other = GenRequest(list(CTX), 100), GenRequest(list(CTX), 30)
+            tv = asyncio.ensure_future(rig.engine.generate(victim))
+            to = asyncio.ensure_future(rig.engine.generate(other))
+            await until(lambda: len(victim.tokens) >= 2)
+            rig.engine.abort(victim)
+            await asyncio.gather(tv, to)
+            return victim, other
+
+    victim, other = run(main())
+    assert victim.finish == "abort" and 2 <= len(victim.tokens) < 100
+    assert len(victim.logprobs) == len(victim.versions) == len(victim.tokens)
+    assert other.finish == "length" and len(other.tokens) == 30
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_abort_all_returns_every_request_with_its_tokens(kind, tiny, request, tmp_path):
+    """abort_all (migration): every in-flight request comes back aborted with its partial output."""
+    rig = Rig(kind, tiny, request, tmp_path)
+
+    async def main():
+        async with rig:
+            reqs = [GenRequest(list(CTX), 100) for _ in range(3)]
+            tasks = [asyncio.ensure_future(rig.engine.generate(r)) for r in reqs]
+            await until(lambda: all(r.tokens for r in reqs))
+            assert rig.engine.load().running == 3
+            await rig.engine.abort_all()
+            await asyncio.gather(*tasks)
+            return reqs, rig.engine.load()
+
+    reqs, load = run(main())
+    assert all(r.finish == "abort" and 1 <= len(r.tokens) < 100 for r in reqs)
+    assert load.running == 0
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_pause_update_resume_keeps_requests_and_new_tokens_carry_the_new_version(kind, tiny, request, tmp_path):
+    """Partial rollout: paused with requests kept, weights updated to v2, resumed; every request completes,
+    its versions step from 1 to 2 once and never back, and (hf, vllm) tokens before the update are
+    scored by the v1 weights."""
+    rig = Rig(kind, tiny, request, tmp_path)
+
+    async def main():
+        async with rig:
+            reqs = [GenRequest(list(CTX), 60) for _ in range(2)]
+            tasks = [asyncio.ensure_future(rig.engine.generate(r)) for r in reqs]
+            await until(lambda: all(len(r.tokens) >= 3 for r in reqs))
+            await rig.engine.pause()
+            before = [len(r.tokens) for r in reqs]
+            rig.publish_perturbed(2)
+            await rig.engine.update_weights(2, rig.store)
+            during = [len(r.tokens) for r in reqs]
+            await rig.engine.resume()
+            await asyncio.gather(*tasks)
+            return reqs, before, during
+
+    reqs, before, during = run(main())
+    assert rig.engine.version == 2
+    for req, b, d in zip(reqs, before, during):
+        assert req.finish == "length" and len(req.tokens) == 60
+        assert req.versions == sorted(req.versions) and set(req.versions) <= {1, 2}
+        assert req.versions.count(1) >= 3 and req.versions[-1] == 2
+        if kind != "vllm":  # in-process: the pause is exact, nothing is produced while paused
+            assert b == d == req.versions.count(1)
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_update_weights_when_idle_changes_the_version_of_new_tokens(kind, tiny, request, tmp_path):
+    """An idle engine loads v2; the next request's tokens carry version 2 (and, hf/vllm, v2's log-probs)."""
+    rig = Rig(kind, tiny, request, tmp_path)
+
+    async def main():
+        async with rig:
+            rig.publish_perturbed(2, scale=0.2)
+            await rig.engine.update_weights(2, rig.store)
+            req = GenRequest(list(CTX), 10)
+            await rig.engine.generate(req)
+            return req
+
+    req = run(main())
+    assert req.versions == [2] * 10
+    if kind != "fake":
+        tol = 1e-5 if kind == "hf" else 1e-4
+        assert max(abs(a - b) for a, b in zip(req.logprobs, rig.recompute(req))) < tol
