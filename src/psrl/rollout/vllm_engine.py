@@ -91,6 +91,7 @@ class VLLMEngine:
             self.url = await self.server.start(self._client)
         elif self.server is None:
             await self._check_attached()
+            await self._post("/resume")  # a server left paused (by a run that stopped mid-update) would hang us
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
 
@@ -116,6 +117,11 @@ class VLLMEngine:
 
     async def close(self) -> None:
         await self.abort_all()
+        if self.server is None and self._client is not None:
+            try:  # hand an attached server back unpaused (a run may stop between pause and resume)
+                await self._post("/resume")
+            except Exception:  # noqa: BLE001 -- best effort on the way out
+                pass
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)

@@ -4,9 +4,11 @@ vLLM pins its own torch and transformers, so it runs from its own Python environ
 (``rollout.vllm.python``). Each server:
 
 * listens on a free loopback port (a port taken between the check and the bind: another port);
-* runs in its own process group, with ``PR_SET_PDEATHSIG`` so the kernel kills it when psrl dies,
-  even by SIGKILL; :meth:`VLLMServer.stop` kills the whole group (the API server and its engine
-  process) on normal exit, Ctrl-C and SIGTERM;
+* runs in its own process group (the API server and its engine process); :meth:`VLLMServer.stop`
+  kills the whole group on normal exit, Ctrl-C and SIGTERM. If psrl dies without stopping it
+  (SIGKILL, a crash), a small watcher process notices -- it blocks reading a pipe only psrl holds
+  open, and the kernel closes that pipe when psrl dies -- and kills the group. (``PR_SET_PDEATHSIG``
+  on the API server alone is not enough: its engine process is a grandchild of psrl.)
 * has usage statistics off and the Hugging Face hub offline: nothing leaves the machine;
 * writes its log to the run directory; a server that fails to start is reported with the tail of
   that log and its command line.
@@ -64,6 +66,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+WATCHER = """
+import os, signal, sys, time
+pgid = int(sys.argv[1])
+sys.stdin.buffer.read()  # returns at EOF: psrl stopped the server, or psrl is gone
+def gone():
+    try:
+        os.killpg(pgid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    if gone():
+        break
+    os.killpg(pgid, sig)
+    for _ in range(50):  # up to 5 s for the group to exit
+        if gone():
+            break
+        time.sleep(0.1)
+"""
+
+
 def _die_with_parent() -> None:  # pragma: no cover -- runs in the child between fork and exec
     """Child side of Popen: the kernel sends SIGKILL to this server when psrl's thread that started it dies."""
     try:
@@ -98,6 +121,7 @@ class VLLMServer:
         self.startup_timeout_s = float(startup_timeout_s)
         self.name = name
         self.proc: Optional[subprocess.Popen] = None
+        self.watcher: Optional[subprocess.Popen] = None
         self.port: Optional[int] = None
         self.starts = 0
 
@@ -137,6 +161,8 @@ class VLLMServer:
                                      env=env, start_new_session=True,
                                      preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         log.close()
+        self.watcher = subprocess.Popen([sys.executable, "-c", WATCHER, str(self.proc.pid)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     async def _wait_healthy(self, client) -> None:
         loop = asyncio.get_running_loop()
@@ -173,6 +199,7 @@ class VLLMServer:
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the server and its engine process (the whole process group); bounded."""
         proc, self.proc = self.proc, None
+        watcher, self.watcher = self.watcher, None
         if proc is None:
             return
         try:
@@ -191,3 +218,9 @@ class VLLMServer:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
+        if watcher is not None:  # its pipe closes: it finds the group gone and exits
+            watcher.stdin.close()
+            try:
+                watcher.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                watcher.kill()

@@ -1,0 +1,123 @@
+"""``psrl train rollout.engine=vllm`` end to end (``-m vllm``; run in a loopback-only network namespace).
+
+The fast cases attach to the session's two vLLM servers of the default model
+(``rollout.vllm.urls``); the SIGKILL case lets psrl start and own its server, kills psrl, and
+checks the server's whole process group is gone. The staleness audit (every segment's version
+>= ``V_traj``, ``consumed_version - V_traj <= psrl.staleness``) runs on every trajectory.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from psrl.rollout.vllm_engine import VLLMEngine
+from psrl.runtime.recorder import read_jsonl
+from psrl.train_cli import main
+from tests.rollout.harness import check_bound
+
+pytestmark = pytest.mark.vllm
+
+SMALL = ["trainer.warm_start_steps=20", "psrl.staleness_buffer_entries=8", "psrl.rollout_n=2",
+         "psrl.max_concurrent_per_instance=16", "task.tool_latency_median=0.01", "trainer.checkpoint_every=100",
+         "rollout.engine=vllm", "psrl.staleness=1", "psrl.partial_rollout.enable=true"]
+
+
+def _train(tmp_path, urls, extra, steps=6):
+    run_dir = tmp_path / "run"
+    args = SMALL + [f"trainer.run_dir={run_dir}", f"trainer.total_steps={steps}",
+                    f"rollout.vllm.urls=[{','.join(urls)}]"] + extra
+    assert main(args) == 0
+    return read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "trajectories.jsonl")
+
+
+@pytest.mark.parametrize("migration", [True, False])
+def test_train_on_vllm_keeps_the_bound_and_weights_in_sync(tmp_path, vllm_urls, migration):
+    """Partial rollout on vLLM servers: audit clean; every update verified (mismatch on tokens generated at
+    the trainer's version stays < 1e-3); migration hands requests back (interrupted > 0), without it
+    requests continue across the pause/reload/resume (continued > 0)."""
+    metrics, trajs = _train(tmp_path, vllm_urls, [f"psrl.partial_rollout.migration={str(migration).lower()}",
+                                                  "psrl.staleness=2", "task.tool_latency_median=0.001",
+                                                  "task.kwargs={turn_tokens: 30}", "trainer.max_new_tokens=30"],
+                            steps=8)  # long turns, generation running on while the trainer trains: updates land mid-request
+    assert check_bound(trajs, 2) > 0
+    measured = [m for m in metrics if m["engine/mismatch_tokens"] > 0]
+    assert measured and max(m["engine/logprob_mismatch_max"] for m in measured) < 1e-3
+    assert any(m["step"] >= 3 for m in measured)  # tokens of versions >= 2 matched: the reloads took effect
+    key = "rollout/interrupted" if migration else "rollout/continued"
+    assert metrics[-1][key] > 0, key
+
+
+def test_a_skipped_weight_update_makes_the_mismatch_jump(tmp_path, vllm_urls, monkeypatch):
+    """Servers that take the version number but not the weights: the mismatch jumps above 1e-2."""
+
+    async def skip(self, version, store):
+        if self.version < 0:  # the first load is real: the servers must start from psrl's weights
+            return await real(self, version, store)
+        self.version = int(version)
+
+    real = VLLMEngine.update_weights
+    monkeypatch.setattr(VLLMEngine, "update_weights", skip)
+    metrics, _ = _train(tmp_path, vllm_urls, ["psrl.partial_rollout.enable=false", "trainer.lr=1e-2",
+                                              "trainer.warm_start_steps=300"], steps=4)  # rewards vary: weights move
+    assert any(m["train/grad_norm"] > 0 for m in metrics)
+    assert max(m["engine/logprob_mismatch_max"] for m in metrics) > 1e-2
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_sigkill_of_psrl_leaves_no_vllm_server_behind(tmp_path):
+    """psrl starts and owns a vLLM server; SIGKILL psrl once the server answers; within a bounded wait the
+    server's whole process group (API server and engine process) is gone."""
+    from tests.conftest import vllm_python_or_skip
+
+    python = vllm_python_or_skip()
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "psrl.cli", "train", *SMALL, "psrl.num_rollout_instances=1",
+           f"rollout.vllm.python={python}", f"trainer.run_dir={run_dir}", "trainer.total_steps=1000"]
+    psrl = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = run_dir / "vllm" / "server-0.log"
+    deadline = time.monotonic() + 600
+    pgid = None
+    try:
+        while time.monotonic() < deadline and psrl.poll() is None:
+            pgid = pgid or _server_pgid(run_dir)
+            if pgid and log.exists() and "Application startup complete" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.5)
+        assert psrl.poll() is None and pgid is not None, "psrl did not get its server up"
+    finally:
+        psrl.kill()
+        psrl.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = _group_alive(pgid)
+    if alive:
+        os.killpg(pgid, signal.SIGKILL)
+    assert not alive, "the vLLM server outlived psrl"
+
+
+def _server_pgid(run_dir: Path):
+    """Process group of the vLLM server psrl started for ``run_dir`` (its command line names the run dir)."""
+    needle = str(run_dir / "vllm" / "model").encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"vllm.entrypoints" in cmdline and needle in cmdline:
+            return os.getpgid(int(pid))
+    return None
