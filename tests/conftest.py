@@ -18,10 +18,15 @@ from psrl.config import load_config  # noqa: E402
 from psrl.train import build_task_and_policy  # noqa: E402
 
 
+TINY_MODEL = ["model.n_positions=1024"]
+"""The session's vLLM servers serve this shape; runs that attach to them build the same (long requests make
+the races of pause and abort against a fast server land mid-request)."""
+
+
 @pytest.fixture(scope="session")
 def tiny():
-    """The default task and its built-in model (the shape vLLM serves), and the config."""
-    cfg = load_config(None, [])
+    """The default task and its built-in model (the shape vLLM serves) with a 1024-token context, and the config."""
+    cfg = load_config(None, TINY_MODEL)
     task, policy = build_task_and_policy(cfg)
     return cfg, task, policy
 
@@ -36,8 +41,15 @@ def vllm_python_or_skip() -> str:
 
 
 @pytest.fixture(scope="session")
-def vllm_urls(tiny, tmp_path_factory):
-    """Two vLLM servers of the default model for the whole session (started once, stopped at the end)."""
+def vllm_urls(vllm_servers):
+    """URLs of the session's two vLLM servers."""
+    return vllm_servers[0]
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tiny, tmp_path_factory):
+    """Two vLLM servers of the default model for the whole session (started once, stopped at the end):
+    ``(urls, model_dir)``, the directory they started from (the untrained default model)."""
     import httpx
 
     from psrl.rollout.vllm_server import VLLMServer
@@ -46,7 +58,7 @@ def vllm_urls(tiny, tmp_path_factory):
     _, _, policy = tiny
     root = tmp_path_factory.mktemp("vllm")
     policy.save_pretrained(root / "model")
-    servers = [VLLMServer(python, root / "model", root / f"server-{i}.log", max_model_len=128) for i in range(2)]
+    servers = [VLLMServer(python, root / "model", root / f"server-{i}.log", max_model_len=1024) for i in range(2)]
 
     async def start_all():
         async with httpx.AsyncClient(trust_env=False) as client:
@@ -58,6 +70,6 @@ def vllm_urls(tiny, tmp_path_factory):
         for s in servers:
             s.stop()
         raise
-    yield urls
+    yield urls, root / "model"
     for s in servers:
         s.stop()
