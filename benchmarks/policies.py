@@ -76,7 +76,7 @@ VARIANTS = [
     ("one_step_off", "one_step_off", {}),
     ("areal", "areal", {}),
     ("discard_requeue", "discard_requeue", {}),
-    ("sample_budget k=2", "sample_budget", {"trigger_parameter_sync_step": 2}),
+    ("sample_budget", "sample_budget", {}),
 ]
 
 

@@ -80,8 +80,9 @@ def _workloads(path: str | None, overrides: list[str], sweep_spec: str | None) -
 
 
 def _describe(wl: Workload) -> str:
+    shape = f"alpha={wl.alpha}" if wl.dist == "pareto" else f"sigma={wl.sigma}"
     return (f"workload: slots={wl.slots} B={wl.batch_size} B'={wl.redundant_batch_size} N={wl.group_size} "
-            f"N'={wl.redundant_group_size} gen={wl.dist}(median={wl.median}, sigma={wl.sigma}) "
+            f"N'={wl.redundant_group_size} gen={wl.dist}(median={wl.median}, {shape}) "
             f"train_time={wl.train_time:g} sync_time={wl.sync_time:g} drop={wl.filter_drop_rate:g} steps={wl.steps}")
 
 
