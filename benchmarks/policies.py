@@ -273,6 +273,38 @@ def frontier_section(steps: int, seeds: list[int], plot_path: str | None) -> lis
     return verdicts
 
 
+def markdown_frontier(steps: int, seed: int) -> None:
+    """The frontier tables of docs/simulate.md: ratio to ideal of each family's best point with true max
+    staleness <= s (s = 0..4), with its discarded fraction d and length bias b when they are not 0 / 1."""
+    for sigma in ACCEPT_SIGMAS:
+        results, family = frontier_runs(sigma, steps, seed)
+        by_family = _relabel(results, family)
+        plain = [r for r in results if r.policy == "psrl"]
+        for mlb in (0.0, 0.95):
+            fr = frontier(plain + by_family, mlb)
+            names = list(fr)
+            cond = "any length bias" if mlb == 0 else f"length_bias >= {mlb:g}"
+            print(f"sigma {sigma}, {cond} (ratio to ideal; d = discarded fraction, b = length bias):\n")
+            print("| s | " + " | ".join(names) + " |")
+            print("|---|" + "---|" * len(names))
+            for s in ACCEPT_S:
+                cells = []
+                for n in names:
+                    pt = best_at(fr[n], s)
+                    if pt is None:
+                        cells.append("-")
+                        continue
+                    r = pt.result
+                    cell = f"{r.ratio_to_ideal:.2f}"
+                    if r.discarded_fraction >= 0.005 or r.length_bias < 0.995:
+                        cell += f" (d {r.discarded_fraction:.2f}, b {r.length_bias:.2f})"
+                    if "best config" in n or "tuned" in n:
+                        cell += f" {_config(r).replace('psrl ', '')}"
+                    cells.append(cell)
+                print(f"| {s} | " + " | ".join(cells) + " |")
+            print()
+
+
 def million() -> float:
     """Time psrl on ~1M trajectories: 250 steps of 512 groups x 8, 4096 slots, balanced, sigma 1."""
     wl = Workload(slots=4096, steps=250, staleness=2, batch_size=512, redundant_batch_size=512, group_size=8,
@@ -293,9 +325,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--plot", default=None, help="write the frontier plots to FILE_sigma<s>_seed<k>.png")
     ap.add_argument("--million", action="store_true", help="also time the 1M-trajectory psrl run")
     ap.add_argument("--quick", action="store_true", help="tiny run (smoke test)")
+    ap.add_argument("--markdown", action="store_true", help="print only the frontier tables of docs/simulate.md "
+                    "(first seed)")
     ns = ap.parse_args(argv)
     steps = 12 if ns.quick else ns.steps
     seeds = [int(x) for x in ns.seeds.split(",") if x.strip()]
+    if ns.markdown:
+        markdown_frontier(steps, seeds[0])
+        return 0
     t0 = time.perf_counter()
     results = reference_table(steps, seeds[0])
     model_vs_real(results, steps, seeds[0])
