@@ -96,7 +96,14 @@ PSRL_FAMILY = [
     ("psrl B'=1.5B", {"redundant_batch_size": 24}),
     ("psrl truncate", {"proactive_method": "truncate", "proactive_threshold": 4}),
     ("psrl truncate t=1", {"proactive_method": "truncate", "proactive_threshold": 1}),
+    # simulator what-if (sim.proactive.scope = head): truncate only buffer T's blockers, only while the trainer waits
+    ("psrl head-truncate t=2", {"proactive_method": "truncate", "proactive_threshold": 2, "proactive_scope": "head"}),
+    ("psrl head-truncate t=2 g=0.25", {"proactive_method": "truncate", "proactive_threshold": 2,
+                                       "proactive_scope": "head", "proactive_grace": 0.25}),
+    ("psrl head-truncate t=8", {"proactive_method": "truncate", "proactive_threshold": 8, "proactive_scope": "head"}),
 ]
+# The families of psrl train's own configurations (head-truncate is not in psrl train yet).
+PSRL_TRAIN_LABELS = {"psrl", "psrl B'=1.25B", "psrl B'=1.5B", "psrl truncate", "psrl truncate t=1"}
 # (family, label, policy, changes, knob): knob "eta" sweeps FRONTIER_ETAS, "verl" VERL_THRESHOLDS, None: one run
 PEERS = [
     ("sync", "sync", "sync", {}, None),
@@ -191,7 +198,7 @@ def frontier_runs(sigma: float, steps: int, seed: int) -> tuple[list[Result], di
     results, family = [], {}
     for label, changes in PSRL_FAMILY:
         results += _knob_runs(label, "psrl", changes, "eta", sigma, steps, seed)
-        family[label] = "psrl (best config)"
+        family[label] = "psrl (best config)" if label in PSRL_TRAIN_LABELS else "psrl + head-truncate"
     for fam, label, policy, changes, knob in PEERS:
         results += _knob_runs(label, policy, changes, knob, sigma, steps, seed)
         family[label] = fam
@@ -221,6 +228,7 @@ def acceptance_check(results: list[Result], family: dict[str, str], min_length_b
     fams = frontier(_relabel(results, family), min_length_bias)
     plain = frontier([r for r in results if r.policy == "psrl"], min_length_bias).get("psrl", [])
     psrl_best = fams.pop("psrl (best config)")
+    fams.pop("psrl + head-truncate", None)  # a what-if of psrl's, not a peer
     rows = []
     for s in ACCEPT_S:
         ours = best_at(psrl_best, s)
@@ -298,7 +306,7 @@ def markdown_frontier(steps: int, seed: int) -> None:
                     cell = f"{r.ratio_to_ideal:.2f}"
                     if r.discarded_fraction >= 0.005 or r.length_bias < 0.995:
                         cell += f" (d {r.discarded_fraction:.2f}, b {r.length_bias:.2f})"
-                    if "best config" in n or "tuned" in n:
+                    if "best config" in n or "tuned" in n or "head" in n:
                         cell += f" {_config(r).replace('psrl ', '')}"
                     cells.append(cell)
                 print(f"| {s} | " + " | ".join(cells) + " |")

@@ -278,6 +278,15 @@ class VerlSimConfig:
 
 
 @dataclass
+class SimProactiveConfig:
+    scope: str = _f(
+        "window", "What-if for psrl.proactive_filter_strategy, simulator only: window = act on every STUCK buffer "
+        "in [T, T+eta] as psrl train does; head = only on buffer T, and only while the trainer waits for it."
+    )
+    grace: float = _f(0.0, "scope head: act only after the trainer has waited this many seconds for buffer T.")
+
+
+@dataclass
 class SimConfig:
     slots: int = _f(64, "Generation slots (trajectories generated at once).")
     steps: int = _f(100, "Training steps to simulate.")
@@ -289,6 +298,7 @@ class SimConfig:
     gen_tokens_per_second: float = _f(
         1.0, "Tokens a trajectory produces per simulated second of generation (batch tokens for train_time_per_token)."
     )
+    proactive: SimProactiveConfig = _sub(SimProactiveConfig, "When psrl's proactive filter acts (simulator what-if).")
     areal: ArealSimConfig = _sub(ArealSimConfig, "The areal policy: AReaL's own knobs (defaults: AReaL's).")
     tinker: TinkerSimConfig = _sub(TinkerSimConfig, "The discard_requeue policy: the Tinker cookbook's knobs.")
     verl: VerlSimConfig = _sub(VerlSimConfig, "The sample_budget policy (verl fully-async) and one_step_off: verl's knobs.")
@@ -376,6 +386,8 @@ class Config:
                    " and drop sigma")
             _check(gt.alpha > 1.0, "sim.gen_time.alpha", f"pareto tail index must be > 1 (finite mean), got {gt.alpha}",
                    "use e.g. alpha=1.5 for a heavy but finite tail")
+        _one_of("sim.proactive.scope", self.sim.proactive.scope, ["window", "head"])
+        _check(self.sim.proactive.grace >= 0, "sim.proactive.grace", f"must be >= 0, got {self.sim.proactive.grace}")
         v = self.sim.verl
         _check(v.staleness_threshold >= 0, "sim.verl.staleness_threshold", f"must be >= 0, got {v.staleness_threshold}")
         _check(v.trigger_parameter_sync_step >= 1, "sim.verl.trigger_parameter_sync_step", "must be >= 1")

@@ -257,3 +257,33 @@ def test_psrl_sync_neither_blocks_nor_pauses():
     eta = 1, d = 1, t = 0.5, s = 0.25 runs at period d."""
     _, res, _ = run("psrl", wl(sync_time=0.25))
     assert period(res) == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------------- psrl what-if
+
+
+def _truncations(w):
+    """(time, trajectory, trainer busy?) of every truncation, and the training start times."""
+    p = POLICIES["psrl"](w)
+    cuts, starts = [], []
+    orig_t, orig_s = p.truncate, p.start_training
+    p.truncate = lambda i: (cuts.append((p.now, i, p.trainer_busy)), orig_t(i))
+    p.start_training = lambda b, v: (starts.append(p.now), orig_s(b, v))
+    p.run()
+    return cuts, starts
+
+
+@pytest.mark.parametrize("grace", [0.0, 0.5, 1.25])
+def test_proactive_scope_head_cuts_only_while_the_trainer_waits(grace):
+    """B = 2, N = 1, 4 slots, eta = 1, trace 1, 1, 1, 10, then 1 s each; train 3 s; truncate at threshold 1.
+    At t = 1 three groups are done and the trainer waits on the 10 s one: the head scope cuts it after
+    the grace (t = 1 + grace), and that step starts then. The window scope also acts on later buffers
+    while the trainer is busy (a cut at t = 5 during the step 4-7); the head scope never does."""
+    base = dict(slots=4, steps=3, staleness=1, batch_size=2, redundant_batch_size=2, group_size=1, redundant_group_size=1,
+                dist="trace", trace=(1.0, 1.0, 1.0, 10.0) + (1.0,) * 20, train_time=3.0, proactive_method="truncate",
+                proactive_threshold=1)
+    cuts, starts = _truncations(wl(**base, proactive_scope="head", proactive_grace=grace))
+    assert cuts == [(pytest.approx(1.0 + grace), 3, False)]
+    assert starts[0] == pytest.approx(1.0 + grace)
+    window, _ = _truncations(wl(**base))
+    assert any(busy for _, _, busy in window)
