@@ -7,6 +7,8 @@ measured between the end of warm-up (10% of the steps) and the last step.
 """
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psrl.config import ConfigError, load_config
 from psrl.sim import POLICIES, Workload, simulate
@@ -287,3 +289,80 @@ def test_proactive_scope_head_cuts_only_while_the_trainer_waits(grace):
     assert starts[0] == pytest.approx(1.0 + grace)
     window, _ = _truncations(wl(**base))
     assert any(busy for _, _, busy in window)
+
+
+# ---------------------------------------------------------------------------------------- invariants
+
+
+@st.composite
+def peer_workloads(draw):
+    B = draw(st.integers(1, 4))
+    N = draw(st.integers(1, 3))
+    return Workload(
+        slots=draw(st.integers(N, 16)), steps=draw(st.integers(1, 8)), staleness=draw(st.integers(0, 3)),
+        batch_size=B, redundant_batch_size=B, group_size=N, redundant_group_size=N,
+        dist=draw(st.sampled_from(["lognormal", "pareto", "constant"])), median=draw(st.floats(0.1, 3.0)),
+        sigma=draw(st.floats(0.1, 2.0)), alpha=draw(st.floats(1.1, 3.0)), train_time=draw(st.floats(0.0, 3.0)),
+        sync_time=draw(st.sampled_from([0.0, 0.3, 1.0])), filter_drop_rate=draw(st.sampled_from([0.0, 0.3])),
+        areal_max_concurrent_rollouts=draw(st.sampled_from([None, 1, 3, 100])),
+        tinker_groups_per_batch=draw(st.sampled_from([None, 1, 3])),
+        verl_staleness_threshold=draw(st.sampled_from([0.0, 0.1, 0.5, 2.0])),
+        verl_trigger_parameter_sync_step=draw(st.integers(1, 3)),
+        verl_max_concurrent_samples=draw(st.sampled_from([1, 2, 16])), seed=draw(st.integers(0, 1000)),
+    )
+
+
+def _checked(policy, w, check):
+    """Run ``policy`` on ``w`` calling ``check(p)`` right after every admitted group and every launch."""
+    p = POLICIES[policy](w)
+    nxt, launch = p.next_group, p.launch
+
+    def next_group():
+        g = nxt()
+        if g is not None:
+            check(p)
+        return g
+
+    def checked_launch(g):
+        assert not p.gen_paused  # nothing starts while a sync pauses generation
+        return launch(g)
+
+    p.next_group, p.launch = next_group, checked_launch
+    res = p.run()
+    assert res.trained_trajectories == w.steps * w.batch_size * w.group_size
+    return p, res
+
+
+@settings(max_examples=60, deadline=None)
+@given(peer_workloads())
+def test_areal_admission_never_exceeds_either_capacity(w):
+    """After every submission: running <= max_concurrent_rollouts and accepted + running <= (eta + v + 1) * B."""
+    def check(p):
+        assert p.running <= p.max_concurrent
+        assert p.accepted + p.running <= (p.eta + p.gen_version + 1) * w.batch_size
+    _checked("areal", w, check)
+
+
+@settings(max_examples=60, deadline=None)
+@given(peer_workloads())
+def test_tinker_never_runs_more_groups_than_workers_and_never_violates(w):
+    def check(p):
+        assert p.running <= p.workers
+    _, res = _checked("discard_requeue", w, check)
+    assert res.violations == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(peer_workloads())
+def test_verl_never_exceeds_budget_or_concurrency_and_syncs_every_k(w):
+    def check(p):
+        assert p.submitted <= p.budget and p.running <= p.max_concurrent
+    p, _ = _checked("sample_budget", w, check)
+    assert all(v % w.verl_trigger_parameter_sync_step == 0 for v in p.t_ver)
+
+
+@settings(max_examples=60, deadline=None)
+@given(peer_workloads())
+def test_one_step_off_is_exactly_one_stale(w):
+    _, res = _checked("one_step_off", w, lambda p: None)
+    assert res.staleness_max == (1 if w.steps > 1 else 0)

@@ -76,8 +76,11 @@ class _QueuePolicy(Engine):
     def take(self) -> Group:
         return self.ready.popleft()
 
+    def n_ready(self) -> int:
+        return len(self.ready)
+
     def on_trainer_free(self) -> None:
-        if self.trainer_busy or len(self.ready) < self.wl.batch_size:
+        if self.trainer_busy or self.n_ready() < self.wl.batch_size:
             return
         batch = []
         for _ in range(self.wl.batch_size):
@@ -122,15 +125,17 @@ class Areal(_QueuePolicy):
 
     def put_ready(self, g: Group) -> None:
         heapq.heappush(self.ready_heap, (g.ordinal, g))
-        self.ready.append(g)  # only its length is used: the heap decides the order
 
     def take(self) -> Group:
         # workflow_executor.py BatchTaskDispatcher.wait_results: every completed result is drained,
         # ``drained.sort(key=lambda x: x.create_time)`` and the first ``count`` are returned: the
         # oldest *submitted* completed groups (create_time is set when the task is submitted,
-        # areal/infra/async_task_runner.py), not the first completed.
-        self.ready.pop()
+        # areal/infra/async_task_runner.py), not the first completed. Groups are created in
+        # submission order, so ``ordinal`` orders them as create_time does.
         return heapq.heappop(self.ready_heap)[1]
+
+    def n_ready(self) -> int:
+        return len(self.ready_heap)
 
 
 def verl_max_required_samples(batch_size: int, staleness_threshold: float, trigger_parameter_sync_step: int) -> int:

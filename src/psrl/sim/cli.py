@@ -92,7 +92,12 @@ def _describe(wl: Workload) -> str:
     shape = f"alpha={wl.alpha}" if wl.dist == "pareto" else f"sigma={wl.sigma}"
     return (f"workload: slots={wl.slots} B={wl.batch_size} B'={wl.redundant_batch_size} N={wl.group_size} "
             f"N'={wl.redundant_group_size} gen={wl.dist}(median={wl.median}, {shape}) "
-            f"train_time={wl.train_time:g} sync_time={wl.sync_time:g} drop={wl.filter_drop_rate:g} steps={wl.steps}")
+            f"train_time={wl.train_time:g} sync_time={wl.sync_time:g} drop={wl.filter_drop_rate:g} steps={wl.steps}\n"
+            f"peers: areal max_concurrent_rollouts={wl.areal_max_concurrent_rollouts or wl.batch_size}, "
+            f"tinker groups_per_batch={wl.tinker_groups_per_batch or wl.batch_size}, "
+            f"verl staleness_threshold={wl.verl_staleness_threshold:g} "
+            f"trigger_parameter_sync_step={wl.verl_trigger_parameter_sync_step} "
+            f"max_concurrent_samples={wl.verl_max_concurrent_samples}")
 
 
 def main(argv: list[str]) -> int:
