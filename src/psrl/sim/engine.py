@@ -1,6 +1,6 @@
 """The discrete-event engine every policy shares: simulated clock, slots, trainer, weight versions.
 
-Model (one event heap, time in simulated seconds):
+Model (time in simulated seconds; one heap of wall-time events, one of completions in generation time):
 
 * ``slots`` generation slots; a trajectory occupies one from launch to completion (or cancel).
 * Work is made of groups. When a slot is free for each member, the engine asks the policy for a
