@@ -89,6 +89,9 @@ def test_plot_writes_a_png(tmp_path, capsys):
     out = tmp_path / "f.png"
     assert main(SMALL + ["--policies", "psrl,sync", "--plot", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    constrained = tmp_path / "g.png"  # with the length-bias panel
+    assert main(SMALL + ["--policies", "psrl,discard_requeue", "--plot", str(constrained), "--min-length-bias", "0.9"]) == 0
+    assert constrained.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_module_runs_as_a_subprocess():
