@@ -277,8 +277,48 @@ class TrainerConfig:
 class GenTimeConfig:
     dist: str = _f("lognormal", "lognormal | pareto | constant | trace.")
     median: float = _f(1.0, "Median generation time of one trajectory (simulated seconds).")
-    sigma: float = _f(1.0, "lognormal: sigma of log-time; pareto: shape alpha.")
+    sigma: Optional[float] = _f(None, "lognormal: sigma of log-time (null = 1.0). Not used by pareto (see alpha).")
+    alpha: float = _f(1.5, "pareto: tail index alpha (> 1, so the mean is finite); smaller = heavier tail.")
     trace: Optional[str] = _f(None, "trace: a trajectories.jsonl whose timings are replayed.")
+
+
+@dataclass
+class ArealSimConfig:
+    max_concurrent_rollouts: Optional[int] = _f(
+        None, "Groups generating at once (AReaL InferenceEngineConfig.max_concurrent_rollouts; "
+        "null = consumer batch size B, AReaL's default). max_head_offpolicyness is psrl.staleness."
+    )
+
+
+@dataclass
+class TinkerSimConfig:
+    groups_per_batch: Optional[int] = _f(
+        None, "Worker coroutines, each generating one group at a time (Tinker AsyncConfig.groups_per_batch; "
+        "null = B, which is what it is in Tinker). max_steps_off_policy is psrl.staleness."
+    )
+
+
+@dataclass
+class VerlSimConfig:
+    staleness_threshold: float = _f(
+        0.1, "Extra samples per sync period: int(B * (staleness_threshold + 1) * trigger_parameter_sync_step) "
+        "(verl async_training.staleness_threshold, default 0.1)."
+    )
+    trigger_parameter_sync_step: int = _f(
+        4, "Trainer steps between weight syncs (verl async_training.trigger_parameter_sync_step, default 4)."
+    )
+    max_concurrent_samples: int = _f(
+        16, "Groups generating at once (verl: 16 per rollout server; one server)."
+    )
+
+
+@dataclass
+class SimProactiveConfig:
+    scope: str = _f(
+        "window", "What-if for psrl.proactive_filter_strategy, simulator only: window = act on every STUCK buffer "
+        "in [T, T+eta] as psrl train does; head = only on buffer T, and only while the trainer waits for it."
+    )
+    grace: float = _f(0.0, "scope head: act only after the trainer has waited this many seconds for buffer T.")
 
 
 @dataclass
@@ -293,9 +333,10 @@ class SimConfig:
     gen_tokens_per_second: float = _f(
         1.0, "Tokens a trajectory produces per simulated second of generation (batch tokens for train_time_per_token)."
     )
-    trigger_parameter_sync_step: int = _f(
-        1, "sample_budget policy (verl fully-async): trainer steps between parameter syncs."
-    )
+    proactive: SimProactiveConfig = _sub(SimProactiveConfig, "When psrl's proactive filter acts (simulator what-if).")
+    areal: ArealSimConfig = _sub(ArealSimConfig, "The areal policy: AReaL's own knobs (defaults: AReaL's).")
+    tinker: TinkerSimConfig = _sub(TinkerSimConfig, "The discard_requeue policy: the Tinker cookbook's knobs.")
+    verl: VerlSimConfig = _sub(VerlSimConfig, "The sample_budget policy (verl fully-async) and one_step_off: verl's knobs.")
     seed: int = _f(0, "Seed of the workload's random stream (the same for every policy).")
 
 
@@ -385,6 +426,22 @@ class Config:
                f"must be >= 0 or null, got {ws}", "use 0 to skip the warm start, null for the task's default")
         _check(self.sim.slots >= 1, "sim.slots", "must be >= 1")
         _one_of("sim.gen_time.dist", self.sim.gen_time.dist, ["lognormal", "pareto", "constant", "trace"])
+        gt = self.sim.gen_time
+        if gt.dist == "pareto":
+            _check(gt.sigma is None, "sim.gen_time.sigma", "is the lognormal shape; dist is pareto",
+                   f"give pareto's tail index as sim.gen_time.alpha (e.g. alpha={gt.sigma if gt.sigma and gt.sigma > 1 else 1.5})"
+                   " and drop sigma")
+            _check(gt.alpha > 1.0, "sim.gen_time.alpha", f"pareto tail index must be > 1 (finite mean), got {gt.alpha}",
+                   "use e.g. alpha=1.5 for a heavy but finite tail")
+        _one_of("sim.proactive.scope", self.sim.proactive.scope, ["window", "head"])
+        _check(self.sim.proactive.grace >= 0, "sim.proactive.grace", f"must be >= 0, got {self.sim.proactive.grace}")
+        v = self.sim.verl
+        _check(v.staleness_threshold >= 0, "sim.verl.staleness_threshold", f"must be >= 0, got {v.staleness_threshold}")
+        _check(v.trigger_parameter_sync_step >= 1, "sim.verl.trigger_parameter_sync_step", "must be >= 1")
+        _check(v.max_concurrent_samples >= 1, "sim.verl.max_concurrent_samples", "must be >= 1")
+        for key, val in [("sim.areal.max_concurrent_rollouts", self.sim.areal.max_concurrent_rollouts),
+                         ("sim.tinker.groups_per_batch", self.sim.tinker.groups_per_batch)]:
+            _check(val is None or val >= 1, key, f"must be >= 1 or null, got {val}")
         if self.sim.gen_time.dist == "trace":
             _check(self.sim.gen_time.trace is not None, "sim.gen_time.trace", "dist is trace but no file is given",
                    "set sim.gen_time.trace=path/to/trajectories.jsonl")
@@ -461,12 +518,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+# Keys that were renamed: the old name is rejected with the new one in the message.
+_MOVED = {"sim.trigger_parameter_sync_step": "sim.verl.trigger_parameter_sync_step"}
+
+
 def _build(cls: type, data: dict, prefix: str = "") -> Any:
     hints = _hints(cls)
     by_key = {_yaml_key(f): f for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in data.items():
         full = f"{prefix}.{k}" if prefix else str(k)
+        if full in _MOVED:
+            raise ConfigError(full, "this key has moved", f"use '{_MOVED[full]}'")
         if k not in by_key:
             close = difflib.get_close_matches(str(k), list(by_key), n=1)
             fix = f"did you mean '{(prefix + '.') if prefix else ''}{close[0]}'?" if close else (

@@ -38,6 +38,32 @@ def test_sweep_runs_each_value_and_prints_the_frontier(capsys):
         (p, e) for e in (0, 1, 3) for p in ("psrl", "areal")]
 
 
+def test_frontier_flag_prints_only_the_frontier(capsys):
+    """--frontier: no table, the frontier (eta swept over 0,1,2,4,8 without --sweep), with discard and bias."""
+    assert main(SMALL + ["--policies", "psrl,discard_requeue", "--frontier"]) == 0
+    out = capsys.readouterr().out
+    assert "frontier" in out and "disc" in out and "bias" in out
+    assert "violations" not in out  # the table's header is not printed
+    assert main(SMALL + ["--policies", "psrl,discard_requeue", "--frontier", "--json"]) == 0
+    pts = _json_lines(capsys.readouterr().out)
+    assert {p["policy"] for p in pts} == {"psrl", "discard_requeue"}
+    for p in pts:
+        assert set(p) == {"policy", "s", "steps_per_hour", "ratio_to_ideal", "discarded_fraction", "length_bias",
+                          "staleness"}
+    psrl = [p for p in pts if p["policy"] == "psrl"]
+    assert all(p["discarded_fraction"] == 0 and p["length_bias"] == 1.0 for p in psrl)
+    assert [p["s"] for p in psrl] == sorted({p["s"] for p in psrl})
+
+
+def test_min_length_bias_applies_to_every_policy(capsys):
+    """--min-length-bias 1.01 leaves no run to any policy; 0 keeps them all."""
+    assert main(SMALL + ["sim.gen_time.sigma=1.0", "--policies", "psrl,areal", "--frontier", "--json",
+                         "--min-length-bias", "0"]) == 0
+    assert _json_lines(capsys.readouterr().out)
+    assert main(SMALL + ["--policies", "psrl,areal", "--frontier", "--min-length-bias", "1.5"]) == 2
+    assert "--min-length-bias" in capsys.readouterr().err
+
+
 def test_config_file_and_overrides(tmp_path, capsys):
     """A YAML file is read first, overrides win."""
     cfg = tmp_path / "w.yaml"
@@ -63,6 +89,9 @@ def test_plot_writes_a_png(tmp_path, capsys):
     out = tmp_path / "f.png"
     assert main(SMALL + ["--policies", "psrl,sync", "--plot", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    constrained = tmp_path / "g.png"  # with the length-bias panel
+    assert main(SMALL + ["--policies", "psrl,discard_requeue", "--plot", str(constrained), "--min-length-bias", "0.9"]) == 0
+    assert constrained.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_module_runs_as_a_subprocess():

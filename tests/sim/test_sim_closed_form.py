@@ -47,7 +47,8 @@ def test_sync_with_fewer_slots_generates_in_rounds(slots, rounds):
 def test_one_step_overlap_period_is_max_of_generation_and_training(policy, d, t):
     """eta = 1, S = B*N, no sync delay: generation of step k+1 overlaps training of step k, so the
     period is max(d, t); every batch after the first is exactly one version stale."""
-    r = simulate(wl(median=d, train_time=t), policy)
+    # sample_budget at verl's k = 1, staleness_threshold = 1: int(B * 2 * 1) = 2B groups per sync, as eta = 1
+    r = simulate(wl(median=d, train_time=t, verl_trigger_parameter_sync_step=1, verl_staleness_threshold=1.0), policy)
     period = max(d, t)
     assert r.steps_per_hour == pytest.approx(3600 / period)
     assert r.trainer_idle == pytest.approx(1 - t / period)
@@ -100,7 +101,7 @@ def test_sample_budget_publishes_every_k_steps(k):
     """sample_budget syncs weights every trigger_parameter_sync_step = k steps: every V_traj is a multiple of k."""
     from psrl.sim import POLICIES
 
-    p = POLICIES["sample_budget"](wl(trigger_parameter_sync_step=k, staleness=2))
+    p = POLICIES["sample_budget"](wl(verl_trigger_parameter_sync_step=k, staleness=2))
     p.run()
     assert set(p.t_ver) <= set(range(0, K + 1, k))
     assert max(p.t_ver) > 0

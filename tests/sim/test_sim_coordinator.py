@@ -22,7 +22,7 @@ CASES = {
     "sync_delay": {"sync_time": 0.3},
     "retry": {"proactive_method": "retry", "proactive_threshold": 1},
     "truncate": {"proactive_method": "truncate", "proactive_threshold": 2},
-    "pareto": {"dist": "pareto", "sigma": 1.5},
+    "pareto": {"dist": "pareto", "alpha": 1.5},
     "per_token_train": {"train_time": 0.5, "train_time_per_token": 0.01},
 }
 

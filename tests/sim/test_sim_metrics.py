@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psrl.sim.metrics import Recorder, percentile_from_hist, warmup_steps
-from psrl.sim.report import format_frontier, format_table, frontier
+from psrl.sim.report import best_at, format_frontier, format_table, frontier
 from psrl.sim.metrics import Result
 
 
@@ -55,15 +55,32 @@ def test_frontier_is_best_throughput_at_or_below_each_staleness(points, s):
     fr = frontier([_res("p", smax, sph) for smax, sph in points])["p"]
     brute = max((sph for smax, sph in points if smax <= s), default=None)
     best = None
-    for smax, sph in fr:
-        if smax <= s:
-            best = sph
+    for p in fr:
+        if p.s <= s:
+            best = p.steps_per_hour
     assert best == brute
-    assert [a for a, _ in fr] == sorted({a for a, _ in fr})  # ascending, one point per level
+    assert [p.s for p in fr] == sorted({p.s for p in fr})  # ascending, one point per level
+    pt = best_at(fr, s)
+    assert (pt and pt.steps_per_hour) == (brute and best)  # best_at agrees, and carries its run
+    assert pt is None or pt.result.staleness_max <= s
+
+
+def test_frontier_under_a_length_bias_constraint_drops_biased_runs():
+    """min_length_bias removes runs below it for every policy; the cells show each point's
+    discarded fraction and length bias."""
+    fast_biased = _res("p", 1, 90.0)
+    fast_biased.length_bias, fast_biased.discarded_fraction = 0.80, 0.25
+    fair = _res("p", 1, 60.0)
+    assert frontier([fast_biased, fair])["p"][0].steps_per_hour == 90.0
+    assert frontier([fast_biased, fair], min_length_bias=0.95)["p"][0].steps_per_hour == 60.0
+    text = format_frontier([fast_biased, fair])
+    assert "90.0  0.25  0.80" in text
+    assert "60.0  0.00  1.00" in format_frontier([fast_biased, fair], min_length_bias=0.95)
+    assert frontier([fast_biased], min_length_bias=0.95) == {"p": []}
 
 
 def test_tables_render_every_row():
     """The table has a header and one line per result; the frontier has one line per staleness level."""
     rs = [_res("psrl", 2, 50.0, 2), _res("areal", 5, 60.0, 2)]
     assert len(format_table(rs).splitlines()) == 3
-    assert "psrl" in format_frontier(rs) and len(format_frontier(rs).splitlines()) == 2 + 2
+    assert "psrl" in format_frontier(rs) and len(format_frontier(rs).splitlines()) == 3 + 2

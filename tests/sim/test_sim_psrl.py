@@ -21,7 +21,7 @@ def workloads(draw, redundancy=True, extras=True):
         batch_size=B, redundant_batch_size=B + (draw(st.integers(0, 3)) if redundancy else 0),
         group_size=N, redundant_group_size=Np,
         dist=draw(st.sampled_from(["lognormal", "pareto", "constant"])), median=draw(st.floats(0.1, 3.0)),
-        sigma=draw(st.floats(1.1, 2.0)), train_time=draw(st.floats(0.0, 3.0)),
+        sigma=draw(st.floats(0.1, 2.0)), alpha=draw(st.floats(1.1, 2.0)), train_time=draw(st.floats(0.0, 3.0)),
         sync_time=draw(st.floats(0.0, 1.0)),
         filter_drop_rate=draw(st.sampled_from([0.0, 0.3])) if extras else 0.0,
         proactive_method=draw(st.sampled_from([None, "retry", "truncate"])) if extras else None,

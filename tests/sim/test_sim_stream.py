@@ -53,10 +53,10 @@ def test_stream_matches_one_numpy_draw_across_chunks():
     assert np.allclose(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dist,sigma", [("lognormal", 0.7), ("pareto", 2.5)])
-def test_stream_has_the_configured_median_and_mean(dist, sigma):
+@pytest.mark.parametrize("dist,shape", [("lognormal", {"sigma": 0.7}), ("pareto", {"alpha": 2.5})])
+def test_stream_has_the_configured_median_and_mean(dist, shape):
     """Large-sample median and mean of the stream match the closed forms used by the ideal bound."""
-    wl = Workload(dist=dist, median=2.0, sigma=sigma)
+    wl = Workload(dist=dist, median=2.0, **shape)
     s = wl.gen_stream()
     x = np.array([s.next() for _ in range(200_000)])
     assert np.median(x) == pytest.approx(2.0, rel=0.02)
@@ -79,9 +79,10 @@ def test_trace_replays_gen_seconds_in_order(tmp_path):
 
 
 @pytest.mark.parametrize("override,key", [
-    (["sim.gen_time.dist=pareto", "sim.gen_time.sigma=1.0"], "sim.gen_time.sigma"),
+    (["sim.gen_time.dist=pareto", "sim.gen_time.alpha=1.0"], "sim.gen_time.alpha"),
     (["sim.filter_drop_rate=1.0"], "sim.filter_drop_rate"),
-    (["sim.trigger_parameter_sync_step=0"], "sim.trigger_parameter_sync_step"),
+    (["sim.verl.trigger_parameter_sync_step=0"], "sim.verl.trigger_parameter_sync_step"),
+    (["sim.verl.staleness_threshold=-0.5"], "sim.verl.staleness_threshold"),
     (["sim.slots=3", "psrl.rollout_n=4"], "sim.slots"),
 ])
 def test_bad_workloads_name_the_key(override, key):

@@ -1,9 +1,13 @@
-"""``psrl simulate [CONFIG] [key=value ...] [--policies a,b] [--json] [--sweep KEY=v1,v2] [--plot FILE]``.
+"""``psrl simulate [CONFIG] [key=value ...] [--policies a,b] [--json] [--sweep KEY=v1,v2] [--plot FILE]
+[--frontier] [--min-length-bias X]``.
 
 Prints a comparison table (one row per policy and sweep value) and the staleness frontier; with
 ``--json`` prints one JSON object per row instead, with exactly the keys of
 :data:`psrl.sim.JSON_KEYS`. ``--plot`` writes throughput and staleness against eta and the frontier
-to a PNG; without ``--sweep`` the plot sweeps ``psrl.staleness`` over 0,1,2,4,8.
+(with each frontier point's discarded fraction and length bias) to a PNG. ``--frontier`` prints
+only the frontier (with ``--json``: one object per frontier point). ``--min-length-bias`` keeps, for
+every policy alike, only runs whose length bias reaches it. Without ``--sweep``, ``--plot`` and
+``--frontier`` sweep ``psrl.staleness`` over 0,1,2,4,8.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 
 from psrl.config import ConfigError, load_config
 from psrl.sim import DEFAULT_POLICIES, JSON_KEYS, POLICIES
-from psrl.sim.report import format_frontier, format_table, plot, sweep
+from psrl.sim.report import format_frontier, format_table, frontier_json, plot, sweep
 from psrl.sim.workload import Workload
 
 __all__ = ["main", "build_parser", "DEFAULT_PLOT_SWEEP"]
@@ -39,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rerun every policy for each value of one config key, e.g. psrl.staleness=0,1,2,4,8")
     ap.add_argument("--plot", default=None, metavar="FILE.png",
                     help="write throughput/staleness vs eta and the frontier to this PNG")
+    ap.add_argument("--frontier", action="store_true",
+                    help="print only the frontier: best steps/h per true max staleness, with each point's "
+                         "discarded fraction and length bias (with --json: one object per point)")
+    ap.add_argument("--min-length-bias", type=float, default=0.0, metavar="X",
+                    help="frontier over runs with length_bias >= X only, for every policy alike (e.g. 0.95)")
     return ap
 
 
@@ -80,9 +89,15 @@ def _workloads(path: str | None, overrides: list[str], sweep_spec: str | None) -
 
 
 def _describe(wl: Workload) -> str:
+    shape = f"alpha={wl.alpha}" if wl.dist == "pareto" else f"sigma={wl.sigma}"
     return (f"workload: slots={wl.slots} B={wl.batch_size} B'={wl.redundant_batch_size} N={wl.group_size} "
-            f"N'={wl.redundant_group_size} gen={wl.dist}(median={wl.median}, sigma={wl.sigma}) "
-            f"train_time={wl.train_time:g} sync_time={wl.sync_time:g} drop={wl.filter_drop_rate:g} steps={wl.steps}")
+            f"N'={wl.redundant_group_size} gen={wl.dist}(median={wl.median}, {shape}) "
+            f"train_time={wl.train_time:g} sync_time={wl.sync_time:g} drop={wl.filter_drop_rate:g} steps={wl.steps}\n"
+            f"peers: areal max_concurrent_rollouts={wl.areal_max_concurrent_rollouts or wl.batch_size}, "
+            f"tinker groups_per_batch={wl.tinker_groups_per_batch or wl.batch_size}, "
+            f"verl staleness_threshold={wl.verl_staleness_threshold:g} "
+            f"trigger_parameter_sync_step={wl.verl_trigger_parameter_sync_step} "
+            f"max_concurrent_samples={wl.verl_max_concurrent_samples}")
 
 
 def main(argv: list[str]) -> int:
@@ -91,16 +106,26 @@ def main(argv: list[str]) -> int:
     try:
         path, overrides = _split_args(ns.args)
         policies = _policies(ns.policies)
-        workloads = _workloads(path, overrides, ns.sweep)
+        if not 0.0 <= ns.min_length_bias <= 1.0:
+            raise ConfigError("--min-length-bias", f"must be in [0, 1], got {ns.min_length_bias}", "e.g. 0.95")
+        sweep_spec = ns.sweep if ns.sweep is not None or not ns.frontier else DEFAULT_PLOT_SWEEP
+        workloads = _workloads(path, overrides, sweep_spec)
         plot_workloads = workloads
-        if ns.plot and ns.sweep is None:
+        if ns.plot and sweep_spec is None:
             plot_workloads = _workloads(path, overrides, DEFAULT_PLOT_SWEEP)
     except ConfigError as exc:
         print(f"psrl simulate: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     results = sweep(workloads, policies)
-    if ns.json:
+    mlb = ns.min_length_bias
+    if ns.frontier and ns.json:
+        for point in frontier_json(results, mlb):
+            print(json.dumps(point))
+    elif ns.frontier:
+        print(_describe(workloads[0]))
+        print(format_frontier(results, mlb))
+    elif ns.json:
         for r in results:
             print(json.dumps(r.to_json()))
     else:
@@ -108,11 +133,11 @@ def main(argv: list[str]) -> int:
         print(format_table(results))
         if len(workloads) > 1:
             print()
-            print(format_frontier(results))
+            print(format_frontier(results, mlb))
         print(f"({len(results)} simulations, {time.perf_counter() - t0:.1f} s)")
     if ns.plot:
         plot_results = results if plot_workloads is workloads else sweep(plot_workloads, policies)
-        out = plot(plot_results, ns.plot, title=_describe(plot_workloads[0]))
+        out = plot(plot_results, ns.plot, title=_describe(plot_workloads[0]), min_length_bias=mlb)
         print(f"plot written to {out}", file=sys.stderr if ns.json else sys.stdout)
     return 0
 

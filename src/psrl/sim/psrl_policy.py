@@ -15,7 +15,9 @@ Nothing of the protocol is re-implemented here. The engine only decides *when* t
 * Proactive filter (``psrl.proactive_filter_strategy``): when a buffer is STUCK with at most
   ``threshold`` RESERVED entries, the running members of each such group (once per group) are retried
   (cancelled and relaunched with the next generation time of the stream) or truncated (completed now
-  with their partial output).
+  with their partial output). ``sim.proactive.scope = head`` (a simulator what-if, not in psrl train)
+  acts only on buffer T and only while the trainer waits for it, after ``sim.proactive.grace``
+  seconds of waiting: it cuts only what actually holds the trainer up, and later, so less is cut.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class PsrlPolicy(Engine):
         self.by_entry: dict = {}
         self.retried: set[int] = set()
         self._in_proactive = False
+        self._waiting_since: dict[int, float] = {}  # head scope: when the trainer began waiting for buffer T
+        self._grace_armed: set[int] = set()
 
     # ------------------------------------------------------------------ reserve
 
@@ -145,7 +149,20 @@ class PsrlPolicy(Engine):
         m = self.m
         T = m.train_version
         changed = False
-        for b in range(T, T + self.eta + 1):
+        last = T + self.eta
+        if self.wl.proactive_scope == "head":
+            if self.trainer_busy:
+                return False
+            grace = self.wl.proactive_grace
+            if grace > 0:
+                since = self._waiting_since.setdefault(T, self.now)
+                if self.now < since + grace:
+                    if T not in self._grace_armed:
+                        self._grace_armed.add(T)
+                        self.at(since + grace, self._proactive)
+                    return False
+            last = T
+        for b in range(T, last + 1):
             if m.train_version != T or m.state(b) is not BufferState.STUCK:
                 continue
             eids = m.blocking(b)

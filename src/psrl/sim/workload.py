@@ -49,7 +49,9 @@ class Workload:
     median: float = 1.0
     """Median generation time (lognormal, pareto) or the constant time."""
     sigma: float = 0.5
-    """lognormal: sigma of log-time; pareto: shape alpha (> 1, so the mean is finite)."""
+    """lognormal: sigma of log-time."""
+    alpha: float = 1.5
+    """pareto: tail index (> 1, so the mean is finite); the scale puts the median at ``median``."""
     trace: Optional[tuple] = None
     """trace: generation seconds replayed in order (cycled)."""
     train_time: float = 1.0
@@ -65,9 +67,22 @@ class Workload:
     proactive_method: Optional[str] = None
     """psrl proactive filter on the last RESERVED entries of a STUCK buffer: None | retry | truncate."""
     proactive_threshold: int = 4
+    proactive_scope: str = "window"
+    """window: act on every STUCK buffer in [T, T+eta] (as psrl train does); head: only on buffer T, and only
+    while the trainer waits for it."""
+    proactive_grace: float = 0.0
+    """head scope: act only after the trainer has waited this many seconds for buffer T."""
     """Act when the STUCK buffer has at most this many RESERVED entries."""
-    trigger_parameter_sync_step: int = 1
-    """sample_budget (verl fully-async): trainer steps between parameter syncs."""
+    areal_max_concurrent_rollouts: Optional[int] = None
+    """areal: groups generating at once (None: B, AReaL's default)."""
+    tinker_groups_per_batch: Optional[int] = None
+    """discard_requeue (Tinker): worker coroutines, one group each (None: B, as in Tinker)."""
+    verl_staleness_threshold: float = 0.1
+    """sample_budget (verl fully-async): async_training.staleness_threshold."""
+    verl_trigger_parameter_sync_step: int = 4
+    """sample_budget (verl fully-async): trainer steps between weight syncs."""
+    verl_max_concurrent_samples: int = 16
+    """sample_budget (verl fully-async): groups generating at once (16 per rollout server)."""
     seed: int = 0
     """Seed of the workload's random streams."""
 
@@ -87,21 +102,26 @@ class Workload:
             slots=s.slots, steps=s.steps, staleness=p.staleness,
             batch_size=p.batch_size, redundant_batch_size=p.redundant_batch_size,
             group_size=p.group_size, redundant_group_size=p.redundant_group_size,
-            dist=gt.dist, median=gt.median, sigma=gt.sigma, trace=trace,
+            dist=gt.dist, median=gt.median, sigma=1.0 if gt.sigma is None else gt.sigma, alpha=gt.alpha, trace=trace,
             train_time=train_time, train_time_per_token=s.train_time_per_token,
             tokens_per_second=s.gen_tokens_per_second, sync_time=s.sync_time,
             filter_drop_rate=s.filter_drop_rate,
             proactive_method=p.proactive_filter_strategy.method,
             proactive_threshold=p.proactive_filter_strategy.threshold,
-            trigger_parameter_sync_step=s.trigger_parameter_sync_step, seed=s.seed,
+            proactive_scope=s.proactive.scope, proactive_grace=s.proactive.grace,
+            areal_max_concurrent_rollouts=s.areal.max_concurrent_rollouts,
+            tinker_groups_per_batch=s.tinker.groups_per_batch,
+            verl_staleness_threshold=s.verl.staleness_threshold,
+            verl_trigger_parameter_sync_step=s.verl.trigger_parameter_sync_step,
+            verl_max_concurrent_samples=s.verl.max_concurrent_samples, seed=s.seed,
         )
         return wl.check()
 
     def check(self) -> "Workload":
         """Reject workloads the simulator cannot run, naming the key and the fix."""
-        if self.dist == "pareto" and self.sigma <= 1.0:
-            raise ConfigError("sim.gen_time.sigma", f"pareto shape alpha must be > 1 (finite mean), got {self.sigma}",
-                              "use e.g. sigma=1.5 for a heavy but finite tail")
+        if self.dist == "pareto" and self.alpha <= 1.0:
+            raise ConfigError("sim.gen_time.alpha", f"pareto tail index must be > 1 (finite mean), got {self.alpha}",
+                              "use e.g. alpha=1.5 for a heavy but finite tail")
         if self.dist in ("lognormal", "pareto", "constant") and self.median <= 0:
             raise ConfigError("sim.gen_time.median", "must be > 0")
         if not 0.0 <= self.filter_drop_rate < 1.0:
@@ -109,8 +129,19 @@ class Workload:
                               "a filter that drops every group never trains")
         if self.train_time < 0 or self.sync_time < 0:
             raise ConfigError("sim.train_time", "train_time and sync_time must be >= 0")
-        if self.trigger_parameter_sync_step < 1:
-            raise ConfigError("sim.trigger_parameter_sync_step", "must be >= 1")
+        if self.proactive_scope not in ("window", "head"):
+            raise ConfigError("sim.proactive.scope", f"unknown value {self.proactive_scope!r}", "use window or head")
+        if self.proactive_grace < 0:
+            raise ConfigError("sim.proactive.grace", "must be >= 0")
+        if self.verl_trigger_parameter_sync_step < 1:
+            raise ConfigError("sim.verl.trigger_parameter_sync_step", "must be >= 1")
+        if self.verl_staleness_threshold < 0:
+            raise ConfigError("sim.verl.staleness_threshold", "must be >= 0")
+        for key, val in [("sim.areal.max_concurrent_rollouts", self.areal_max_concurrent_rollouts),
+                         ("sim.tinker.groups_per_batch", self.tinker_groups_per_batch),
+                         ("sim.verl.max_concurrent_samples", self.verl_max_concurrent_samples)]:
+            if val is not None and val < 1:
+                raise ConfigError(key, f"must be >= 1, got {val}")
         if self.steps < 1:
             raise ConfigError("sim.steps", "must be >= 1")
         if self.slots < self.redundant_group_size:
@@ -133,8 +164,8 @@ class Workload:
         if self.dist == "lognormal":
             return self.median * math.exp(self.sigma ** 2 / 2)
         if self.dist == "pareto":
-            xm = self.median / 2 ** (1 / self.sigma)
-            return self.sigma * xm / (self.sigma - 1)
+            xm = self.median / 2 ** (1 / self.alpha)
+            return self.alpha * xm / (self.alpha - 1)
         return float(np.mean(self.trace))
 
     def mean_train_time(self) -> float:
@@ -185,8 +216,8 @@ class GenTimeStream:
         elif wl.dist == "lognormal":
             arr = self._rng.lognormal(math.log(wl.median), wl.sigma, _CHUNK)
         elif wl.dist == "pareto":
-            xm = wl.median / 2 ** (1 / wl.sigma)
-            arr = (self._rng.pareto(wl.sigma, _CHUNK) + 1.0) * xm
+            xm = wl.median / 2 ** (1 / wl.alpha)
+            arr = (self._rng.pareto(wl.alpha, _CHUNK) + 1.0) * xm
         else:
             idx = (self._trace_pos + np.arange(_CHUNK)) % len(wl.trace)
             self._trace_pos += _CHUNK
