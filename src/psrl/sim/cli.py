@@ -14,11 +14,12 @@ import sys
 import time
 
 from psrl.config import ConfigError, load_config
+from psrl.errors import one_line_errors
 from psrl.sim import DEFAULT_POLICIES, JSON_KEYS, POLICIES
 from psrl.sim.report import format_frontier, format_table, plot, sweep
 from psrl.sim.workload import Workload
 
-__all__ = ["main", "build_parser", "DEFAULT_PLOT_SWEEP"]
+__all__ = ["main", "prepare", "build_parser", "DEFAULT_PLOT_SWEEP"]
 
 DEFAULT_PLOT_SWEEP = "psrl.staleness=0,1,2,4,8"
 
@@ -85,19 +86,22 @@ def _describe(wl: Workload) -> str:
             f"train_time={wl.train_time:g} sync_time={wl.sync_time:g} drop={wl.filter_drop_rate:g} steps={wl.steps}")
 
 
+def prepare(ns: argparse.Namespace) -> tuple[list[str], list[Workload], list[Workload]]:
+    """``(policies, workloads, plot workloads)``: everything ``psrl simulate`` checks before it runs."""
+    path, overrides = _split_args(ns.args)
+    policies = _policies(ns.policies)
+    workloads = _workloads(path, overrides, ns.sweep)
+    plot_workloads = workloads
+    if ns.plot and ns.sweep is None:
+        plot_workloads = _workloads(path, overrides, DEFAULT_PLOT_SWEEP)
+    return policies, workloads, plot_workloads
+
+
+@one_line_errors("psrl simulate")
 def main(argv: list[str]) -> int:
     """Entry point of ``psrl simulate``; returns the exit status (2 for a configuration error)."""
     ns = build_parser().parse_args(argv)
-    try:
-        path, overrides = _split_args(ns.args)
-        policies = _policies(ns.policies)
-        workloads = _workloads(path, overrides, ns.sweep)
-        plot_workloads = workloads
-        if ns.plot and ns.sweep is None:
-            plot_workloads = _workloads(path, overrides, DEFAULT_PLOT_SWEEP)
-    except ConfigError as exc:
-        print(f"psrl simulate: {exc}", file=sys.stderr)
-        return 2
+    policies, workloads, plot_workloads = prepare(ns)
     t0 = time.perf_counter()
     results = sweep(workloads, policies)
     if ns.json:
