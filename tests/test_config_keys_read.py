@@ -23,7 +23,7 @@ import re
 import typing
 from pathlib import Path
 
-from psrl.config import Config, _yaml_key
+from psrl.config import Config, leaf_keys
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "psrl"
 SKIP = {"config.py", "config_rules.py"}
@@ -37,17 +37,9 @@ UNREAD_ALLOWLIST = {
 _CFG_NAME = re.compile(r"(^|_)(cfg|config|conf)$")
 
 
-def leaf_fields(cls: type = Config, prefix: str = "") -> dict[str, tuple[type, str]]:
-    """``{dotted key: (owning dataclass, attribute name)}`` for every leaf key."""
-    out = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}.{_yaml_key(f)}" if prefix else _yaml_key(f)
-        if dataclasses.is_dataclass(hints[f.name]):
-            out.update(leaf_fields(hints[f.name], key))
-        else:
-            out[key] = (cls, f.name)
-    return out
+def leaf_fields() -> dict[str, tuple[type, str]]:
+    """``{dotted key: (annotated type, attribute name)}`` for every leaf key."""
+    return {k: (tp, f.name) for k, (tp, f) in leaf_keys().items()}
 
 
 def section_attrs(cls: type = Config) -> set[str]:

@@ -28,6 +28,7 @@ __all__ = [
     "apply_overrides",
     "config_to_dict",
     "reference_markdown",
+    "leaf_keys",
 ]
 
 
@@ -478,6 +479,21 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
         f = by_key[k]
         kwargs[f.name] = _coerce(v, hints[f.name], full)
     return cls(**kwargs)
+
+
+def leaf_keys(cls: type | None = None, prefix: str = "") -> dict[str, tuple[Any, dataclasses.Field]]:
+    """Every leaf key as ``{dotted YAML key: (annotated type, dataclass field)}``: what the bad-input fuzzer
+    and the unread-key test iterate, so a new key is covered the day it is added."""
+    cls = Config if cls is None else cls
+    out: dict[str, tuple[Any, dataclasses.Field]] = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{_yaml_key(f)}" if prefix else _yaml_key(f)
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(leaf_keys(hints[f.name], key))
+        else:
+            out[key] = (hints[f.name], f)
+    return out
 
 
 def config_to_dict(obj: Any) -> Any:

@@ -157,6 +157,10 @@ def check_file(key: str, value: str) -> Path:
     return p
 
 
+_WRITABLE: set[Path] = set()
+"""Directories a probe could write to in this process (sweeps load many configs; failures are not cached)."""
+
+
 def check_out_dir(key: str, value: str | os.PathLike) -> Path:
     """``value`` is an existing writable directory, or can be created: its nearest existing parent is a
     writable directory. Nothing is left behind (the probe directory is removed at once)."""
@@ -168,9 +172,12 @@ def check_out_dir(key: str, value: str | os.PathLike) -> Path:
         anc = anc.parent
     if not anc.is_dir():
         raise ConfigError(key, f"{anc} exists and is not a directory", "choose a path not under a file")
+    if anc in _WRITABLE:
+        return p
     try:
         probe = tempfile.mkdtemp(prefix=".psrl-probe-", dir=anc)
         os.rmdir(probe)
+        _WRITABLE.add(anc)
     except OSError as e:
         what = "the directory" if anc == p else f"its nearest existing parent {anc}"
         raise ConfigError(key, f"cannot write to {what} ({e.strerror or e})",
