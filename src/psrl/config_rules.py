@@ -142,7 +142,7 @@ def resolve_target(key: str, spec: str, kind: str = "callable") -> Any:
 
 def check_file(key: str, value: str) -> Path:
     """``value`` names an existing file this process can read."""
-    p = Path(value).expanduser()
+    p = Path(value)
     if not value.strip():
         raise ConfigError(key, "is an empty path", "give a file path, or null")
     if not p.exists():
@@ -164,7 +164,7 @@ _WRITABLE: set[Path] = set()
 def check_out_dir(key: str, value: str | os.PathLike) -> Path:
     """``value`` is an existing writable directory, or can be created: its nearest existing parent is a
     writable directory. Nothing is left behind (the probe directory is removed at once)."""
-    p = Path(value).expanduser()
+    p = Path(value)
     if not str(value).strip():
         raise ConfigError(key, "is an empty path", "give a directory path, or null for the default")
     anc = p
@@ -209,7 +209,7 @@ def check_model(m: Any) -> None:
         return
     if not m.path.strip():
         raise ConfigError("model.path", "is an empty path", "give a local model directory, or null for the built-in model")
-    d = Path(m.path).expanduser()
+    d = Path(m.path)
     if not d.exists():
         hint = (f" (psrl loads models offline; '{m.path}' looks like a Hugging Face hub id)"
                 if not d.is_absolute() and m.path.count("/") == 1 else "")
