@@ -356,7 +356,11 @@ class Config:
         _check(m.n_embd % m.n_head == 0, "model.n_embd", f"{m.n_embd} is not a multiple of model.n_head ({m.n_head})",
                f"set model.n_embd to a multiple of {m.n_head}, e.g. {m.n_head * max(1, round(m.n_embd / m.n_head))}")
         check_model(m)
-        check_task(self.task, t.seed)
+        task_cls = check_task(self.task, t.seed)
+        longest = getattr(task_cls, "max_context", 0)
+        _check(m.path is not None or not isinstance(longest, int) or m.n_positions >= longest, "model.n_positions",
+               f"{m.n_positions} positions are fewer than the longest context of task {self.task.name} ({longest})",
+               f"set model.n_positions >= {longest}")
         g = self.sim.gen_time
         if g.dist == "pareto":
             _check(g.sigma > 1, "sim.gen_time.sigma", f"pareto shape alpha must be > 1 (finite mean), got {g.sigma}",
