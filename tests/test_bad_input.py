@@ -70,7 +70,9 @@ def _model_dir(tmp_path: Path, files: list[str]) -> Path:
         (["trainer.total_steps=null"], "trainer.total_steps", "needs a value"),
         (["sim.gen_time.trace={tmp}/t.jsonl"], "sim.gen_time.trace", "file not found"),
         (["algorithm.rollout_correction.rs_threshold_lower=3"], "algorithm.rollout_correction.rs_threshold_lower",
-         "below"),
+         "<= algorithm.rollout_correction.rs_threshold"),
+        (["algorithm.rollout_correction.rs_threshold=0.5"], "algorithm.rollout_correction.rs_threshold",
+         "rs_threshold_lower <= rs_threshold"),
     ],
 )
 def test_train_reports_bad_values_in_one_line_before_writing(overrides, key, says, tmp_path, empty_cwd, capsys):

@@ -32,21 +32,20 @@ __all__ = [
 ]
 
 
-def _f(default: Any, help: str, key: str | None = None, rule: Rule | None = None, **kw: Any) -> Any:
+def _f(default: Any, help: str, key: str | None = None, **rule: Any) -> Any:
     """A config field with its help text, the :class:`~psrl.config_rules.Rule` of the values it accepts
-    (given whole, or as keywords: ``ge=0``, ``choices=(...)``), and optionally its YAML name when that is
-    a Python keyword."""
-    meta: dict = {"help": help, "rule": rule or Rule(**kw)}
-    kw = {}
+    (its keywords: ``ge=0``, ``choices=(...)``, ``path="file"`` ...), and optionally its YAML name when
+    that is a Python keyword."""
+    meta: dict = {"help": help, "rule": Rule(**rule)}
     if key is not None:
         meta["key"] = key
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         factory = default if callable(default) and not dataclasses.is_dataclass(default) else None
         if factory is None:
             value = default
-            return field(default_factory=lambda: _copy(value), metadata=meta, **kw)
-        return field(default_factory=factory, metadata=meta, **kw)
-    return field(default=default, metadata=meta, **kw)
+            return field(default_factory=lambda: _copy(value), metadata=meta)
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def _copy(value: Any) -> Any:
@@ -177,9 +176,10 @@ class RolloutCorrectionConfig:
         None, "Rejection sampling, mask data whose ratio is outside [lo, hi]: null | token | sequence | geometric.",
         choices=(None, "token", "sequence", "geometric")
     )
-    rs_threshold: float = _f(2.0, "hi, the upper bound of the rejection-sampling ratio.", gt=0)
+    rs_threshold: float = _f(2.0, "hi, the upper bound of the rejection-sampling ratio.", gt=0,
+                             note=">= 1 unless rs_threshold_lower is set")
     rs_threshold_lower: Optional[float] = _f(None, "lo, the lower bound (default 1 / rs_threshold).",
-                                             gt=0, note="< rs_threshold")
+                                             gt=0, note="<= rs_threshold")
 
 
 @dataclass
@@ -350,10 +350,14 @@ class Config:
                 )
         rc = a.rollout_correction
         if rc.rs_threshold_lower is not None:
-            _check(rc.rs_threshold_lower < rc.rs_threshold, "algorithm.rollout_correction.rs_threshold_lower",
-                   f"lower bound {rc.rs_threshold_lower} is not below rs_threshold {rc.rs_threshold}",
-                   "set it below algorithm.rollout_correction.rs_threshold, or null for 1 / rs_threshold")
-        _check(m.n_embd % m.n_head == 0, "model.n_embd", f"{m.n_embd} is not a multiple of model.n_head ({m.n_head})",
+            _check(rc.rs_threshold_lower <= rc.rs_threshold, "algorithm.rollout_correction.rs_threshold_lower",
+                   f"lower bound {rc.rs_threshold_lower} is above rs_threshold {rc.rs_threshold}",
+                   "set it <= algorithm.rollout_correction.rs_threshold, or null for 1 / rs_threshold")
+        else:
+            _check(rc.rs_threshold >= 1, "algorithm.rollout_correction.rs_threshold",
+                   f"{rc.rs_threshold} < 1, so the default lower bound 1 / rs_threshold is above it",
+                   "set rs_threshold >= 1, or set rs_threshold_lower <= rs_threshold")
+        _check(m.path is not None or m.n_embd % m.n_head == 0, "model.n_embd", f"{m.n_embd} is not a multiple of model.n_head ({m.n_head})",
                f"set model.n_embd to a multiple of {m.n_head}, e.g. {m.n_head * max(1, round(m.n_embd / m.n_head))}")
         check_model(m)
         task_cls = check_task(self.task, t.seed)
