@@ -126,6 +126,13 @@ def test_simulate_reports_a_damaged_trace_with_its_line(tmp_path, empty_cwd, cap
     assert f"{trace}:2 is not a JSON line" in _one_line(capsys)
 
 
+@pytest.mark.parametrize("plot, says", [("/proc/nope/x.png", "cannot write"), (".", "is a directory")])
+def test_simulate_checks_its_plot_path_first(plot, says, empty_cwd, capsys):
+    assert psrl(["simulate", "sim.steps=2", "--plot", plot]) == 2
+    line = _one_line(capsys)
+    assert "config key '--plot'" in line and says in line
+
+
 def test_debug_flag_and_env_show_the_traceback(empty_cwd, monkeypatch):
     """``psrl --debug`` and PSRL_DEBUG=1 let the exception through (its traceback), for developers."""
     with pytest.raises(ConfigError) as e:

@@ -162,3 +162,10 @@ def test_a_truncated_last_line_is_skipped_and_reported(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == f"psrl viz: skipped 1 damaged line(s), first: {d / 'events.jsonl'}:{n + 1}: not JSON " \
                   "(Unterminated string starting at)"
+
+
+def test_an_unwritable_out_path_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PSRL_DEBUG", "0")
+    assert viz_main([str(TEMPLATE), "--out", "/proc/nope/t.png"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("psrl viz --out /proc/nope/t.png: cannot write the PNG") and "\n" not in err

@@ -92,6 +92,14 @@ def prepare(ns: argparse.Namespace) -> tuple[list[str], list[Workload], list[Wor
     policies = _policies(ns.policies)
     workloads = _workloads(path, overrides, ns.sweep)
     plot_workloads = workloads
+    if ns.plot:
+        from pathlib import Path
+
+        from psrl.config_rules import check_out_dir
+
+        if Path(ns.plot).is_dir():
+            raise ConfigError("--plot", f"{ns.plot} is a directory", "give a PNG file name, e.g. --plot frontier.png")
+        check_out_dir("--plot", Path(ns.plot).parent)
     if ns.plot and ns.sweep is None:
         plot_workloads = _workloads(path, overrides, DEFAULT_PLOT_SWEEP)
     return policies, workloads, plot_workloads
