@@ -37,7 +37,7 @@ def load_run(run_dir: Path, warn=print) -> tuple[dict, Counter]:
     a truncated copy) are skipped and counted in one warning; a directory with neither file is an error."""
     events_path, traj_path = run_dir / "events.jsonl", run_dir / "trajectories.jsonl"
     if not events_path.is_file() and not traj_path.is_file():
-        raise RunError(f"psrl viz {run_dir}", "holds neither events.jsonl nor trajectories.jsonl",
+        raise RunError(f"{run_dir}", "holds neither events.jsonl nor trajectories.jsonl",
                        "give the run directory psrl train wrote (trainer.run_dir, or runs/<time>)")
     events, bad_e = read_valid(events_path, EVENT_FIELDS)
     trajs, bad_t = read_valid(traj_path, TRAJ_FIELDS)
@@ -78,7 +78,7 @@ def draw(run_dir: Path, out: Path, max_buffers: int = 12, warn=print) -> Path:
     try:
         fig.savefig(out, dpi=110)
     except OSError as e:
-        raise RunError(f"psrl viz --out {out}", f"cannot write the PNG ({e.strerror or e})",
+        raise RunError(f"--out {out}", f"cannot write the PNG ({e.strerror or e})",
                        "give a path in a writable directory") from e
     finally:
         plt.close(fig)
@@ -93,9 +93,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--max-buffers", type=int, default=12)
     ns = ap.parse_args(argv)
     if not ns.run_dir.is_dir():
-        raise RunError(f"psrl viz {ns.run_dir}", "is not a directory", "give the run directory psrl train wrote")
+        raise RunError(f"{ns.run_dir}", "is not a directory", "give the run directory psrl train wrote")
     if ns.max_buffers < 1:
-        raise RunError("psrl viz --max-buffers", f"must be >= 1, got {ns.max_buffers}", "e.g. --max-buffers 12")
+        raise RunError("--max-buffers", f"must be >= 1, got {ns.max_buffers}", "e.g. --max-buffers 12")
     out = draw(ns.run_dir, ns.out or ns.run_dir / "timeline.png", ns.max_buffers,
                warn=lambda line: print(line, file=sys.stderr))
     print(f"wrote {out}")
