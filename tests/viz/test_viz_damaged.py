@@ -168,4 +168,4 @@ def test_an_unwritable_out_path_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PSRL_DEBUG", "0")
     assert viz_main([str(TEMPLATE), "--out", "/proc/nope/t.png"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("psrl viz --out /proc/nope/t.png: cannot write the PNG") and "\n" not in err
+    assert err.startswith("psrl viz: --out /proc/nope/t.png: cannot write the PNG") and "\n" not in err
