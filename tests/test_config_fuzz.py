@@ -191,3 +191,15 @@ def test_every_key_is_fuzzed_and_documented():
     assert set(KEYS) and all(k.split(".")[0] in {f for f in Config.__dataclass_fields__} for k in KEYS)
     for key, (tp, f) in KEYS.items():
         assert allowed(f, tp).strip(), f"{key} has no Rule text: give its _f(...) a range, choices or note"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.text(max_size=20), value=st.text(max_size=20))
+def test_any_key_text_loads_or_names_it(key, value):
+    """Keys are user text too: unknown, empty, with dots, spaces or line breaks -- one line naming it."""
+    with contextlib.chdir(WORKDIR):
+        try:
+            _load_train([f"{key}={value}"])
+        except tuple(ALLOWED) as e:
+            assert "\n" not in str(e) and "\r" not in str(e), str(e)
+    assert list(WORKDIR.iterdir()) == []

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from psrl.config_rules import INT_MAX, Rule, check_model, check_out_dir, check_task, finite
+from psrl.config_rules import INT_MAX, Rule, check_model, check_out_dir, check_task, finite, show
 from psrl.errors import ConfigError
 
 __all__ = [
@@ -423,18 +423,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if value is None:  # an empty section ("trainer:" with nothing under it) means the defaults
             value = {}
         if not isinstance(value, dict):
-            raise ConfigError(key, f"expected a mapping, got {value!r}", f"write it as '{key}: {{...}}' "
+            raise ConfigError(key, f"expected a mapping, got {show(value)}", f"write it as '{key}: {{...}}' "
                               f"or set its keys one by one ({key}.KEY=VALUE)")
         return _build(tp, value, key)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(key, f"expected true/false, got {value!r}", f"set {key}=true or {key}=false")
+        raise ConfigError(key, f"expected true/false, got {show(value)}", f"set {key}=true or {key}=false")
     if tp is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"expected an integer, got {value!r}", f"set {key} to a whole number")
+            raise ConfigError(key, f"expected an integer, got {show(value)}", f"set {key} to a whole number")
         if abs(value) > INT_MAX:
             raise ConfigError(key, f"{value} is too large", f"set {key} to a value below 2**63")
         return value
@@ -445,22 +445,22 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, f"expected a number, got {value!r}", f"set {key} to a number")
+            raise ConfigError(key, f"expected a number, got {show(value)}", f"set {key} to a number")
         try:
             return finite(key, float(value))
         except OverflowError:  # an integer beyond float range
             raise ConfigError(key, f"{value} is too large", f"set {key} to a plain number") from None
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(key, f"expected a string, got {value!r}", f"quote it: {key}='{value}'")
+            raise ConfigError(key, f"expected a string, got {show(value)}", f"quote it: {key}='{value}'")
         return value
     if tp is dict or origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(key, f"expected a mapping, got {value!r}", f"write it as '{key}: {{name: value}}'")
+            raise ConfigError(key, f"expected a mapping, got {show(value)}", f"write it as '{key}: {{name: value}}'")
         return dict(value)
     if tp is list or origin is list:
         if not isinstance(value, list):
-            raise ConfigError(key, f"expected a list, got {value!r}", f"write it as '{key}: [a, b]'")
+            raise ConfigError(key, f"expected a list, got {show(value)}", f"write it as '{key}: [a, b]'")
         return list(value)
     return value
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from psrl.errors import ConfigError
 
-__all__ = ["Rule", "check_out_dir", "check_file", "resolve_target", "one_of"]
+__all__ = ["Rule", "check_out_dir", "check_file", "check_model", "check_task", "resolve_target", "one_of", "show"]
 
 INT_MAX = 2**63 - 1
 """Integers are handed to torch and numpy: anything beyond int64 cannot be a sensible setting."""
@@ -107,6 +107,15 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 
 
+def show(value: Any) -> str:
+    """A value as a message shows it: its repr, shortened (a key may be given a whole file's worth)."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = 60
+    return r.repr(value)
+
+
 def one_of(key: str, value: Any, allowed: list, extra: str = "") -> None:
     """Raise unless ``value`` is one of ``allowed``; the fix lists them and the closest match."""
     if value in allowed:
@@ -115,7 +124,7 @@ def one_of(key: str, value: Any, allowed: list, extra: str = "") -> None:
     close = difflib.get_close_matches(str(value), names, n=1)
     fix = f"use one of {', '.join(names + ([extra] if extra else []))}"
     fix += f" (did you mean '{close[0]}'?)" if close else ""
-    raise ConfigError(key, f"unknown value {value!r}", fix)
+    raise ConfigError(key, f"unknown value {show(value)}", fix)
 
 
 def resolve_target(key: str, spec: str, kind: str = "callable") -> Any:

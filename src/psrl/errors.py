@@ -31,10 +31,7 @@ class ConfigError(PsrlError, ValueError):
 
     def __init__(self, key: str, problem: str, fix: str = ""):
         self.key, self.problem, self.fix = key, problem, fix
-        msg = f"config key '{key}': {problem}"
-        if fix:
-            msg += f" -- fix: {fix}"
-        super().__init__(msg)
+        super().__init__(_one_line(f"config key '{key}': {problem}" + (f" -- fix: {fix}" if fix else "")))
 
     def __reduce__(self):  # picklable across Ray processes despite the 3-argument constructor
         return (type(self), (self.key, self.problem, self.fix))
@@ -45,13 +42,15 @@ class RunError(PsrlError):
 
     def __init__(self, source: str, problem: str, fix: str = ""):
         self.source, self.problem, self.fix = source, problem, fix
-        msg = f"{source}: {problem}"
-        if fix:
-            msg += f" -- fix: {fix}"
-        super().__init__(msg)
+        super().__init__(_one_line(f"{source}: {problem}" + (f" -- fix: {fix}" if fix else "")))
 
     def __reduce__(self):
         return (type(self), (self.source, self.problem, self.fix))
+
+
+def _one_line(msg: str) -> str:
+    """Line breaks a user's key or value brought in are shown escaped: the message stays one line."""
+    return msg.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def debug_enabled() -> bool:
@@ -68,7 +67,8 @@ def describe(exc: BaseException) -> str:
 
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
     where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    lines = str(exc).strip().splitlines() or [""]
+    text = lines[0][:300] + (" ..." if len(lines) > 1 or len(lines[0]) > 300 else "")
     return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
 
 
