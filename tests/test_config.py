@@ -93,11 +93,11 @@ def test_cli_config_error_exit_code():
     assert "psrl.staleness" in out.stderr
 
 
-def test_reference_rows_have_four_cells():
+def test_reference_rows_have_five_cells():
     """A '|' in a type (str | null) or a help text is escaped, so no row grows extra columns."""
     import re
 
     rows = [line for line in reference_markdown().splitlines() if line.startswith("| `")]
     assert any("str \\| null" in r for r in rows)
     for row in rows:
-        assert len(re.split(r"(?<!\\)\|", row.strip())) - 2 == 4, row
+        assert len(re.split(r"(?<!\\)\|", row.strip())) - 2 == 5, row

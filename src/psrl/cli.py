@@ -7,6 +7,7 @@ starts fast and the core never pulls torch in.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -16,7 +17,7 @@ COMMANDS = {
     "config": ("psrl.config_cli", "Print the resolved configuration (defaults + file + overrides), or the key reference."),
 }
 
-USAGE = """psrl <command> [CONFIG] [key=value ...]
+USAGE = """psrl [--debug] <command> [CONFIG] [key=value ...]
 
 Asynchronous RL post-training with fine-grained, provable staleness control.
 
@@ -24,11 +25,15 @@ commands:
 """ + "\n".join(f"  {name:<10} {help}" for name, (_, help) in COMMANDS.items()) + """
 
 Dotted overrides set any configuration key, e.g. `psrl train psrl.staleness=2 trainer.total_steps=10`.
-`psrl <command> --help` shows the options of one command."""
+`psrl <command> --help` shows the options of one command. Errors print as one line naming the key or
+the file that caused them; `psrl --debug <command>` (or PSRL_DEBUG=1) shows the traceback instead."""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--debug":
+        os.environ["PSRL_DEBUG"] = "1"  # the commands' one_line_errors re-raise with the traceback
+        argv = argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -41,14 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"psrl: unknown command '{name}'; choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    from psrl.config import ConfigError
+    from psrl.errors import one_line_errors
 
     try:
-        return int(module.main(rest) or 0)
-    except ConfigError as exc:
-        print(f"psrl {name}: {exc}", file=sys.stderr)
-        return 2
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(one_line_errors(f"psrl {name}")(module.main)(rest) or 0)
     except KeyboardInterrupt:
         print(f"\npsrl {name}: interrupted; the run directory is resumable (same command continues it)", file=sys.stderr)
         return 130

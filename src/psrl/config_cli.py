@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 from psrl.config import config_to_dict, load_config, reference_markdown
+from psrl.errors import one_line_errors
 
 
+@one_line_errors("psrl config")
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="psrl config", description=__doc__)
     ap.add_argument("args", nargs="*", help="optional YAML file, then key=value overrides")

@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["main"]
+from psrl.errors import one_line_errors
+
+__all__ = ["main", "prepare"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,26 +32,51 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse, load and validate the config, train; 0 on success, 2 on a config error, 130 on Ctrl-C,
-    143 on SIGTERM (both leave a resumable run)."""
-    from psrl.config import ConfigError, load_config
+def prepare(args: list[str]) -> tuple[Any, Path]:
+    """``(config, run directory)`` of ``psrl train [CONFIG] [key=value ...]``: everything that is checked
+    before anything is written or started. A :class:`~psrl.errors.ConfigError` names the key."""
+    from psrl.config import load_config
+    from psrl.config_rules import check_out_dir
+    from psrl.runtime.recorder import default_run_dir
 
-    ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    args = list(ns.args)
+    args = list(args)
     path = args.pop(0) if args and "=" not in args[0] else None
-    try:
-        cfg = load_config(path, args)
-    except ConfigError as e:
-        print(f"psrl train: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(path, args)
+    run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else default_run_dir()
+    check_out_dir("trainer.run_dir", run_dir)  # the default runs/<time> too
+    check_environment(cfg)
+    return cfg, run_dir
+
+
+def check_environment(cfg: Any) -> None:
+    """What the config asks of this machine: a CUDA device, the ray package."""
+    import importlib.util
+
+    from psrl.config import ConfigError
+
+    if cfg.psrl.runtime == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("psrl.runtime", "is ray, but the ray package is not installed",
+                          "pip install 'psrl[ray]', or set psrl.runtime=local")
+    if cfg.model.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("model.device", "is cuda, but torch sees no CUDA device here",
+                              "set model.device=auto (CUDA when present, else CPU) or model.device=cpu")
+
+
+@one_line_errors("psrl train")
+def main(argv: list[str] | None = None) -> int:
+    """Parse, load and validate the config, train; 0 on success, 2 on a config error, 1 on an error during
+    the run (one line; ``PSRL_DEBUG=1`` for the traceback), 130 on Ctrl-C, 143 on SIGTERM (both leave a
+    resumable run)."""
+    ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    cfg, run_dir = prepare(ns.args)
     import torch
 
     torch.set_num_threads(1)
     from psrl.runtime.local import Terminated, run
-    from psrl.runtime.recorder import default_run_dir
 
-    run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else default_run_dir()
     try:
         run(cfg, run_dir, log=_log)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated is a KeyboardInterrupt)

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from torch import Tensor
 
-__all__ = ["grpo_advantages", "group_advantages"]
+__all__ = ["grpo_advantages", "group_advantages", "ADV_ESTIMATORS"]
 
 
 def grpo_advantages(rewards: Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
@@ -57,3 +57,6 @@ def _one_group(rewards: list[float], norm_by_std: bool, eps: float) -> list[floa
     std = math.sqrt(math.fsum(c * c for c in centred) / n)
     return [c / (std + eps) for c in centred]
 
+
+ADV_ESTIMATORS = {"grpo": group_advantages}
+"""``algorithm.adv_estimator`` -> its function; the config's choices for that key must list exactly these."""

@@ -30,6 +30,7 @@ import logging
 import random
 from typing import Any, Hashable, Optional
 
+from psrl.errors import PsrlError, RunError, describe
 from psrl.rollout.proactive import ProactiveFilter
 from psrl.rollout.records import Counts, WorkerSlots, trajectory_record
 from psrl.rollout.session import Session
@@ -107,6 +108,10 @@ class AgentManager:
         self.sink = sink
         self.rng = random.Random(seed)
         self.counts = Counts()
+        self.failed_in_a_row = 0
+        self.max_failed_in_a_row = max(32, 4 * self.n_launch)
+        """After this many failed trajectories with no success between them the run stops with the last
+        error: a reward function or agent loop that always raises would otherwise retry groups forever."""
         self.groups: dict[Hashable, _Group] = {}
         self.next_group = 0
         self.failure: Optional[asyncio.Future] = None
@@ -190,9 +195,14 @@ class AgentManager:
         if not m.keep_slot:
             self.slots.release(1)
         if not task.cancelled() and task.exception() is not None:
-            log.error("agent worker %s crashed: %r", m.uid, task.exception())
+            exc = task.exception()
+            log.error("agent worker %s crashed: %r", m.uid, exc)
             if self.failure is not None and not self.failure.done():
-                self.failure.set_exception(task.exception())
+                err = exc if isinstance(exc, PsrlError) else RunError(
+                    f"trajectory {m.uid} (group {g.uid})", f"its agent worker crashed: {describe(exc)}",
+                    "set PSRL_DEBUG=1 for the traceback")
+                err.__cause__ = exc
+                self.failure.set_exception(err)
 
     async def _episode(self, g: _Group, m: _Member, rng: random.Random) -> Any:
         """Run the episode, retrying a raising agent loop; None once reported as failed."""
@@ -234,6 +244,7 @@ class AgentManager:
     def _complete(self, g: _Group, m: _Member, traj: Any) -> None:
         """Hand one trajectory to the manager and act on the status it returns."""
         m.done = True  # no longer generating: filters must not cancel or replace it
+        self.failed_in_a_row = 0
         res = self.staleness.complete(g.eid, traj, traj.v_traj)
         self.counts.generated += 1
         status = res.status
@@ -277,6 +288,13 @@ class AgentManager:
         m.done = True
         self.counts.failed += 1
         log.warning("trajectory %s failed in %s after %d retries: %r", m.uid, stage, self.retries, err)
+        self.failed_in_a_row += 1
+        if self.failed_in_a_row >= self.max_failed_in_a_row and self.failure is not None and not self.failure.done():
+            what = "reward function" if stage == "reward" else "agent loop (run_episode)"
+            self.failure.set_exception(RunError(
+                f"task {type(self.task).__name__} {what}",
+                f"the last {self.failed_in_a_row} trajectories all failed; last one {m.uid}: {describe(err)}",
+                "fix the task (trajectories.jsonl has every failure with status 'error'); PSRL_DEBUG=1 logs more"))
         rec = {"uid": m.uid, "group": g.uid, "v_traj": m.session.v_traj if m.session else g.version,
                "segment_versions": [], "instances": list(m.session.instances) if m.session else [],
                "status": "error", "error": f"{stage}: {err!r}", "prompt": getattr(g.prompt, "text", "")}

@@ -10,6 +10,10 @@ still RESERVED is aborted and the trajectories it already held are recorded as `
 (never lost silently); the JSONL files are cut back to their checkpoint length, so steps
 after the checkpoint are not duplicated. Writing goes to ``checkpoint.tmp`` first and is
 renamed into place, so a crash while saving leaves the previous checkpoint intact.
+
+A checkpoint that cannot be read (truncated, overwritten, from an incompatible version) is never a
+traceback: :func:`load_checkpoint` falls back to ``checkpoint.old`` when that one is intact, and
+otherwise raises :class:`~psrl.errors.RunError` naming the directory and what to do.
 """
 
 from __future__ import annotations
@@ -19,12 +23,17 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from psrl.errors import RunError, describe
 from psrl.rollout.records import trajectory_record
+from psrl.runtime.recorder import _FILES
 from psrl.staleness import StalenessManager
 
 __all__ = ["save_checkpoint", "load_checkpoint", "restore_manager", "resume"]
 
 _STATE = "coordinator.pkl"
+_KEYS = ("version", "staleness", "agents", "offsets")
+_FIX = ("delete that directory to resume from the one before it (if any), set trainer.resume=false to start "
+        "over in this run directory, or give a new trainer.run_dir")
 
 
 def save_checkpoint(run_dir: str | Path, coord: Any, recorder: Any) -> Path:
@@ -50,14 +59,26 @@ def save_checkpoint(run_dir: str | Path, coord: Any, recorder: Any) -> Path:
 
 
 def load_checkpoint(run_dir: str | Path) -> Optional[dict]:
-    """The state :func:`save_checkpoint` wrote plus ``dir`` (for ``trainer.load``), or None."""
+    """The state :func:`save_checkpoint` wrote plus ``dir`` (for ``trainer.load``), or None when there is
+    none. A damaged ``checkpoint`` falls back to an intact ``checkpoint.old``; if none is intact, RunError."""
+    damaged = []
     for name in ("checkpoint", "checkpoint.old"):
         path = Path(run_dir) / name
-        if (path / _STATE).exists():
+        if not path.exists():
+            continue
+        try:
             with open(path / _STATE, "rb") as f:
                 state = pickle.load(f)
-            state["dir"] = path
-            return state
+            if not isinstance(state, dict) or any(k not in state for k in _KEYS):
+                raise ValueError(f"{_STATE} does not hold {', '.join(_KEYS)}")
+        except Exception as e:  # unpickling damaged bytes can raise almost anything
+            damaged.append((path, e))
+            continue
+        state["dir"] = path
+        return state
+    if damaged:
+        path, e = damaged[0]
+        raise RunError(f"checkpoint {path}", f"cannot be read: {describe(e)}", _FIX) from e
     return None
 
 
@@ -85,7 +106,13 @@ def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any =
     ck = load_checkpoint(run_dir)
     if ck is None:
         return None
-    trainer.load(ck["dir"])
-    recorder.truncate(ck["offsets"])
-    ck["manager"] = restore_manager(ck["staleness"], group_filter, recorder)
+    try:
+        trainer.load(ck["dir"])
+        offsets = {str(k): int(v) for k, v in dict(ck["offsets"]).items()}
+        if any(k not in _FILES or v < 0 for k, v in offsets.items()):
+            raise ValueError(f"bad JSONL offsets {offsets}")
+        recorder.truncate(offsets)  # before the manager reports the aborted trajectories into those files
+        ck["manager"] = restore_manager(ck["staleness"], group_filter, recorder)
+    except Exception as e:  # a damaged trainer.pt, or a state from another model / config
+        raise RunError(f"checkpoint {ck['dir']}", f"cannot be restored: {describe(e)}", _FIX) from e
     return ck

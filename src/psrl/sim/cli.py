@@ -18,11 +18,12 @@ import sys
 import time
 
 from psrl.config import ConfigError, load_config
+from psrl.errors import one_line_errors
 from psrl.sim import DEFAULT_POLICIES, JSON_KEYS, POLICIES
 from psrl.sim.report import format_frontier, format_table, frontier_json, plot, sweep
 from psrl.sim.workload import Workload
 
-__all__ = ["main", "build_parser", "DEFAULT_PLOT_SWEEP"]
+__all__ = ["main", "prepare", "build_parser", "DEFAULT_PLOT_SWEEP"]
 
 DEFAULT_PLOT_SWEEP = "psrl.staleness=0,1,2,4,8"
 
@@ -100,22 +101,33 @@ def _describe(wl: Workload) -> str:
             f"max_concurrent_samples={wl.verl_max_concurrent_samples}")
 
 
+def prepare(ns: argparse.Namespace) -> tuple[list[str], list[Workload], list[Workload]]:
+    """``(policies, workloads, plot workloads)``: everything ``psrl simulate`` checks before it runs."""
+    path, overrides = _split_args(ns.args)
+    policies = _policies(ns.policies)
+    if not 0.0 <= ns.min_length_bias <= 1.0:
+        raise ConfigError("--min-length-bias", f"must be in [0, 1], got {ns.min_length_bias}", "e.g. 0.95")
+    sweep_spec = ns.sweep if ns.sweep is not None or not ns.frontier else DEFAULT_PLOT_SWEEP
+    workloads = _workloads(path, overrides, sweep_spec)
+    plot_workloads = workloads
+    if ns.plot:
+        from pathlib import Path
+
+        from psrl.config_rules import check_out_dir
+
+        if Path(ns.plot).is_dir():
+            raise ConfigError("--plot", f"{ns.plot} is a directory", "give a PNG file name, e.g. --plot frontier.png")
+        check_out_dir("--plot", Path(ns.plot).parent)
+    if ns.plot and sweep_spec is None:
+        plot_workloads = _workloads(path, overrides, DEFAULT_PLOT_SWEEP)
+    return policies, workloads, plot_workloads
+
+
+@one_line_errors("psrl simulate")
 def main(argv: list[str]) -> int:
     """Entry point of ``psrl simulate``; returns the exit status (2 for a configuration error)."""
     ns = build_parser().parse_args(argv)
-    try:
-        path, overrides = _split_args(ns.args)
-        policies = _policies(ns.policies)
-        if not 0.0 <= ns.min_length_bias <= 1.0:
-            raise ConfigError("--min-length-bias", f"must be in [0, 1], got {ns.min_length_bias}", "e.g. 0.95")
-        sweep_spec = ns.sweep if ns.sweep is not None or not ns.frontier else DEFAULT_PLOT_SWEEP
-        workloads = _workloads(path, overrides, sweep_spec)
-        plot_workloads = workloads
-        if ns.plot and sweep_spec is None:
-            plot_workloads = _workloads(path, overrides, DEFAULT_PLOT_SWEEP)
-    except ConfigError as exc:
-        print(f"psrl simulate: {exc}", file=sys.stderr)
-        return 2
+    policies, workloads, plot_workloads = prepare(ns)
     t0 = time.perf_counter()
     results = sweep(workloads, policies)
     mlb = ns.min_length_bias

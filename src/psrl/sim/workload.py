@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -262,21 +262,42 @@ def load_trace(path: str | Path) -> list[float]:
     if not p.exists():
         raise ConfigError("sim.gen_time.trace", f"file not found: {p}", "give a run's trajectories.jsonl")
     recs = []
-    with p.open() as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            rec = json.loads(line)
-            # an aborted (cancelled) record holds a partial time: not a full generation
-            if "gen_seconds" in rec and rec.get("status") != "aborted":
-                recs.append(rec)
+    for n, rec in _jsonl(p, "sim.gen_time.trace"):
+        # an aborted (cancelled) record holds a partial time: not a full generation
+        if "gen_seconds" in rec and rec.get("status") != "aborted":
+            if not _seconds(rec["gen_seconds"]):
+                raise ConfigError("sim.gen_time.trace", f"{p}:{n}: gen_seconds is {rec['gen_seconds']!r}, not a "
+                                  "number of seconds >= 0", "give a trajectories.jsonl written by psrl train")
+            recs.append(rec)
     if not recs:
         raise ConfigError("sim.gen_time.trace", f"no 'gen_seconds' field in {p}")
     keys = [_launch_key(r) for r in recs]
     if all(k is not None for k in keys):
         recs = [r for _, r in sorted(zip(keys, recs), key=lambda kr: kr[0])]
     return [float(r["gen_seconds"]) for r in recs]
+
+
+def _jsonl(p: Path, key: str) -> Iterator[tuple[int, dict]]:
+    """``(line number, record)`` of a JSONL file; a damaged line is a ConfigError naming ``key`` and the line."""
+    try:
+        with p.open(encoding="utf-8", errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError as e:
+                    raise ConfigError(key, f"{p}:{n} is not a JSON line ({e.msg})",
+                                      "give a trajectories.jsonl written by psrl train (or delete the damaged line)")
+                if not isinstance(rec, dict):
+                    raise ConfigError(key, f"{p}:{n} is not a JSON object", "give a trajectories.jsonl of psrl train")
+                yield n, rec
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {p} ({e.strerror})", "give a readable file") from e
+
+
+def _seconds(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 def _launch_key(rec: dict) -> Optional[tuple[int, int]]:
@@ -297,14 +318,9 @@ def trace_train_time(trace_path: str | Path) -> Optional[float]:
     if not p.exists():
         return None
     vals = []
-    with p.open() as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            rec = json.loads(line)
-            for k in _TRAIN_KEYS:
-                if k in rec:
-                    vals.append(float(rec[k]))
-                    break
+    for _, rec in _jsonl(p, "sim.gen_time.trace"):
+        for k in _TRAIN_KEYS:
+            if k in rec and _seconds(rec[k]):
+                vals.append(float(rec[k]))
+                break
     return float(np.mean(vals)) if vals else None

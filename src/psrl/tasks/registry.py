@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
+from psrl.config_rules import resolve_target
+from psrl.errors import ConfigError
 
-from psrl.config import ConfigError
-
-__all__ = ["get_task", "register_task", "TASKS"]
+__all__ = ["get_task", "register_task", "resolve_task", "TASKS"]
 
 TASKS: dict[str, str] = {
     "arith": "psrl.tasks.arith:ArithTask",
@@ -19,15 +18,16 @@ def register_task(name: str, target: str) -> None:
     TASKS[name] = target
 
 
-def _resolve(name: str):
+def resolve_task(name: str) -> type:
+    """The class ``task.name`` names (a registered name or ``module:Class``); ConfigError naming task.name."""
     target = TASKS.get(name, name)
     if ":" not in target:
-        raise ConfigError("task.name", f"unknown task {name!r}", f"use one of {', '.join(sorted(TASKS))} or module:Class")
-    mod, _, cls = target.partition(":")
-    try:
-        return getattr(importlib.import_module(mod), cls)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError("task.name", f"cannot load {target!r}: {e}", "give an importable module:Class") from e
+        import difflib
+
+        close = difflib.get_close_matches(name, list(TASKS), n=1)
+        raise ConfigError("task.name", f"unknown task {name!r}", f"use one of {', '.join(sorted(TASKS))} or "
+                          "module:Class" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return resolve_target("task.name", target, "class")
 
 
 def get_task(task_cfg, seed: int = 0, tokenizer=None):
@@ -35,5 +35,5 @@ def get_task(task_cfg, seed: int = 0, tokenizer=None):
 
     A ``module:Class`` task is called as ``Class(task_cfg, seed=seed, tokenizer=tokenizer, **task.kwargs)``.
     """
-    cls = _resolve(task_cfg.name)
+    cls = resolve_task(task_cfg.name)
     return cls(task_cfg, seed=seed, tokenizer=tokenizer, **dict(task_cfg.kwargs))

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import torch
 
+from psrl.errors import ConfigError, PsrlError, RunError, describe
 from psrl.models import build_policy, load_tokenizer
 from psrl.tasks import get_task
 
@@ -23,13 +24,31 @@ def seed_everything(seed: int) -> None:
 def build_task_and_policy(cfg):
     """``(task, policy)`` for ``cfg``: the model's tokenizer (if ``model.path``) is handed to the task
     first, so the task can add its marker tokens before the model's embeddings are sized."""
-    tok = load_tokenizer(cfg.model)
-    task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
+    m = cfg.model
+    where = f"model.path={m.path}" + (f" model.gguf_file={m.gguf_file}" if m.gguf_file else "")
+    fix = "check the directory holds a complete model that transformers can load offline"
+    try:
+        tok = load_tokenizer(m)
+    except PsrlError:
+        raise
+    except Exception as e:  # files that exist (checked at load) but do not load: damaged, unsupported
+        raise RunError(where, f"cannot load the tokenizer: {describe(e)}", fix) from e
+    try:
+        task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
+    except PsrlError:
+        raise
+    except Exception as e:  # a task class rejecting its task.kwargs values, or failing to read its data
+        raise RunError(f"task.name={cfg.task.name}", f"the task could not be built: {describe(e)}",
+                       "check task.kwargs and the task's data files") from e
     turn = getattr(task, "turn_tokens", None)
     if turn is not None and int(turn) > cfg.trainer.max_new_tokens:
-        from psrl.config import ConfigError
-
         raise ConfigError("trainer.max_new_tokens", f"is {cfg.trainer.max_new_tokens}, below task {cfg.task.name}'s "
                           f"turn length {turn}", f"set trainer.max_new_tokens={turn} or more")
-    policy = build_policy(cfg.model, task, seed=cfg.trainer.seed)
+    try:
+        policy = build_policy(m, task, seed=cfg.trainer.seed)
+    except PsrlError:
+        raise
+    except Exception as e:
+        what = where if m.path is not None else f"built-in model (model.n_layer={m.n_layer}, n_embd={m.n_embd})"
+        raise RunError(what, f"cannot build the model: {describe(e)}", fix) from e
     return task, policy

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from psrl.algo.advantages import group_advantages
+from psrl.algo.advantages import ADV_ESTIMATORS
 from psrl.algo.losses import policy_loss
 
 __all__ = ["Trainer"]
@@ -56,7 +56,8 @@ class Trainer:
         trajs = [t for g in groups for t in g]
         if not trajs:
             raise ValueError("Trainer.step: the batch holds no trajectories")
-        advs = group_advantages([[t.reward for t in g] for g in groups], norm_by_std=self.algo_cfg.norm_adv_by_std)
+        estimate = ADV_ESTIMATORS[self.algo_cfg.adv_estimator]
+        advs = estimate([[t.reward for t in g] for g in groups], norm_by_std=self.algo_cfg.norm_adv_by_std)
         dev = self.policy.device
         adv = torch.tensor([a for g in advs for a in g], dtype=torch.float32, device=dev)
         prompts = [t.prompt_ids for t in trajs]

@@ -9,34 +9,51 @@ run. Bottom panel: staleness (consumed_version - V_traj) of every trained trajec
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections import Counter
 from pathlib import Path
 
-from psrl.viz.events import buffer_timeline, read_events
+from psrl.errors import RunError, one_line_errors
+from psrl.viz.events import buffer_timeline, read_valid
+
+_NUM = (int, float)
+EVENT_FIELDS = {"t": _NUM, "kind": (str,), "buffer": (int,)}
+"""What an events.jsonl line must hold to be drawn; other lines are reported as damaged and skipped."""
+TRAJ_FIELDS = {"v_traj": (int,)}
 
 
-def staleness_counts(traj_path: Path) -> Counter:
+def staleness_counts(records: list[dict]) -> Counter:
+    """Trained trajectories per staleness (consumed_version - V_traj)."""
     counts: Counter = Counter()
-    if not traj_path.exists():
-        return counts
-    with traj_path.open() as fh:
-        for line in fh:
-            rec = json.loads(line)
-            if rec.get("consumed_version") is not None:
-                counts[rec["consumed_version"] - rec["v_traj"]] += 1
+    for rec in records:
+        cv = rec.get("consumed_version")
+        if isinstance(cv, int) and not isinstance(cv, bool):
+            counts[cv - rec["v_traj"]] += 1
     return counts
 
 
-def draw(run_dir: Path, out: Path, max_buffers: int = 12) -> Path:
+def load_run(run_dir: Path, warn=print) -> tuple[dict, Counter]:
+    """``(buffer timeline, staleness counts)`` of a run directory. Damaged lines (a run killed mid-write,
+    a truncated copy) are skipped and counted in one warning; a directory with neither file is an error."""
+    events_path, traj_path = run_dir / "events.jsonl", run_dir / "trajectories.jsonl"
+    if not events_path.is_file() and not traj_path.is_file():
+        raise RunError(f"{run_dir}", "holds neither events.jsonl nor trajectories.jsonl",
+                       "give the run directory psrl train wrote (trainer.run_dir, or runs/<time>)")
+    events, bad_e = read_valid(events_path, EVENT_FIELDS)
+    trajs, bad_t = read_valid(traj_path, TRAJ_FIELDS)
+    bad = bad_e + bad_t
+    if bad:
+        warn(f"psrl viz: skipped {len(bad)} damaged line(s), first: {bad[0]}")
+    return buffer_timeline(events), staleness_counts(trajs)
+
+
+def draw(run_dir: Path, out: Path, max_buffers: int = 12, warn=print) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    events_path = run_dir / "events.jsonl"
-    timeline = buffer_timeline(read_events(events_path)) if events_path.exists() else {}
-    stale = staleness_counts(run_dir / "trajectories.jsonl")
+    timeline, stale = load_run(run_dir, warn)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), gridspec_kw={"height_ratios": [3, 1]})
     versions = sorted(timeline)[:max_buffers]
     for i, b in enumerate(versions):
@@ -58,11 +75,17 @@ def draw(run_dir: Path, out: Path, max_buffers: int = 12) -> Path:
     ax2.set_xlabel("staleness = consumed_version - V_traj")
     ax2.set_ylabel("trajectories")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as e:
+        raise RunError(f"--out {out}", f"cannot write the PNG ({e.strerror or e})",
+                       "give a path in a writable directory") from e
+    finally:
+        plt.close(fig)
     return out
 
 
+@one_line_errors("psrl viz")
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="psrl viz", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
@@ -70,8 +93,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--max-buffers", type=int, default=12)
     ns = ap.parse_args(argv)
     if not ns.run_dir.is_dir():
-        print(f"psrl viz: {ns.run_dir} is not a run directory (made by psrl train)")
-        return 2
-    out = draw(ns.run_dir, ns.out or ns.run_dir / "timeline.png", ns.max_buffers)
+        raise RunError(f"{ns.run_dir}", "is not a directory", "give the run directory psrl train wrote")
+    if ns.max_buffers < 1:
+        raise RunError("--max-buffers", f"must be >= 1, got {ns.max_buffers}", "e.g. --max-buffers 12")
+    out = draw(ns.run_dir, ns.out or ns.run_dir / "timeline.png", ns.max_buffers,
+               warn=lambda line: print(line, file=sys.stderr))
     print(f"wrote {out}")
     return 0

@@ -8,6 +8,7 @@ time in the simulator), so the buffer timeline of the seed's animation can be dr
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -46,8 +47,42 @@ class EventLog:
 
 
 def read_events(path: str | Path) -> list[dict]:
+    """Every event of ``events.jsonl`` (strict: a damaged line raises; ``psrl viz`` uses :func:`read_valid`)."""
     with Path(path).open() as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def read_valid(path: str | Path, fields: dict[str, tuple[type, ...]]) -> tuple[list[dict], list[str]]:
+    """``(records, damaged)`` of a JSONL file a run may have left damaged (killed mid-line, disk full, edited):
+    the records that parse and hold ``fields`` with those types, and one ``file:line: why`` per line that
+    does not. A missing file reads as empty."""
+    p = Path(path)
+    good: list[dict] = []
+    bad: list[str] = []
+    if not p.exists():
+        return good, bad
+    with p.open(encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                bad.append(f"{p}:{n}: not JSON ({e.msg})")
+                continue
+            missing = [k for k, tps in fields.items() if not isinstance(rec, dict) or not _valid(rec.get(k), tps)]
+            if missing:
+                bad.append(f"{p}:{n}: no valid {missing[0]!r}")
+                continue
+            good.append(rec)
+    return good, bad
+
+
+def _valid(value: object, types: tuple[type, ...]) -> bool:
+    """``value`` has one of ``types``; a bool is not a number, NaN and infinities are not times."""
+    if isinstance(value, bool) or not isinstance(value, types):
+        return False
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def buffer_timeline(events: Iterable[dict]) -> dict[int, list[tuple[float, int, int]]]:
@@ -62,6 +97,7 @@ def buffer_timeline(events: Iterable[dict]) -> dict[int, list[tuple[float, int, 
             R[b] += 1
         elif kind == "occupy":
             rb = ev.get("reserved_buffer", b)
+            rb = rb if isinstance(rb, int) and not isinstance(rb, bool) else b
             R[rb] -= 1
             O[b] += 1
             touched.append(rb)
