@@ -62,7 +62,7 @@ def _model_dir(tmp_path: Path, files: list[str]) -> Path:
          "psrl.max_concurrent_per_instance", "set psrl.max_concurrent_per_instance >= 2"),
         (["psrl.ray_address=127.0.0.1:6379"], "psrl.ray_address", "psrl.runtime=ray"),
         (["psrl.nixl.enable=true"], "psrl.nixl", "GPU infrastructure"),
-        (["model.n_embd=65"], "model.n_embd", "multiple of 4"),
+        (["model.n_embd=65"], "model.n_embd", "multiple of 2"),
         (["model.n_positions=16"], "model.n_positions", "set model.n_positions >= 64"),
         (["model.dtype=float8"], "model.dtype", "use one of"),
         (["trainer.top_p=0"], "trainer.top_p", "(0, 1]"),

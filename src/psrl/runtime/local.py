@@ -65,6 +65,10 @@ class _StepHook:
 def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -> Coordinator:
     """Task, trainer, rollout models and coordinator for ``cfg``; restores ``run_dir/checkpoint`` if resuming."""
     seed = cfg.trainer.seed
+    if cfg.rollout.engine == "vllm" and not cfg.rollout.vllm.urls:
+        from psrl.rollout.vllm_server import find_vllm_python
+
+        find_vllm_python(cfg.rollout.vllm.python)  # before the warm start: a missing environment is said at once
     seed_everything(seed)
     task, policy = build_task_and_policy(cfg)
     trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
