@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, load and validate the config, train; 0 on success, 2 on a config error, 130 on Ctrl-C,
+    """Parse, load and validate the config, train; 0 on success, 2 on a config or data error, 130 on Ctrl-C,
     143 on SIGTERM (both leave a resumable run)."""
     from psrl.config import ConfigError, load_config
 
@@ -48,9 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     from psrl.runtime.local import Terminated, run
     from psrl.runtime.recorder import default_run_dir
 
+    from psrl.tasks.dataset import DataError
+
     run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else default_run_dir()
     try:
         run(cfg, run_dir, log=_log)
+    except (ConfigError, DataError) as e:  # found while building: a missing file, a bad row, a bad reward
+        print(f"psrl train: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated is a KeyboardInterrupt)
         what, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
         print(f"\n{what}; resume with: psrl train {' '.join(ns.args)} trainer.run_dir={run_dir}".replace("  ", " "),

@@ -1,8 +1,9 @@
-"""Tasks by name: the built-ins (``arith``, ``tool_arith``) or any ``module:Class``."""
+"""Tasks by name: the built-ins (``arith``, ``tool_arith``), ``dataset`` (your files) or any ``module:Class``."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from psrl.config import ConfigError
 
@@ -11,6 +12,7 @@ __all__ = ["get_task", "register_task", "TASKS"]
 TASKS: dict[str, str] = {
     "arith": "psrl.tasks.arith:ArithTask",
     "tool_arith": "psrl.tasks.tool_arith:ToolArithTask",
+    "dataset": "psrl.tasks.dataset:DatasetTask",
 }
 
 
@@ -30,10 +32,14 @@ def _resolve(name: str):
         raise ConfigError("task.name", f"cannot load {target!r}: {e}", "give an importable module:Class") from e
 
 
-def get_task(task_cfg, seed: int = 0, tokenizer=None):
+def get_task(task_cfg, seed: int = 0, tokenizer=None, data=None):
     """Build ``task.name`` with ``task.kwargs``; ``tokenizer`` is the model's own (None: the task's built-in one).
 
-    A ``module:Class`` task is called as ``Class(task_cfg, seed=seed, tokenizer=tokenizer, **task.kwargs)``.
+    A ``module:Class`` task is called as ``Class(task_cfg, seed=seed, tokenizer=tokenizer, **task.kwargs)``,
+    plus ``data=`` (the ``data.*`` section) when its constructor takes a ``data`` argument.
     """
     cls = _resolve(task_cfg.name)
-    return cls(task_cfg, seed=seed, tokenizer=tokenizer, **dict(task_cfg.kwargs))
+    kw = dict(task_cfg.kwargs)
+    if data is not None and "data" in inspect.signature(cls).parameters:
+        kw["data"] = data
+    return cls(task_cfg, seed=seed, tokenizer=tokenizer, **kw)

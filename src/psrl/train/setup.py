@@ -24,6 +24,6 @@ def build_task_and_policy(cfg):
     """``(task, policy)`` for ``cfg``: the model's tokenizer (if ``model.path``) is handed to the task
     first, so the task can add its marker tokens before the model's embeddings are sized."""
     tok = load_tokenizer(cfg.model)
-    task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
+    task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok, data=getattr(cfg, "data", None))
     policy = build_policy(cfg.model, task, seed=cfg.trainer.seed)
     return task, policy

@@ -1,0 +1,208 @@
+"""Dataset tasks: your own JSONL / Parquet / CSV rows, verl's keys, and errors that name the file, row and key."""
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from psrl.config import ConfigError, load_config
+from psrl.metrics import known
+from psrl.runtime.recorder import read_jsonl
+from psrl.tasks import get_task
+from psrl.tasks.dataset import DataError
+from psrl.train_cli import main
+
+TINY = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
+        "psrl.max_concurrent_per_instance=2", "trainer.checkpoint_every=2", "task.name=dataset",
+        "data.max_prompt_length=16", "data.max_response_length=4"]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def sums(n, seed=0):
+    """verl-shaped rows: a string prompt, the answer at reward_model.ground_truth."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        out.append({"prompt": f"{a}+{b}=", "reward_model": {"ground_truth": str(a + b)}, "data_source": "sums",
+                    "extra_info": {"a": a, "b": b}})
+    return out
+
+
+def task_for(tmp_path, rows, *overrides):
+    f = write_jsonl(tmp_path / "train.jsonl", rows)
+    cfg = load_config(None, TINY + [f"data.train_files={f}", *overrides])
+    return get_task(cfg.task, seed=0, data=cfg.data)
+
+
+@pytest.mark.parametrize("reward", ["tests.tasks.reward_fns:compute_score", "math"])
+def test_dataset_task_trains_end_to_end_from_a_jsonl_file(tmp_path, reward):
+    """``psrl train task.name=dataset`` on the default (built-in) model: every step trains, every trajectory
+    is scored by task.reward, every metrics key is in the one table."""
+    from tests.tasks import reward_fns
+
+    reward_fns.CALLS.clear()
+    f = write_jsonl(tmp_path / "train.jsonl", sums(20))
+    run_dir = tmp_path / "run"
+    assert main(TINY + [f"data.train_files={f}", f"task.reward={reward}", "trainer.total_steps=2",
+                        f"trainer.run_dir={run_dir}", "trainer.warm_start_steps=3"]) == 0
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert [k for m in metrics for k in m if not known(k)] == []
+    trained = [t for t in read_jsonl(run_dir / "trajectories.jsonl") if t["status"] == "trained"]
+    assert len(trained) == 2 * 2 * 2
+    if reward.endswith("compute_score"):
+        calls = reward_fns.CALLS
+        assert len(calls) >= len(trained)
+        assert {c[0] for c in calls} == {"sums"} and all(set(c[3]) == {"a", "b"} for c in calls)
+
+
+def test_a_verl_parquet_row_loads_with_messages_and_ground_truth(tmp_path):
+    """verl's preprocessed layout: prompt as chat messages, reward_model.ground_truth, data_source, extra_info."""
+    import pandas as pd
+
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "What is 2+3?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "5"},
+             "extra_info": {"split": "train", "index": 0}}]
+    path = tmp_path / "train.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    cfg = load_config(None, TINY + [f"data.train_files={path}", "data.max_prompt_length=32"])
+    task = get_task(cfg.task, seed=0, data=cfg.data)
+    p = task.sample_prompt(random.Random(0))
+    assert p.text == "What is 2+3?" and p.answer == "5"
+    assert p.info["data_source"] == "openai/gsm8k" and p.info["extra_info"]["index"] == 0
+    assert task.tokenizer.decode(p.ids[1:]) == "What is 2+3?"
+
+
+def test_csv_rows_with_a_plain_answer_column(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("question,answer\n1+1=,2\n2+2=,4\n")
+    cfg = load_config(None, TINY + [f"data.train_files={path}", "data.prompt_key=question", "data.answer_key=answer"])
+    task = get_task(cfg.task, seed=0, data=cfg.data)
+    assert sorted((r.text, str(r.answer)) for r in task.rows) == [("1+1=", "2"), ("2+2=", "4")]
+
+
+def test_chat_template_is_used_when_the_tokenizer_has_one(tmp_path):
+    """Messages go through the tokenizer's chat template (a fake one here) when it has one."""
+    from psrl.models.tokenizer import CharTokenizer
+
+    class Templated(CharTokenizer):
+        chat_template = "fake"
+
+        def render_chat(self, messages):
+            return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    f = write_jsonl(tmp_path / "train.jsonl", [{"prompt": [{"role": "user", "content": "hi"}],
+                                                 "reward_model": {"ground_truth": "x"}}])
+    cfg = load_config(None, TINY + [f"data.train_files={f}", "data.max_prompt_length=32"])
+    task = get_task(cfg.task, seed=0, tokenizer=Templated(), data=cfg.data)
+    assert task.rows[0].text == "<user>hi<assistant>"
+
+
+# ---------------------------------------------------------------------------- errors name file, row, key
+
+
+def test_missing_file_names_the_key_and_the_file(tmp_path):
+    cfg = load_config(None, TINY + [f"data.train_files={tmp_path / 'nope.jsonl'}"])
+    with pytest.raises(ConfigError, match=r"data.train_files.*nope.jsonl"):
+        get_task(cfg.task, seed=0, data=cfg.data)
+
+
+def test_missing_key_names_the_row_and_the_key(tmp_path):
+    rows = sums(3)
+    del rows[2]["reward_model"]
+    with pytest.raises(DataError, match=r"train.jsonl row 2: no answer at data.answer_key='reward_model.ground_truth'"):
+        task_for(tmp_path, rows)
+    with pytest.raises(DataError, match=r"row 0: no prompt at data.prompt_key='question'"):
+        task_for(tmp_path, sums(1), "data.prompt_key=question")
+
+
+def test_malformed_file_names_the_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"prompt": "1+1=", "reward_model": {"ground_truth": "2"}}\n{not json\n')
+    cfg = load_config(None, TINY + [f"data.train_files={path}"])
+    with pytest.raises(DataError, match=r"train.jsonl"):
+        get_task(cfg.task, seed=0, data=cfg.data)
+
+
+def test_a_prompt_of_the_wrong_type_or_unrepresentable_names_the_row(tmp_path):
+    rows = sums(2)
+    rows[1]["prompt"] = 17
+    with pytest.raises(DataError, match=r"row 1: data.prompt_key='prompt' holds int"):
+        task_for(tmp_path, rows)
+    rows = sums(2)
+    rows[1]["prompt"] = "2×3="
+    with pytest.raises(DataError, match=r"row 1: the tokenizer cannot represent '×'"):
+        task_for(tmp_path, rows)
+
+
+def test_overlong_prompts_fail_naming_the_row_or_are_dropped_and_counted(tmp_path):
+    rows = sums(4)
+    rows[3]["prompt"] = "1+" * 20 + "1="
+    with pytest.raises(DataError, match=r"row 3: prompt has 43 tokens > data.max_prompt_length=16"):
+        task_for(tmp_path, rows)
+    task = task_for(tmp_path, rows, "data.filter_overlong_prompts=true")
+    assert task.dropped == 1 and len(task.rows) == 3
+
+
+def test_dataset_task_needs_train_files_and_val_files_for_validation():
+    with pytest.raises(ConfigError, match="data.train_files"):
+        load_config(None, ["task.name=dataset"])
+    with pytest.raises(ConfigError, match="data.val_files"):
+        load_config(None, ["task.name=dataset", "data.train_files=x.jsonl", "trainer.val_every=2"])
+
+
+def test_a_raising_reward_marks_the_trajectory_failed_with_the_reason(tmp_path):
+    """After psrl.reward_retries the trajectory is recorded with status error and a reason naming reward and row."""
+    f = write_jsonl(tmp_path / "train.jsonl", sums(4))
+    run_dir = tmp_path / "run"
+    import threading
+
+    # every reward raises, so no group ever fills: stop the run from the first failure record
+    from psrl.runtime.recorder import RunRecorder
+
+    seen = threading.Event()
+    orig = RunRecorder.trajectory
+
+    def spy(self, rec):
+        orig(self, rec)
+        if rec.get("status") == "error":
+            seen.set()
+            raise KeyboardInterrupt
+
+    RunRecorder.trajectory = spy
+    try:
+        code = main(TINY + [f"data.train_files={f}", "task.reward=tests.tasks.reward_fns:raising_score",
+                            "trainer.total_steps=1", f"trainer.run_dir={run_dir}", "psrl.reward_retries=1"])
+    finally:
+        RunRecorder.trajectory = orig
+    assert seen.is_set() and code == 130
+    err = [t for t in read_jsonl(run_dir / "trajectories.jsonl") if t["status"] == "error"][0]
+    assert "reward tests.tasks.reward_fns:raising_score raised on" in err["error"]
+    assert "train.jsonl row" in err["error"] and "grader exploded" in err["error"]
+
+
+# ---------------------------------------------------------------------------- order and cursor
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 12), draws=st.integers(0, 30), seed=st.integers(0, 3))
+def test_each_epoch_visits_every_row_once_and_a_restored_cursor_continues_it(tmp_path_factory, n, draws, seed):
+    tmp = tmp_path_factory.mktemp("d")
+    f = write_jsonl(tmp / "train.jsonl", sums(n))
+    cfg = load_config(None, TINY + [f"data.train_files={f}"])
+    a = get_task(cfg.task, seed=seed, data=cfg.data)
+    rng = random.Random(0)
+    first = [a.sample_prompt(rng).uid.split("-r")[1] for _ in range(n)]
+    assert sorted(first) == sorted(str(i) for i in range(n))  # an epoch is a permutation
+    for _ in range(draws):
+        a.sample_prompt(rng)
+    b = get_task(cfg.task, seed=seed, data=cfg.data)
+    b.load_state(a.state())
+    assert [a.sample_prompt(rng).uid for _ in range(n + 1)] == [b.sample_prompt(rng).uid for _ in range(n + 1)]
