@@ -260,3 +260,24 @@ def test_checkpoints_keep_the_dataset_position_and_a_resume_continues_it(tmp_pat
         assert coord.agents.task.state() == saved
     finally:
         recorder.close()
+
+
+def test_the_five_line_yaml_of_docs_data_md_runs(tmp_path, monkeypatch):
+    """docs/data.md's example, as written there (plus a smaller model and fewer steps on the command line)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
+    yaml_text = re.search(r"```yaml\n(.*?)```", doc, re.S).group(1)
+    reward = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    assert len(yaml_text.strip().splitlines()) == 5
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "train.jsonl", sums(8))
+    write_jsonl(tmp_path / "data" / "val.jsonl", sums(3, seed=1))
+    (tmp_path / "my_reward.py").write_text(reward)
+    (tmp_path / "my_run.yaml").write_text(yaml_text)
+    small = [o for o in TINY if not o.startswith("task.name")] + ["trainer.total_steps=2", "trainer.val_every=2",
+                                                                   "trainer.logger=[console]", "trainer.run_dir=run"]
+    assert main(["my_run.yaml", *small]) == 0
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val/accuracy" in r] == [2]
