@@ -1,4 +1,8 @@
-"""``psrl viz RUN_DIR [--out FILE]``: the buffer timeline and staleness of a run.
+"""``psrl viz RUN_DIR [--out FILE]``: the buffer timeline and staleness of a run, and its learning curves.
+
+Writes ``timeline.png`` (below) and ``curves.png`` (:mod:`psrl.viz.curves`: reward and
+validation against step and wall-clock, staleness per step, importance weights and masked
+fractions) in the run directory.
 
 Top panel: for each buffer version, reserved (light) and occupied (dark) entries over time,
 rebuilt from ``events.jsonl`` -- the Reserve / Occupy / Consume animation of the seed, from a real
@@ -72,6 +76,9 @@ def main(argv: list[str]) -> int:
     if not ns.run_dir.is_dir():
         print(f"psrl viz: {ns.run_dir} is not a run directory (made by psrl train)")
         return 2
+    from psrl.viz.curves import draw_curves
+
     out = draw(ns.run_dir, ns.out or ns.run_dir / "timeline.png", ns.max_buffers)
-    print(f"wrote {out}")
+    curves = draw_curves(ns.run_dir, out.with_name("curves.png"))
+    print(f"wrote {out} and {curves}")
     return 0
