@@ -29,6 +29,11 @@ def staleness_by_step(traj_path: Path) -> dict[int, Counter]:
     return dict(out)
 
 
+def _legend(ax, **kw) -> None:
+    if ax.get_legend_handles_labels()[0]:  # a run without corrections has nothing to label
+        ax.legend(fontsize=8, **kw)
+
+
 def draw_curves(run_dir: Path, out: Path) -> Path:
     import matplotlib
 
@@ -47,7 +52,7 @@ def draw_curves(run_dir: Path, out: Path) -> Path:
                     label=f"val/pass@{int(vals[-1].get('val/k', 1))}")
         ax.set_xlabel(label)
         ax.set_ylabel("reward / accuracy")
-        ax.legend(loc="lower right", fontsize=8)
+        _legend(ax, loc="lower right")
     ax = axes[1, 0]
     hist = staleness_by_step(run_dir / "trajectories.jsonl")
     xs = sorted(hist)
@@ -59,13 +64,12 @@ def draw_curves(run_dir: Path, out: Path) -> Path:
     ax.set_xlabel("step")
     ax.set_ylabel("trained trajectories")
     ax.set_title("staleness per step", fontsize=9)
-    if xs:
-        ax.legend(fontsize=8)
+    _legend(ax)
     ax = axes[1, 1]
     ax.plot([r["step"] for r in steps], [r.get("staleness/mean", 0.0) for r in steps], label="staleness/mean")
     ax.plot([r["step"] for r in steps], [r.get("staleness/max", 0.0) for r in steps], label="staleness/max")
     ax.set_xlabel("step")
-    ax.legend(fontsize=8)
+    _legend(ax)
     ax = axes[2, 0]
     for key in ("correction/is_weight_mean", "correction/is_weight_max", "actor/ratio_mean"):
         pts = [(r["step"], r[key]) for r in steps if r.get(key) is not None]
@@ -73,7 +77,7 @@ def draw_curves(run_dir: Path, out: Path) -> Path:
             ax.plot(*zip(*pts), label=key)
     ax.set_xlabel("step")
     ax.set_ylabel("weight")
-    ax.legend(fontsize=8)
+    _legend(ax)
     ax = axes[2, 1]
     for key in ("batch/masked_frac", "correction/rs_masked_frac", "correction/is_truncated_frac",
                 "actor/clip_frac_high"):
@@ -82,7 +86,7 @@ def draw_curves(run_dir: Path, out: Path) -> Path:
             ax.plot(*zip(*pts), label=key)
     ax.set_xlabel("step")
     ax.set_ylabel("fraction")
-    ax.legend(fontsize=8)
+    _legend(ax)
     fig.suptitle(f"learning curves of {run_dir.name}")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
