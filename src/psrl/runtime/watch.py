@@ -101,6 +101,9 @@ class RunWatch:
         self.trackers = Trackers(cfg, Path(run_dir), resume_version=coord.version)
         recorder.trackers = self.trackers
         self._val_prompts: Optional[list] = None
+        dropped = getattr(coord.agents.task, "dropped", 0) if hasattr(coord, "agents") else 0
+        if dropped:
+            log(f"data: dropped {dropped} prompts longer than data.max_prompt_length (data.filter_overlong_prompts)")
 
     def after_step(self, row: dict) -> None:
         """Show the step; validate when ``trainer.val_every`` says so (and after the last step)."""
