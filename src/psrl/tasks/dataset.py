@@ -71,16 +71,20 @@ def load_rows(files: list[str], key: str) -> list[tuple[str, int, dict]]:
     return out
 
 
-def _read(path: Path, fmt: str):
+def _read(path: Path, fmt: str) -> list[dict]:
+    """The rows of one file as dicts. ``datasets`` caches an Arrow copy; the rows are kept in memory
+    here, so that copy goes into a temporary directory instead of growing a cache per file."""
+    import tempfile
+
     import datasets
 
     datasets.disable_progress_bars()
-    try:
-        ds = datasets.load_dataset(fmt, data_files=str(path), split="train",
-                                   cache_dir=str(Path.home() / ".cache" / "psrl" / "datasets"))
-    except Exception as e:  # a malformed line: the library's message says where
-        raise DataError(f"{path}: cannot read as {fmt}: {e}") from e
-    return ds
+    with tempfile.TemporaryDirectory(prefix="psrl-data-") as cache:
+        try:
+            ds = datasets.load_dataset(fmt, data_files=str(path), split="train", cache_dir=cache)
+        except Exception as e:  # a malformed line: the library's message says where
+            raise DataError(f"{path}: cannot read as {fmt}: {e}") from e
+        return list(ds)
 
 
 def dig(row: dict, dotted: str) -> Any:
