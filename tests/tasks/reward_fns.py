@@ -28,3 +28,10 @@ async def never_returns(data_source, solution_str, ground_truth, extra_info=None
 
 def no_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"acc": 1.0}
+
+
+def explodes_on_marked_rows(data_source, solution_str, ground_truth, extra_info=None):
+    """Raises on rows whose extra_info says so; 0.0 elsewhere."""
+    if (extra_info or {}).get("explode"):
+        raise ValueError("grader exploded")
+    return 0.0

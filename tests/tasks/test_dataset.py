@@ -159,33 +159,18 @@ def test_dataset_task_needs_train_files_and_val_files_for_validation():
 
 
 def test_a_raising_reward_marks_the_trajectory_failed_with_the_reason(tmp_path):
-    """After psrl.reward_retries the trajectory is recorded with status error and a reason naming reward and row."""
-    f = write_jsonl(tmp_path / "train.jsonl", sums(4))
+    """After psrl.reward_retries the trajectory is recorded with status error and a reason naming the reward
+    and the row; the run goes on (the group is aborted and its slot refilled), counting counts/failed."""
+    rows = sums(6)
+    rows[1]["extra_info"]["explode"] = True
+    f = write_jsonl(tmp_path / "train.jsonl", rows)
     run_dir = tmp_path / "run"
-    import threading
-
-    # every reward raises, so no group ever fills: stop the run from the first failure record
-    from psrl.runtime.recorder import RunRecorder
-
-    seen = threading.Event()
-    orig = RunRecorder.trajectory
-
-    def spy(self, rec):
-        orig(self, rec)
-        if rec.get("status") == "error":
-            seen.set()
-            raise KeyboardInterrupt
-
-    RunRecorder.trajectory = spy
-    try:
-        code = main(TINY + [f"data.train_files={f}", "task.reward=tests.tasks.reward_fns:raising_score",
-                            "trainer.total_steps=1", f"trainer.run_dir={run_dir}", "psrl.reward_retries=1"])
-    finally:
-        RunRecorder.trajectory = orig
-    assert seen.is_set() and code == 130
-    err = [t for t in read_jsonl(run_dir / "trajectories.jsonl") if t["status"] == "error"][0]
-    assert "reward tests.tasks.reward_fns:raising_score raised on" in err["error"]
-    assert "train.jsonl row" in err["error"] and "grader exploded" in err["error"]
+    assert main(TINY + [f"data.train_files={f}", "task.reward=tests.tasks.reward_fns:explodes_on_marked_rows",
+                        "trainer.total_steps=3", f"trainer.run_dir={run_dir}", "psrl.reward_retries=1"]) == 0
+    errors = [t for t in read_jsonl(run_dir / "trajectories.jsonl") if t["status"] == "error"]
+    assert errors and all("train.jsonl row 1: ValueError('grader exploded')" in t["error"] for t in errors)
+    assert all("reward tests.tasks.reward_fns:explodes_on_marked_rows raised on" in t["error"] for t in errors)
+    assert read_jsonl(run_dir / "metrics.jsonl")[-1]["counts/failed"] == len(errors)
 
 
 # ---------------------------------------------------------------------------- order and cursor
