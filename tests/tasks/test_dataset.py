@@ -228,7 +228,6 @@ def test_dataset_task_on_smollm2_with_its_chat_template(tmp_path, monkeypatch):
 def test_checkpoints_keep_the_dataset_position_and_a_resume_continues_it(tmp_path):
     """The task's epoch and cursor are in the checkpoint; a resumed run starts its task there, not at row 0
     of a new shuffle."""
-    from psrl.config import load_config as load
     from psrl.runtime.checkpoint import load_checkpoint
     from psrl.runtime.local import build
     from psrl.runtime.recorder import RunRecorder
@@ -241,7 +240,7 @@ def test_checkpoints_keep_the_dataset_position_and_a_resume_continues_it(tmp_pat
     assert saved["draws"] >= 2 * 2 and saved["cursor"] == saved["draws"] % 40
     recorder = RunRecorder(run_dir)
     try:
-        coord = build(load(None, args + ["trainer.total_steps=3"]), recorder, log=lambda _: None)
+        coord = build(load_config(None, args + ["trainer.total_steps=3"]), recorder, log=lambda _: None)
         assert coord.agents.task.state() == saved
     finally:
         recorder.close()
