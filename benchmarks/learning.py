@@ -23,7 +23,8 @@ Workloads:
   (``RUN_ROOT/sums.jsonl``: one-digit sums as chat messages, ``task.reward: math``).
 
 Usage: ``python benchmarks/learning.py [--workload agentic|smollm2] [--steps N] [--seeds 1 2 3]
-[--staleness 0 1 2 4] [--val-every K] [key=value ...]``.
+[--staleness 0 1 2 4] [--val-every K] [key=value ...]``. The defaults (agentic, 60 steps, seeds 1-3)
+took 23 minutes on a shared 2-core CPU; the measured table and figure are in ``docs/learning.md``.
 """
 
 from __future__ import annotations
