@@ -53,7 +53,7 @@ def _model_dir(tmp_path: Path, files: list[str]) -> Path:
         (["trainer.lr=nan"], "trainer.lr", "finite"),
         (["trainer.run_dir=/proc/nope"], "trainer.run_dir", "cannot write"),
         (["trainer.run_dir={tmp}/afile/run"], "trainer.run_dir", "not a directory"),
-        (["task.name=nosuch", "trainer.run_dir={tmp}/run"], "task.name", "arith, tool_arith"),
+        (["task.name=nosuch", "trainer.run_dir={tmp}/run"], "task.name", "arith, dataset, tool_arith"),
         (["task.name=no_such_module_xyz:Task"], "task.name", "cannot import"),
         (["task.kwargs={nope: 1}"], "task.kwargs", "max_value"),
         (["psrl.rollout_n=0"], "psrl.rollout_n", "set psrl.rollout_n to"),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from psrl.config_rules import INT_MAX, Rule, check_model, check_out_dir, check_task, finite, show
+from psrl.config_rules import INT_MAX, Rule, check_model, check_out_dir, check_task, finite, one_of, show
 from psrl.errors import ConfigError
 
 __all__ = [
@@ -261,10 +261,18 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = _f("tool_arith", "Built-in task name (arith, tool_arith) or module:Class.",
-                   note="arith | tool_arith (psrl.tasks.TASKS) | module:Class, resolved at load")
+    name: str = _f("tool_arith", "Built-in task name (arith, tool_arith), dataset (rows of data.train_files) or module:Class.",
+                   note="arith | tool_arith | dataset (psrl.tasks.TASKS) | module:Class, resolved at load")
     kwargs: dict = _f({}, "Extra keyword arguments for the task constructor.",
                       note="keyword arguments the task class accepts (checked against its signature)")
+    reward: str = _f(
+        "math", "Dataset tasks: math (math-verify) | exact | regex:<pattern> (group 1, else the match, equals the answer) | "
+        "module:function or file.py:function (verl's compute_score(data_source, solution_str, ground_truth, extra_info), "
+        "sync or async, returning a float or a dict with score and optional acc). Built-in tasks keep their own reward.",
+        note="math | exact | regex:<pattern> | module:function | file.py:function")
+    reward_timeout: float = _f(
+        30.0, "Dataset tasks: seconds one reward call may take; a timeout counts as a failure (retried psrl.reward_retries times).",
+        gt=0)
     tool_latency_median: float = _f(0.05, "Agentic task: median tool latency in seconds (lognormal).", ge=0)
     tool_latency_sigma: float = _f(1.0, "Agentic task: sigma of the lognormal tool latency (heavy tail).", ge=0)
     max_turns: int = _f(3, "Agentic task: maximum model turns per trajectory.", ge=1)
@@ -281,8 +289,8 @@ class TrainerConfig:
     run_dir: Optional[str] = _f(None, "Where config.yaml, metrics.jsonl, trajectories.jsonl and weights go (default runs/<time>).",
                                 path="out_dir")
     max_new_tokens: int = _f(
-        16, "Most tokens one generation request may produce: the cap every engine obeys (a task's turn "
-            "length must not exceed it).", ge=1)
+        64, "Most tokens one generation request may produce: the cap every engine obeys (a task's turn "
+            "length, e.g. data.max_response_length, must not exceed it).", ge=1)
     temperature: float = _f(1.0, "Sampling temperature.",
                             ge=0, fix="set trainer.temperature=0 for greedy decoding, or a positive temperature")
     top_p: float = _f(1.0, "Nucleus sampling threshold.", gt=0, le=1)
@@ -296,6 +304,35 @@ class TrainerConfig:
     resume: bool = _f(True, "Continue from the newest checkpoint in run_dir if there is one.")
     checkpoint_every: int = _f(10, "Save a resumable checkpoint every this many steps.",
                                ge=0, note="0 = only at the end and on Ctrl-C/SIGTERM")
+    logger: list = _f(
+        ["console"], "Where step metrics go besides metrics.jsonl (always written): any of console, tensorboard, wandb "
+        "(wandb offline unless WANDB_MODE says otherwise). Override as trainer.logger=[console,tensorboard].",
+        note="a list of console | tensorboard | wandb")
+    project_name: str = _f("psrl", "Project name the trackers file the run under.", note="any name")
+    experiment_name: Optional[str] = _f(None, "Run name in the trackers (default: the run directory's name).",
+                                        note="any name, or null")
+    val_every: int = _f(0, "Validate every this many steps and after the last one (0 = never).", ge=0)
+    val_n: int = _f(4, "Validation: samples per prompt for val/pass@k (k = val_n), besides the greedy answer.", ge=1)
+    val_size: int = _f(64, "Validation prompts of a built-in task (a fixed held-out draw); dataset tasks use data.val_files.",
+                         ge=1)
+
+
+@dataclass
+class DataConfig:
+    train_files: list = _f([], "task.name=dataset: training rows, one file or a list (.jsonl, .json, .parquet, .csv).",
+                        note="file paths, checked when the task is built")
+    val_files: list = _f([], "Validation rows (same format); needed when trainer.val_every > 0 on a dataset task.",
+                      note="file paths, checked when the task is built")
+    prompt_key: str = _f("prompt", "Column of the prompt: a string, or a list of chat messages ({role, content}).",
+                         note="a column name")
+    answer_key: str = _f(
+        "reward_model.ground_truth", "Dotted path to the reference answer in a row (verl's preprocessed files need no change).",
+        note="a dotted path into the row")
+    max_prompt_length: int = _f(
+        96, "Prompt tokens allowed (after the chat template, with <bos>); longer rows are an error unless filtered.", ge=1)
+    max_response_length: int = _f(32, "Tokens the model may generate per answer.", ge=1)
+    filter_overlong_prompts: bool = _f(False, "Drop (and count) prompts longer than max_prompt_length instead of failing.")
+    shuffle: bool = _f(True, "Shuffle the training rows every epoch (by trainer.seed); the position is checkpointed.")
 
 
 # --------------------------------------------------------------------------- sim.*
@@ -387,6 +424,7 @@ class Config:
     model: ModelConfig = _sub(ModelConfig, "The policy model.")
     task: TaskConfig = _sub(TaskConfig, "The task and its reward.")
     rollout: RolloutConfig = _sub(RolloutConfig, "The inference engines of the rollout instances.")
+    data: DataConfig = _sub(DataConfig, "Dataset files of task.name=dataset (verl's data.* keys).")
     trainer: TrainerConfig = _sub(TrainerConfig, "The training loop and run directory.")
     sim: SimConfig = _sub(SimConfig, "The workload of psrl simulate.")
 
@@ -465,9 +503,34 @@ class Config:
         _check(g.trace is None or g.dist == "trace", "sim.gen_time.trace",
                f"is set but sim.gen_time.dist is {g.dist!r}, so nothing would read it",
                "set sim.gen_time.dist=trace, or remove sim.gen_time.trace")
+        self._validate_data_and_logging()
         if t.run_dir is not None:
             check_out_dir("trainer.run_dir", t.run_dir)
         return self
+
+    def _validate_data_and_logging(self) -> None:
+        t, d = self.trainer, self.data
+        for name in t.logger:
+            one_of("trainer.logger", name, ["console", "tensorboard", "wandb"])
+        _check(t.val_every >= 0, "trainer.val_every", "must be >= 0", "use 0 to skip validation")
+        _check(t.val_n >= 1, "trainer.val_n", "must be >= 1")
+        _check(self.task.reward_timeout > 0, "task.reward_timeout", "must be > 0")
+        r = self.task.reward
+        if r not in ("math", "exact") and not r.startswith("regex:"):
+            _check(":" in r, "task.reward", f"unknown reward {r!r}", "use math, exact, regex:<pattern> or module:function")
+        if self.task.name != "dataset":
+            return
+        _check(bool(d.train_files), "data.train_files", "task.name is dataset but no training file is given",
+               "set data.train_files=path/to/train.jsonl")
+        _check(t.val_every == 0 or bool(d.val_files), "data.val_files", "trainer.val_every > 0 needs a validation set",
+               "set data.val_files=path/to/val.jsonl, or trainer.val_every=0")
+        _check(d.max_prompt_length >= 1 and d.max_response_length >= 1, "data.max_prompt_length",
+               "prompt and response lengths must be >= 1")
+        if self.model.path is None:
+            need = d.max_prompt_length + d.max_response_length
+            _check(need <= self.model.n_positions, "data.max_prompt_length",
+                   f"max_prompt_length + max_response_length = {need} > model.n_positions ({self.model.n_positions})",
+                   "lower data.max_prompt_length / data.max_response_length or raise model.n_positions")
 
 
 def _check(ok: bool, key: str, problem: str, fix: str = "") -> None:
@@ -549,6 +612,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(key, f"expected a mapping, got {show(value)}", f"write it as '{key}: {{name: value}}'")
         return dict(value)
     if tp is list or origin is list:
+        if isinstance(value, str):  # one file / one logger: "a" means ["a"]
+            return [value]
         if not isinstance(value, list):
             raise ConfigError(key, f"expected a list, got {show(value)}", f"write it as '{key}: [a, b]'")
         return list(value)

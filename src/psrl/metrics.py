@@ -39,6 +39,7 @@ _X = "psrl.algo.corrections"
 _A = "psrl.rollout.records"
 _P = "psrl.rollout.pool"
 _E = "psrl.rollout.pool"
+_V = "psrl.runtime.validate"
 
 METRICS: tuple[Metric, ...] = (
     # progress and time
@@ -91,6 +92,16 @@ METRICS: tuple[Metric, ...] = (
     # the rollout side (cumulative)
     _m("counts/*", "count", "Cumulative trajectory / group counters of the agent manager (see Counts).", _A),
     _m("rollout/*", "count", "Cumulative counters of the rollout instances, summed (steps, tokens, loads, ...).", _P),
+    # validation rows (trainer.val_every; their own rows, with step and version, no 'time')
+    _m("val/accuracy", "fraction", "Greedy answers' mean 'acc' on the validation set, weights of this version.", _V),
+    _m("val/reward", "reward", "Greedy answers' mean score on the validation set.", _V),
+    _m("val/pass@k", "fraction", "Validation prompts with a correct answer among k = trainer.val_n samples.", _V),
+    _m("val/k", "count", "k of val/pass@k (trainer.val_n).", _V),
+    _m("val/prompts", "count", "Validation prompts scored.", _V),
+    _m("val/failed", "count", "Validation answers whose reward raised (scored 0).", _V),
+    _m("val/seconds", "s", "Seconds the validation took (the run is paused meanwhile).", _V),
+    _m("val/time", "s", "The step's 'time' (seconds since start) of the weights validated: the wall-clock axis.",
+       "psrl.runtime.watch"),
 )
 
 _BY_NAME = {m.name: m for m in METRICS}

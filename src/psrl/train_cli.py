@@ -77,8 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     from psrl.runtime.local import Terminated, run
 
+    from psrl.config import ConfigError
+    from psrl.tasks.dataset import DataError
+
     try:
         run(cfg, run_dir, log=_log)
+    except (ConfigError, DataError) as e:  # found while building: a missing file, a bad row, a bad reward
+        print(f"psrl train: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated is a KeyboardInterrupt)
         what, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
         print(f"\n{what}; resume with: psrl train {' '.join(ns.args)} trainer.run_dir={run_dir}".replace("  ", " "),

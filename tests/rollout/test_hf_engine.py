@@ -107,7 +107,7 @@ class _SkipsUpdates(HFEngine):
 @pytest.mark.parametrize("engine_cls,jumps", [(HFEngine, False), (_SkipsUpdates, True)])
 def test_mismatch_metric_jumps_when_an_engine_skips_a_weight_update(tiny, engine_cls, jumps):
     """Tokens labelled v2 but produced by v1's weights: engine/logprob_mismatch_max jumps above 1e-2;
-    with the update applied it stays below 1e-5."""
+    with the update applied it stays below 1e-4 (float tolerance)."""
     _, _, policy = tiny
     store = ParameterStore(keep=4)
     new = copy.deepcopy(policy)
@@ -130,4 +130,4 @@ def test_mismatch_metric_jumps_when_an_engine_skips_a_weight_update(tiny, engine
     m = logprob_mismatch(recomputed, pad([r.logprobs for r in reqs]), pad([[1] * len(r.tokens) for r in reqs]),
                          pad([r.versions for r in reqs]), 2)
     assert m["engine/mismatch_tokens"] == 48
-    assert (m["engine/logprob_mismatch_max"] > 1e-2) if jumps else (m["engine/logprob_mismatch_max"] < 1e-5)
+    assert (m["engine/logprob_mismatch_max"] > 1e-2) if jumps else (m["engine/logprob_mismatch_max"] < 1e-4)

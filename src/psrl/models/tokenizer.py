@@ -2,9 +2,11 @@
 
 Two implementations:
 
-* :class:`CharTokenizer` -- the built-in tasks' tokenizer, made with the ``tokenizers`` library:
-  one token per character plus whole-token markers (``<eos>``, ``<call>`` ...). Nothing is
-  downloaded; the vocabulary is fixed, so a tiny model built for it is reproducible.
+* :class:`CharTokenizer` -- the built-in model's tokenizer, made with the ``tokenizers`` library:
+  one token per printable ASCII character (plus newline and tab) and whole-token markers
+  (``<eos>``, ``<call>`` ...). Nothing is downloaded; the vocabulary is fixed, so a tiny model
+  built for it is reproducible, and any English dataset row tokenizes on the default model
+  (a character outside the vocabulary is reported by :meth:`CharTokenizer.unknown`).
 * :class:`HFTokenizer` -- wraps the tokenizer of a local Hugging Face model directory
   (``model.path``), loaded offline.
 
@@ -22,11 +24,15 @@ __all__ = ["CharTokenizer", "HFTokenizer", "load_tokenizer", "MARKERS"]
 
 MARKERS = ["<pad>", "<bos>", "<eos>", "<call>", "</call>", "<res>", "</res>"]
 """Whole-token markers of the built-in tasks (tool call, tool result, end of answer)."""
-CHARS = "0123456789+-*=?:; "
+CHARS = "".join(chr(c) for c in range(32, 127)) + "\n\t"
+"""Printable ASCII, newline and tab: what the built-in model can read and write."""
 
 
 class CharTokenizer:
     """Character-level tokenizer (``tokenizers`` WordLevel over single characters + markers)."""
+
+    chat_template = None
+    """No chat template: chat messages reach the built-in model as their contents, one per line."""
 
     def __init__(self, chars: str = CHARS, markers: Optional[list[str]] = None):
         from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -34,13 +40,19 @@ class CharTokenizer:
         markers = list(MARKERS if markers is None else markers)
         vocab = {tok: i for i, tok in enumerate(markers + ["<unk>"] + sorted(set(chars)))}
         tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-        tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+        tk.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")  # '.' skips newlines
         tk.decoder = decoders.Fuse()
         tk.add_special_tokens(markers)
         self._tk = tk
         self.eos_id = vocab["<eos>"]
         self.pad_id = vocab["<pad>"]
         self.bos_id: Optional[int] = vocab.get("<bos>")
+        self.unk_id = vocab["<unk>"]
+        self.chars = frozenset(chars)
+
+    def unknown(self, text: str) -> list[str]:
+        """The characters of ``text`` this vocabulary cannot represent (they would become ``<unk>``)."""
+        return sorted({c for c in text if c not in self.chars})
 
     @property
     def vocab_size(self) -> int:
@@ -92,6 +104,20 @@ class HFTokenizer:
         pad = hf_tokenizer.pad_token_id
         self.pad_id = int(eos if pad is None else pad)
         self.bos_id = hf_tokenizer.bos_token_id
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        """The model's chat template (None when it has none)."""
+        return getattr(self.hf, "chat_template", None)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """``messages`` through the chat template, ending where the assistant's answer starts."""
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def unknown(self, text: str) -> list[str]:
+        """``["<unk>"]`` when ``text`` needs the unknown token, else ``[]`` (byte-level tokenizers never do)."""
+        unk = self.hf.unk_token_id
+        return ["<unk>"] if unk is not None and unk in self.encode(text) else []
 
     @property
     def vocab_size(self) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import random
 from typing import Any, Hashable, Optional
@@ -35,7 +36,7 @@ from psrl.rollout.proactive import ProactiveFilter
 from psrl.rollout.records import Counts, WorkerSlots, trajectory_record
 from psrl.rollout.session import Session
 from psrl.staleness import StaleVersionError, Status
-from psrl.tasks.base import episode_to_trajectory
+from psrl.tasks.base import compute_reward, episode_to_trajectory
 
 __all__ = ["AgentManager"]
 
@@ -115,6 +116,7 @@ class AgentManager:
         self.groups: dict[Hashable, _Group] = {}
         self.next_group = 0
         self.failure: Optional[asyncio.Future] = None
+        self._deferred: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ dispatch
 
@@ -182,7 +184,7 @@ class AgentManager:
         episode = await self._episode(g, m, rng)
         if episode is None:
             return
-        reward = self._reward(g, m, episode)
+        reward = await self._reward(g, m, episode)
         if reward is not None:
             self._complete(g, m, self._trajectory(g, m, episode, reward))
 
@@ -217,8 +219,21 @@ class AgentManager:
         self._fail(g, m, "episode", err)
         return None
 
-    def _reward(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
-        """The task's reward, retrying a raising reward function; None once reported as failed."""
+    async def _reward(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
+        """The task's reward (sync or async), retrying a raising reward function; None once reported as failed."""
+        err: Optional[BaseException] = None
+        for attempt in range(1 + self.retries):
+            try:
+                return await compute_reward(self.task, g.prompt, episode)
+            except Exception as e:
+                err = e
+                if attempt < self.retries:
+                    self.counts.error_retries += 1
+        self._fail(g, m, "reward", err, episode)
+        return None
+
+    def reward_now(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
+        """:meth:`_reward` for a task whose reward is synchronous (the proactive filter acts at once)."""
         err: Optional[BaseException] = None
         for attempt in range(1 + self.retries):
             try:
@@ -229,6 +244,26 @@ class AgentManager:
                     self.counts.error_retries += 1
         self._fail(g, m, "reward", err, episode)
         return None
+
+    @property
+    def reward_is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.task.reward)
+
+    def complete_truncated_later(self, g: _Group, m: _Member, episode: Any) -> None:
+        """Force-complete ``m`` with ``episode`` once its (async) reward is in; the proactive filter's path
+        for tasks whose reward must be awaited."""
+        t = asyncio.get_running_loop().create_task(self._complete_truncated(g, m, episode))
+        self._deferred.add(t)
+        t.add_done_callback(self._deferred.discard)
+
+    async def _complete_truncated(self, g: _Group, m: _Member, episode: Any) -> None:
+        reward = await self._reward(g, m, episode)
+        if reward is None or g.eid not in self.groups or g.occupied is not None:
+            return  # failed (recorded), or the group resolved meanwhile: it is one more cancelled member
+        traj = self._trajectory(g, m, episode, reward)
+        traj.truncated = True
+        self.counts.truncated += 1
+        self._complete(g, m, traj)
 
     def _trajectory(self, g: _Group, m: _Member, episode: Any, reward: dict) -> Any:
         s = m.session
@@ -337,6 +372,7 @@ class AgentManager:
     async def shutdown(self, record_held: bool = True) -> None:
         """Cancel every member and wait for them; record still-held trajectories as ``held``."""
         tasks = [m.task for g in self.groups.values() for m in g.members.values() if m.task is not None]
+        tasks += list(self._deferred)
         for t in tasks:
             t.cancel()
         if tasks:
@@ -351,10 +387,13 @@ class AgentManager:
         """What a checkpoint needs to continue the prompt stream and the counters."""
         from dataclasses import asdict
 
-        return {"rng": self.rng.getstate(), "counts": asdict(self.counts), "next_group": self.next_group}
+        return {"rng": self.rng.getstate(), "counts": asdict(self.counts), "next_group": self.next_group,
+                "task": self.task.state() if hasattr(self.task, "state") else {}}
 
     def load_state(self, state: dict) -> None:
         self.rng.setstate(state["rng"])
+        if state.get("task") and hasattr(self.task, "load_state"):
+            self.task.load_state(state["task"])  # a dataset continues its epoch
         self.counts = Counts(**state["counts"])
         self.next_group = int(state["next_group"])
 

@@ -89,7 +89,10 @@ class ProactiveFilter:
             m.cancelled = True
             m.task.cancel()
             episode = m.session.partial_episode() if m.session is not None else Episode(truncated=True)
-            reward = agents._reward(g, m, episode)
+            if agents.reward_is_async:
+                agents.complete_truncated_later(g, m, episode)
+                continue
+            reward = agents.reward_now(g, m, episode)
             if reward is None:
                 continue
             traj = agents._trajectory(g, m, episode, reward)

@@ -25,6 +25,7 @@ from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.engines import build_engines
 from psrl.runtime.recorder import RunRecorder
 from psrl.runtime.sync_loop import warm_start
+from psrl.runtime.watch import RunWatch
 from psrl.train import Trainer, build_task_and_policy, seed_everything
 from psrl.viz.events import EventLog
 
@@ -45,16 +46,16 @@ def progress_line(row: dict, total: int) -> str:
 
 
 class _StepHook:
-    """After each step: print progress, put events.jsonl on disk, checkpoint every
-    ``trainer.checkpoint_every`` steps and at the end."""
+    """After each step: show and track it, validate (``trainer.val_every``), put events.jsonl on disk,
+    checkpoint every ``trainer.checkpoint_every`` steps and at the end."""
 
     def __init__(self, run_dir: Path, recorder: RunRecorder, events: EventLog, total: int, every: int,
-                 log: Callable[[str], None]):
+                 watch: RunWatch):
         self.run_dir, self.recorder, self.events = run_dir, recorder, events
-        self.total, self.every, self.log = total, every, log
+        self.total, self.every, self.watch = total, every, watch
 
     def __call__(self, coord: Coordinator, row: dict) -> None:
-        self.log(progress_line(row, self.total))
+        self.watch.after_step(row)  # before the checkpoint, so its validation row is kept by a resume
         self.events.flush()  # a killed run keeps its buffer timeline up to this step
         # The last step is always checkpointed here, *before* the coordinator records the
         # still-held trajectories as ``held``: a resume cuts those records off again.
@@ -97,7 +98,8 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
     total = cfg.trainer.total_steps
     events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)
     coord.staleness.on_event = events  # the buffer timeline for `psrl viz RUN_DIR`
-    coord.on_step = _StepHook(run_dir, recorder, events, total, cfg.trainer.checkpoint_every, log)
+    watch = RunWatch(cfg, run_dir, coord, recorder, log, progress_line)
+    coord.on_step = _StepHook(run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch)
     p = cfg.psrl
     log(f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
         f"(N'={p.redundant_group_size}), {p.num_rollout_instances} instances x {p.max_concurrent_per_instance} workers, "
@@ -109,12 +111,14 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
         except BaseException as exc:
             if not coord.in_step:  # between steps the state is consistent: make the run resumable from here
                 save_checkpoint(run_dir, coord, recorder)
+            watch.close()
             events.close()
             recorder.close()
             if terminated() and isinstance(exc, asyncio.CancelledError):
                 raise Terminated("SIGTERM") from None
             raise
     coord.trainer.policy.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
+    watch.close()
     events.close()
     recorder.close()
     if rows:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from psrl.models.batching import DecodeBatcher
-from psrl.tasks.base import Prompt, episode_to_trajectory
+from psrl.tasks.base import Prompt, compute_reward, episode_to_trajectory
 from psrl.train import ParameterStore, Trainer, build_task_and_policy, seed_everything
 from psrl.types import Trajectory
 
@@ -36,7 +36,8 @@ class SyncBatch:
 
 async def _episode(task, batcher: DecodeBatcher, prompt: Prompt, rng: random.Random, uid: str, version: int) -> Trajectory:
     ep = await task.run_episode(prompt, batcher.generate, rng)
-    return episode_to_trajectory(prompt, ep, task.reward(prompt, ep), uid=uid, group=prompt.uid, v_traj=version)
+    reward = await compute_reward(task, prompt, ep)
+    return episode_to_trajectory(prompt, ep, reward, uid=uid, group=prompt.uid, v_traj=version)
 
 
 async def rollout_groups(task, batcher: DecodeBatcher, prompts: list[Prompt], group_size: int, version: int,

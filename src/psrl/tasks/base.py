@@ -10,6 +10,7 @@ virtual-time loop never waits, and a task must never call ``time.time`` / ``time
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 import random
 from dataclasses import dataclass, field
@@ -17,17 +18,23 @@ from typing import Any, Awaitable, Callable, Optional
 
 from psrl.types import Trajectory
 
-__all__ = ["Prompt", "Segment", "Episode", "Task", "GenerateFn", "Demo", "lognormal_latency", "episode_to_trajectory"]
+__all__ = ["Prompt", "Segment", "Episode", "Task", "GenerateFn", "Demo", "lognormal_latency", "episode_to_trajectory",
+           "compute_reward"]
 
 
 @dataclass
 class Prompt:
-    """One problem: its id, the prompt token ids, the reference answer and a readable text."""
+    """One problem: its id, the prompt token ids, the reference answer and a readable text.
+
+    ``info`` carries what a reward needs besides the answer (a dataset row's ``data_source``,
+    ``extra_info`` and where it came from).
+    """
 
     uid: str
     ids: list[int]
     answer: Any
     text: str = ""
+    info: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -104,11 +111,32 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def reward(self, prompt: Prompt, episode: Episode) -> dict[str, float]:
-        """Verifiable reward: ``score`` (used for training), ``acc``, ``seq_reward``, ``seq_final_reward``."""
+        """Verifiable reward: ``score`` (used for training), ``acc``, ``seq_reward``, ``seq_final_reward``.
+
+        May be ``async`` (a user's reward function that calls out); callers use :func:`compute_reward`.
+        """
+
+    def val_prompts(self, n: int) -> list[Prompt]:
+        """The validation set: by default ``n`` prompts of a fixed held-out draw (the same at every step)."""
+        rng = random.Random("psrl/validation")
+        return [self.sample_prompt(rng) for _ in range(n)]
+
+    def state(self) -> dict:
+        """What a checkpoint must keep of the task (a dataset's position); stateless tasks keep nothing."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        """Restore :meth:`state`."""
 
     @abc.abstractmethod
     def demonstrations(self, n: int, rng: random.Random) -> list[Demo]:
         """``n`` scripted (prompt_ids, response_ids, loss_mask) demos for a short supervised warm start."""
+
+
+async def compute_reward(task: Task, prompt: Prompt, episode: Episode) -> dict[str, float]:
+    """``task.reward(...)``, awaited when the task's reward is async."""
+    out = task.reward(prompt, episode)
+    return await out if inspect.isawaitable(out) else out
 
 
 def lognormal_latency(rng: random.Random, median: float, sigma: float) -> float:

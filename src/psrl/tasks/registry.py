@@ -1,6 +1,8 @@
-"""Tasks by name: the built-ins (``arith``, ``tool_arith``) or any ``module:Class``."""
+"""Tasks by name: the built-ins (``arith``, ``tool_arith``), ``dataset`` (your files) or any ``module:Class``."""
 
 from __future__ import annotations
+
+import inspect
 
 from psrl.config_rules import resolve_target
 from psrl.errors import ConfigError
@@ -10,6 +12,7 @@ __all__ = ["get_task", "register_task", "resolve_task", "TASKS"]
 TASKS: dict[str, str] = {
     "arith": "psrl.tasks.arith:ArithTask",
     "tool_arith": "psrl.tasks.tool_arith:ToolArithTask",
+    "dataset": "psrl.tasks.dataset:DatasetTask",
 }
 
 
@@ -30,10 +33,14 @@ def resolve_task(name: str) -> type:
     return resolve_target("task.name", target, "class")
 
 
-def get_task(task_cfg, seed: int = 0, tokenizer=None):
+def get_task(task_cfg, seed: int = 0, tokenizer=None, data=None):
     """Build ``task.name`` with ``task.kwargs``; ``tokenizer`` is the model's own (None: the task's built-in one).
 
-    A ``module:Class`` task is called as ``Class(task_cfg, seed=seed, tokenizer=tokenizer, **task.kwargs)``.
+    A ``module:Class`` task is called as ``Class(task_cfg, seed=seed, tokenizer=tokenizer, **task.kwargs)``,
+    plus ``data=`` (the ``data.*`` section) when its constructor takes a ``data`` argument.
     """
     cls = resolve_task(task_cfg.name)
-    return cls(task_cfg, seed=seed, tokenizer=tokenizer, **dict(task_cfg.kwargs))
+    kw = dict(task_cfg.kwargs)
+    if data is not None and "data" in inspect.signature(cls).parameters:
+        kw["data"] = data
+    return cls(task_cfg, seed=seed, tokenizer=tokenizer, **kw)

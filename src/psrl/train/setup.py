@@ -34,7 +34,7 @@ def build_task_and_policy(cfg):
     except Exception as e:  # files that exist (checked at load) but do not load: damaged, unsupported
         raise RunError(where, f"cannot load the tokenizer: {describe(e)}", fix) from e
     try:
-        task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
+        task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok, data=getattr(cfg, "data", None))
     except PsrlError:
         raise
     except Exception as e:  # a task class rejecting its task.kwargs values, or failing to read its data

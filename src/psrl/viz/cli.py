@@ -1,4 +1,8 @@
-"""``psrl viz RUN_DIR [--out FILE]``: the buffer timeline and staleness of a run.
+"""``psrl viz RUN_DIR [--out FILE]``: the buffer timeline and staleness of a run, and its learning curves.
+
+Writes ``timeline.png`` (below) and ``curves.png`` (:mod:`psrl.viz.curves`: reward and
+validation against step and wall-clock, staleness per step, importance weights and masked
+fractions) in the run directory.
 
 Top panel: for each buffer version, reserved (light) and occupied (dark) entries over time,
 rebuilt from ``events.jsonl`` -- the Reserve / Occupy / Consume animation of the seed, from a real
@@ -96,7 +100,10 @@ def main(argv: list[str]) -> int:
         raise RunError(f"{ns.run_dir}", "is not a directory", "give the run directory psrl train wrote")
     if ns.max_buffers < 1:
         raise RunError("--max-buffers", f"must be >= 1, got {ns.max_buffers}", "e.g. --max-buffers 12")
+    from psrl.viz.curves import draw_curves
+
     out = draw(ns.run_dir, ns.out or ns.run_dir / "timeline.png", ns.max_buffers,
                warn=lambda line: print(line, file=sys.stderr))
-    print(f"wrote {out}")
+    curves = draw_curves(ns.run_dir, out.with_name("curves.png"))
+    print(f"wrote {out} and {curves}")
     return 0
