@@ -203,7 +203,8 @@ class AgentManager:
                 err = exc if isinstance(exc, PsrlError) else RunError(
                     f"trajectory {m.uid} (group {g.uid})", f"its agent worker crashed: {describe(exc)}",
                     "set PSRL_DEBUG=1 for the traceback")
-                err.__cause__ = exc
+                if err is not exc:  # a psrl error is reported as is (a cause pointing at itself is a cycle)
+                    err.__cause__ = exc
                 self.failure.set_exception(err)
 
     async def _episode(self, g: _Group, m: _Member, rng: random.Random) -> Any:

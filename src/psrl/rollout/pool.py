@@ -32,8 +32,11 @@ class InstancePool:
         """Instances not given up on; a run with none left cannot continue."""
         alive = [inst for inst in self.instances if not getattr(inst, "dead", False)]
         if not alive:
-            raise RuntimeError(f"every rollout instance is dead ({len(self.instances)} instances, each restarted "
-                               "up to rollout.max_restarts times; see the messages above)")
+            from psrl.errors import RunError
+
+            raise RunError("rollout.max_restarts", f"every rollout instance is dead ({len(self.instances)} instances, "
+                           "each restarted up to rollout.max_restarts times)",
+                           "see the engine messages above; fix the engines, or raise rollout.max_restarts")
         return alive
 
     def min_version(self) -> int:

@@ -1,0 +1,76 @@
+"""The engine failure policy, on the real coordinator in virtual time with engines that fail on demand.
+
+A request an engine fails goes back to its session with its ``V_traj`` and the tokens it got, and
+is re-run elsewhere (``engine/failed_requests``); the engine is restarted up to
+``rollout.max_restarts`` times (``engine/restarts``), then its instance is dead (``engine/dead``)
+and the others carry the run; with no instance left the run stops with a message naming the key.
+"""
+
+import pytest
+
+from psrl.errors import RunError
+from psrl.rollout.engine import FakeEngine, NoCacheEngine
+from psrl.rollout.fakes import FakeTask, FakeTrainer
+from psrl.rollout.records import MemorySink
+from psrl.runtime.coordinator import Coordinator
+from tests.rollout.harness import check_bound, config, run, statuses
+
+
+class FlakyEngine(NoCacheEngine):
+    """A fake engine whose decode steps number ``fail_at`` raise (a dead server); ``restart`` brings it back."""
+
+    def __init__(self, fail_at=(), always=False, **kw):
+        super().__init__(FakeEngine(token_cost=0.01), **kw)
+        self.fail_at, self.always = set(fail_at), always
+        self.calls = 0
+        self.restarted = 0
+
+    async def _decode(self, rows):
+        self.calls += 1
+        if self.always or self.calls in self.fail_at:
+            raise ConnectionError(f"engine died at decode step {self.calls}")
+        return await super()._decode(rows)
+
+    async def restart(self):
+        self.restarted += 1
+
+
+def _coord(cfg, engines, sink):
+    task = FakeTask(turns=2, turn_tokens=4)
+    return Coordinator(cfg, task, FakeTrainer(train_time=0.5), engines, sink=sink, log=lambda _: None)
+
+
+def test_failed_requests_are_rerun_with_their_tokens_and_the_engine_restarted():
+    """One engine dies twice mid-run: its requests are handed back and re-run, it is restarted twice, and every
+    trained trajectory keeps the bound: nothing lost, nothing trained twice."""
+    cfg = config(rollout__max_restarts=3)
+    sink = MemorySink()
+    flaky = FlakyEngine(fail_at={5, 40})
+    coord = _coord(cfg, [flaky, NoCacheEngine(FakeEngine(token_cost=0.01))], sink)
+    rows = run(coord, 6)
+    assert flaky.restarted == 2 and rows[-1]["engine/restarts"] == 2 and rows[-1]["engine/dead"] == 0
+    assert rows[-1]["engine/failed_requests"] > 0
+    trained = check_bound(sink.trajectories, 1)
+    assert trained == 6 * 2 * 2
+    assert statuses(sink.trajectories)["error"] == 0
+    uids = [r["uid"] for r in sink.trajectories if r["status"] == "trained"]
+    assert len(uids) == len(set(uids))
+
+
+def test_an_engine_failing_past_max_restarts_is_given_up_and_the_others_carry_the_run():
+    """An engine that always fails is restarted rollout.max_restarts times, then dead; the run still finishes."""
+    cfg = config(rollout__max_restarts=2)
+    sink = MemorySink()
+    broken = FlakyEngine(always=True)
+    rows = run(_coord(cfg, [broken, NoCacheEngine(FakeEngine(token_cost=0.01))], sink), 4)
+    assert broken.restarted == 2
+    assert rows[-1]["engine/dead"] == 1 and rows[-1]["engine/restarts"] == 2
+    assert check_bound(sink.trajectories, 1) == 4 * 2 * 2
+
+
+def test_the_run_stops_with_a_message_when_no_instance_is_left():
+    """Every engine fails for good: the run stops (no hang) with a message that names rollout.max_restarts."""
+    cfg = config(rollout__max_restarts=1)
+    coord = _coord(cfg, [FlakyEngine(always=True), FlakyEngine(always=True)], MemorySink())
+    with pytest.raises(RunError, match="rollout.max_restarts"):
+        run(coord, 3)
