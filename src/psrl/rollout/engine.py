@@ -25,7 +25,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from psrl.types import EngineLoad, GenRequest
 
-__all__ = ["BatchingEngine", "NoCacheEngine", "FakeEngine", "decode_step", "load_weights", "as_engine"]
+__all__ = ["BatchingEngine", "NoCacheEngine", "TokenRate", "FakeEngine", "decode_step", "load_weights", "as_engine"]
 
 
 async def decode_step(model: Any, seqs: list[list[int]], temperature: float, top_p: float) -> tuple[list[int], list[float]]:
@@ -45,6 +45,27 @@ async def load_weights(model: Any, state: Any, version: int) -> None:
     await asyncio.to_thread(model.load_state, state, version)
 
 
+class TokenRate:
+    """Tokens per second over a sliding window of ``window_s`` seconds of the running loop's clock."""
+
+    def __init__(self, window_s: float = 10.0):
+        self.window_s = float(window_s)
+        self._rate = TokenRate()
+
+    def add(self, n: int) -> None:
+        self._recent.append((asyncio.get_running_loop().time(), int(n)))
+
+    def per_s(self) -> float:
+        if not self._recent:
+            return 0.0
+        now = asyncio.get_running_loop().time()
+        while self._recent and self._recent[0][0] < now - self.window_s:
+            self._recent.popleft()
+        if not self._recent:
+            return 0.0
+        return sum(n for _, n in self._recent) / max(now - self._recent[0][0], 1e-9)
+
+
 class BatchingEngine:
     """Continuous batching in this process (see the module docstring); subclasses implement ``_decode``/``_load``.
 
@@ -53,9 +74,6 @@ class BatchingEngine:
         temperature, top_p: sampling.
         max_batch: most requests per decode step (None: all); the rest wait, counted as queued.
     """
-
-    window_s = 10.0
-    """Seconds of recent decode steps behind ``load().tokens_per_s``."""
 
     def __init__(self, *, stop_ids: Iterable[int] = (), temperature: float = 1.0, top_p: float = 1.0,
                  max_batch: Optional[int] = None):
@@ -121,7 +139,7 @@ class BatchingEngine:
         await self._load(state, int(version))
 
     def load(self) -> EngineLoad:
-        return EngineLoad(running=len(self._rows), queued=len(self._waiting), tokens_per_s=self._tokens_per_s(),
+        return EngineLoad(running=len(self._rows), queued=len(self._waiting), tokens_per_s=self._rate.per_s(),
                           kv_usage=self._kv_usage())
 
     async def close(self) -> None:
@@ -183,7 +201,7 @@ class BatchingEngine:
             self._idle.set()
         self.steps += 1
         self.tokens += len(rows)
-        self._recent.append((asyncio.get_running_loop().time(), len(rows)))
+        self._rate.add(len(rows))
         for req, tok, lp in zip(rows, toks, lps):
             if req.finish:  # aborted while the step ran: its token is discarded
                 continue
@@ -205,17 +223,6 @@ class BatchingEngine:
         fut = self._done.pop(id(req), None)
         if fut is not None and not fut.done():
             fut.set_result(req)
-
-    def _tokens_per_s(self) -> float:
-        if not self._recent:
-            return 0.0
-        now = asyncio.get_running_loop().time()
-        while self._recent and self._recent[0][0] < now - self.window_s:
-            self._recent.popleft()
-        if not self._recent:
-            return 0.0
-        span = max(now - self._recent[0][0], 1e-9)
-        return sum(n for _, n in self._recent) / span
 
 
 class NoCacheEngine(BatchingEngine):

@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from psrl.models.policy import _left_pad, sample
 from psrl.rollout.engine import BatchingEngine
@@ -59,7 +60,7 @@ class HFEngine(BatchingEngine):
         self.prefills = 0
         """Requests prefilled (joins, and re-prefills after a ``recompute`` update)."""
         self._cached: list[GenRequest] = []
-        self._kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None
+        self._cache: Optional[Cache] = None
         self._mask: Optional[torch.Tensor] = None
 
     @property
@@ -112,8 +113,7 @@ class HFEngine(BatchingEngine):
         ids = torch.tensor([[r.tokens[-1]] for r in self._cached], dtype=torch.long, device=dev)
         pos = self._mask.sum(dim=1, keepdim=True)
         mask = torch.cat([self._mask, torch.ones_like(pos)], dim=1)
-        logits = self._forward(ids, mask, pos, DynamicCache(ddp_cache_data=self._kv))
-        self._kv = _layers(self._last_cache)
+        logits = self._forward(ids, mask, pos, self._cache)  # keys/values appended in place
         self._mask = mask
         return logits
 
@@ -124,12 +124,12 @@ class HFEngine(BatchingEngine):
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         logits = self._forward(ids, mask, pos, DynamicCache())
         kv = _layers(self._last_cache)
-        if self._kv is None:
-            self._kv, self._mask = kv, mask
+        if self._cache is None:
+            self._cache, self._mask = _grow_cache(kv), mask
         else:
             width = max(self._mask.shape[1], mask.shape[1])
-            self._kv = [(torch.cat([_lpad(k0, width), _lpad(k1, width)]), torch.cat([_lpad(v0, width), _lpad(v1, width)]))
-                        for (k0, v0), (k1, v1) in zip(self._kv, kv)]
+            _set(self._cache, [(torch.cat([_lpad(k0, width), _lpad(k1, width)]), torch.cat([_lpad(v0, width), _lpad(v1, width)]))
+                               for (k0, v0), (k1, v1) in zip(_layers(self._cache), kv)])
             self._mask = torch.cat([_lpad(self._mask, width), _lpad(mask, width)])
         self._cached = self._cached + list(joins)
         return logits
@@ -148,15 +148,51 @@ class HFEngine(BatchingEngine):
         used = mask.sum(dim=0).nonzero()
         first = int(used[0]) if len(used) else mask.shape[1]
         self._mask = mask[:, first:]
-        self._kv = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in self._kv]
+        _set(self._cache, [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:])
+                           for k, v in _layers(self._cache)])
         self._cached = [self._cached[i] for i in keep]
 
     def _drop_all(self) -> None:
-        self._cached, self._kv, self._mask = [], None, None
+        self._cached, self._cache, self._mask = [], None, None
 
 
-def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _layers(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+class _GrowLayer(DynamicLayer):
+    """A cache layer with spare room: a decode step writes its keys/values in place instead of ``torch.cat``
+    (which copies the whole cache every step, O(L) per token); the room doubles when it runs out."""
+
+    def set(self, keys: torch.Tensor, values: torch.Tensor, room: int = 64) -> None:
+        b, h, n, d = keys.shape
+        self._k = keys.new_empty((b, h, n + room, d))
+        self._v = values.new_empty((b, values.shape[1], n + room, values.shape[-1]))
+        self._k[:, :, :n] = keys
+        self._v[:, :, :n] = values
+        self.n, self.device, self.is_initialized = n, keys.device, True
+        self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        t = key_states.shape[-2]
+        if self.n + t > self._k.shape[-2]:
+            self.set(self.keys, self.values, room=max(self.n, 64) + t)
+        self._k[:, :, self.n:self.n + t] = key_states
+        self._v[:, :, self.n:self.n + t] = value_states
+        self.n += t
+        self.keys, self.values = self._k[:, :, :self.n], self._v[:, :, :self.n]
+        return self.keys, self.values
+
+
+def _grow_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Cache:
+    cache = Cache(layers=[_GrowLayer() for _ in kv])
+    _set(cache, kv)
+    return cache
+
+
+def _set(cache: Cache, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for layer, (k, v) in zip(cache.layers, kv):
+        layer.set(k, v)
 
 
 def _lpad(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -24,13 +24,13 @@ tokens of a request are readable while it runs. No text crosses: nothing is re-t
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import json
 import re
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from psrl.rollout.engine import TokenRate
 from psrl.rollout.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
 from psrl.types import EngineLoad, GenRequest
 
@@ -46,8 +46,6 @@ class VLLMEngine:
         weights_root: where the store writes the safetensors of each version (shared by all servers).
         config_dir: a model directory whose ``config.json`` goes beside each version's weights.
     """
-
-    window_s = 10.0
 
     def __init__(self, url: Optional[str] = None, server: Optional[VLLMServer] = None, *, weights_root: Path,
                  config_dir: Optional[Path] = None, stop_ids: Iterable[int] = (), temperature: float = 1.0,
@@ -73,7 +71,7 @@ class VLLMEngine:
         self._ids = itertools.count()
         self._inflight: dict[int, asyncio.Task] = {}
         self._reqs: dict[int, GenRequest] = {}
-        self._recent: collections.deque = collections.deque()
+        self._rate = TokenRate()
         self._kv: Optional[float] = None
         self._waiting = 0
         self._poller: Optional[asyncio.Task] = None
@@ -212,7 +210,7 @@ class VLLMEngine:
         req.versions += [v] * len(toks)
         self.tokens += len(toks)
         self.steps += 1
-        self._recent.append((asyncio.get_running_loop().time(), len(toks)))
+        self._rate.add(len(toks))
         reason = choice.get("finish_reason")
         if reason == "abort":
             req.finish = "abort"
@@ -247,16 +245,8 @@ class VLLMEngine:
     # ------------------------------------------------------------------ load figures
 
     def load(self) -> EngineLoad:
-        return EngineLoad(running=len(self._inflight), queued=self._waiting, tokens_per_s=self._tokens_per_s(),
+        return EngineLoad(running=len(self._inflight), queued=self._waiting, tokens_per_s=self._rate.per_s(),
                           kv_usage=self._kv)
-
-    def _tokens_per_s(self) -> float:
-        if not self._recent:
-            return 0.0
-        now = asyncio.get_running_loop().time()
-        while self._recent and self._recent[0][0] < now - self.window_s:
-            self._recent.popleft()
-        return sum(n for _, n in self._recent) / self.window_s if self._recent else 0.0
 
     async def _poll_metrics(self, every_s: float = 2.0) -> None:
         """KV-cache use and waiting requests from the server's Prometheus ``/metrics``, every ``every_s``."""

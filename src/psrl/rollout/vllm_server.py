@@ -209,22 +209,15 @@ class VLLMServer:
         watcher, self.watcher = self.watcher, None
         if proc is None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the engine process too, if it outlived the API server
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL: the engine process too, if it outlived the API server
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
         if watcher is not None:  # its pipe closes: it finds the group gone and exits
             watcher.stdin.close()
             try:
