@@ -50,7 +50,7 @@ class TokenRate:
 
     def __init__(self, window_s: float = 10.0):
         self.window_s = float(window_s)
-        self._rate = TokenRate()
+        self._recent: collections.deque = collections.deque()
 
     def add(self, n: int) -> None:
         self._recent.append((asyncio.get_running_loop().time(), int(n)))
@@ -90,7 +90,7 @@ class BatchingEngine:
         self._wake: Optional[asyncio.Event] = None
         self._idle: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
-        self._recent: collections.deque = collections.deque()
+        self._rate = TokenRate()
 
     # ------------------------------------------------------------------ the Engine interface
 
