@@ -7,31 +7,25 @@ weights, rejection-sampled and masked fractions per step. Names are those of :mo
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
+
+from psrl.viz.events import _valid, read_valid
 
 __all__ = ["draw_curves", "staleness_by_step"]
 
 
+NUM = (int, float)
+
+
 def _rows(path: Path, need: tuple[str, ...] = ()) -> list[dict]:
-    """The JSON objects of ``path`` that hold numbers under ``need``; damaged lines are skipped (``psrl viz``
-    reports them once, from its timeline reader)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and all(_num(rec.get(k)) for k in need):
-            out.append(rec)
-    return out
+    """The records of ``path`` that hold finite numbers under ``need``: :func:`psrl.viz.events.read_valid`, whose
+    damaged-line report ``psrl viz`` already prints once for the timeline."""
+    return read_valid(path, {k: NUM for k in need})[0]
 
 
 def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return _valid(v, NUM)
 
 
 def staleness_by_step(traj_path: Path) -> dict[int, Counter]:
@@ -84,23 +78,17 @@ def draw_curves(run_dir: Path, out: Path) -> Path:
             ax.plot(*zip(*pts), label=key)
     ax.set_xlabel("step")
     _legend(ax)
-    ax = axes[2, 0]
-    for key in ("correction/is_weight_mean", "correction/is_weight_max", "actor/ratio_mean"):
-        pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
-        if pts:
-            ax.plot(*zip(*pts), label=key)
-    ax.set_xlabel("step")
-    ax.set_ylabel("weight")
-    _legend(ax)
-    ax = axes[2, 1]
-    for key in ("batch/masked_frac", "correction/rs_masked_frac", "correction/is_truncated_frac",
-                "actor/clip_frac_high"):
-        pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
-        if pts:
-            ax.plot(*zip(*pts), label=key)
-    ax.set_xlabel("step")
-    ax.set_ylabel("fraction")
-    _legend(ax)
+    panels = ((axes[2, 0], "weight", ("correction/is_weight_mean", "correction/is_weight_max", "actor/ratio_mean")),
+              (axes[2, 1], "fraction", ("batch/masked_frac", "correction/rs_masked_frac", "correction/is_truncated_frac",
+                                        "actor/clip_frac_high")))
+    for ax, ylabel, keys in panels:
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
+            if pts:
+                ax.plot(*zip(*pts), label=key)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        _legend(ax)
     fig.suptitle(f"learning curves of {run_dir.name}")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
