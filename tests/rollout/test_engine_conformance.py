@@ -253,3 +253,51 @@ def test_update_weights_when_idle_changes_the_version_of_new_tokens(kind, tiny, 
     if kind != "fake":
         tol = 1e-5 if kind == "hf" else 1e-4
         assert max(abs(a - b) for a, b in zip(req.logprobs, rig.recompute(req))) < tol
+
+
+@pytest.mark.parametrize("migration", [False, True])
+@pytest.mark.parametrize("kind", ENGINES)
+def test_a_rollout_instance_syncs_mid_request_and_counts_it(kind, migration, tiny, request, tmp_path):
+    """The instance's partial-rollout sync on every engine, with requests provably in flight when the new
+    version is published: without migration they continue across pause/update/resume (versions step 1 -> 2,
+    counted in ``continued``); with migration they are handed back unfinished with their tokens and V_traj
+    (``interrupted``) while the instance loads. In-process every request is caught by the pause; a vLLM server
+    serves the tiny model at thousands of tokens a second, so there many requests share the batch and at least
+    one is caught. The end-to-end runs on vLLM cannot force an update to land mid-request, so this is where
+    both counts are checked."""
+    from psrl.rollout.instance import RolloutInstance
+    from psrl.rollout.router import GreedySync
+
+    rig = Rig(kind, tiny, request, tmp_path)
+    n = 32 if kind == "vllm" else 4
+
+    async def main():
+        inst = RolloutInstance(0, rig.engine, rig.store, GreedySync(), partial_rollout=True, migration=migration)
+        inst.start()
+        try:
+            await asyncio.wait_for(inst.ready.wait(), 300)
+            reqs = [inst.submit(list(CTX), LONG[kind], v_min=1) for _ in range(n)]
+            await until(lambda: all(len(r.tokens) >= 2 for r in reqs))
+            rig.publish_perturbed(2)
+            inst.wake()
+            await asyncio.wait_for(asyncio.gather(*[r.future for r in reqs]), 300)
+            await until(lambda: inst.loads == 1)  # the pull (pause, update, resume) has completed
+            return inst, reqs
+        finally:
+            await inst.stop()
+
+    inst, reqs = run(main())
+    assert inst.version == 2
+    caught = [r for r in reqs if r.versions[-1] == 2 or r.interrupted]
+    assert caught and (kind == "vllm" or len(caught) == n)
+    for req in reqs:
+        assert req.v_min == 1 and req.versions[:2] == [1, 1] and req.versions == sorted(req.versions)
+        assert len(req.versions) == len(req.tokens) == len(req.logprobs)
+        assert req.finish == ("abort" if req.interrupted else "length")
+        assert len(req.tokens) == LONG[kind] or req.interrupted
+    if migration:
+        assert inst.continued == 0 and inst.interrupted == len(caught)
+        assert all(set(r.versions) == {1} for r in caught)
+    else:
+        assert inst.interrupted == 0 and inst.continued >= len(caught)  # counted at the pause; a few may end first
+        assert not any(r.interrupted for r in reqs)

@@ -38,9 +38,10 @@ def _train(tmp_path, urls, extra, steps=6):
 
 @pytest.mark.parametrize("migration", [True, False])
 def test_train_on_vllm_keeps_the_bound_and_weights_in_sync(tmp_path, vllm_urls, migration):
-    """Partial rollout on vLLM servers: audit clean; every update verified (mismatch on tokens generated at
-    the trainer's version stays < 1e-3); migration hands requests back (interrupted > 0), without it
-    requests continue across the pause/reload/resume (continued > 0)."""
+    """Partial rollout on vLLM servers, with and without migration: audit clean; every update verified
+    (mismatch on tokens generated at the trainer's version stays < 1e-3). Whether an update lands while a
+    request is in flight depends on timing here, so the counts (``continued``, ``interrupted`` > 0) are
+    checked where it is forced: ``test_a_rollout_instance_syncs_mid_request_and_counts_it[vllm-*]``."""
     metrics, trajs = _train(tmp_path, vllm_urls, [f"psrl.partial_rollout.migration={str(migration).lower()}",
                                                   "psrl.staleness=2", "task.tool_latency_median=0.001",
                                                   "task.kwargs={turn_tokens: 30}", "trainer.max_new_tokens=30"],
@@ -49,8 +50,7 @@ def test_train_on_vllm_keeps_the_bound_and_weights_in_sync(tmp_path, vllm_urls, 
     measured = [m for m in metrics if m["engine/mismatch_tokens"] > 0]
     assert measured and max(m["engine/logprob_mismatch_max"] for m in measured) < 1e-3
     assert any(m["step"] >= 3 for m in measured)  # tokens of versions >= 2 matched: the reloads took effect
-    key = "rollout/interrupted" if migration else "rollout/continued"
-    assert metrics[-1][key] > 0, key
+    assert metrics[-1]["rollout/loads"] >= 2  # each instance pulled new weights (greedy sync) at least once
 
 
 def test_a_skipped_weight_update_makes_the_mismatch_jump(tmp_path, vllm_servers, monkeypatch):
