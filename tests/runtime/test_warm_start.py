@@ -7,7 +7,7 @@ import random
 import pytest
 
 from psrl.config import load_config
-from psrl.runtime.sync_loop import warm_start
+from psrl.train import warm_start
 
 
 class _Task:

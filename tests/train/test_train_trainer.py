@@ -10,7 +10,7 @@ import torch
 from psrl.algo.losses import policy_loss
 from psrl.config import AlgorithmConfig, ModelConfig, TaskConfig, TrainerConfig
 from psrl.models import build_policy
-from psrl.runtime.sync_loop import SyncBatch
+from psrl.staleness import Batch
 from psrl.tasks import get_task
 from psrl.train import ParameterStore, Trainer
 from psrl.types import Trajectory
@@ -47,7 +47,7 @@ def _batch(task, version=0, groups=3, n=3, seed=0):
                                       response_ids=resp, logprobs=[-1.0] * len(resp), loss_mask=[1] * len(resp),
                                       reward=float(rng.random() < 0.5) + 0.1 * i))
         out.append(members)
-    return SyncBatch(version, out)
+    return Batch(version, out, [], [])
 
 
 def test_step_loss_matches_a_slow_per_trajectory_reference():

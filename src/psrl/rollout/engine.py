@@ -25,7 +25,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 from psrl.types import EngineLoad, GenRequest
 
-__all__ = ["BatchingEngine", "NoCacheEngine", "TokenRate", "FakeEngine", "decode_step", "load_weights", "as_engine"]
+__all__ = ["BatchingEngine", "NoCacheEngine", "TokenRate", "FakeEngine", "decode_step", "load_weights", "as_engine",
+           "turns"]
 
 
 async def decode_step(model: Any, seqs: list[list[int]], temperature: float, top_p: float) -> tuple[list[int], list[float]]:
@@ -248,6 +249,19 @@ def as_engine(model_or_engine: Any, **kw: Any) -> Any:
     if hasattr(model_or_engine, "generate") and hasattr(model_or_engine, "update_weights"):
         return model_or_engine
     return NoCacheEngine(model_or_engine, **kw)
+
+
+def turns(engine: Any) -> Any:
+    """``generate(context_ids, max_new_tokens) -> Segment`` over ``engine``: what a task's ``run_episode`` calls for
+    a model turn, when episodes run straight on an engine (validation, tests) rather than through the
+    coordinator's sessions (which add routing, sync and migration around the same call)."""
+    from psrl.tasks.base import Segment
+
+    async def generate(context_ids: list[int], max_new_tokens: int) -> Any:
+        req = await engine.generate(GenRequest(list(context_ids), int(max_new_tokens)))
+        return Segment(req.tokens, req.logprobs, req.versions)
+
+    return generate
 
 
 class FakeEngine:

@@ -24,9 +24,8 @@ from psrl.runtime.checkpoint import resume, save_checkpoint
 from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.engines import build_engines
 from psrl.runtime.recorder import RunRecorder
-from psrl.runtime.sync_loop import warm_start
 from psrl.runtime.watch import RunWatch
-from psrl.train import Trainer, build_task_and_policy, seed_everything
+from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
 from psrl.viz.events import EventLog
 
 __all__ = ["train", "progress_line"]

@@ -2,9 +2,10 @@
 
 Writes ``val/accuracy`` (greedy answers' ``acc``), ``val/reward`` (their ``score``) and
 ``val/pass@k`` (a prompt counts when any of its ``k = val_n`` sampled answers is correct).
-Episodes run batched through the same :class:`~psrl.models.batching.DecodeBatcher` and
-:func:`~psrl.tasks.base.compute_reward` as the synchronous loop, with tool latencies off (they
-measure the tool, not the policy). The sampler is seeded the same at every validation and the
+Episodes run batched through the rollout engine of ``rollout.engine: hf``
+(:class:`~psrl.rollout.hf_engine.HFEngine`, over the trainer's own weights) and
+:func:`~psrl.tasks.base.compute_reward`, as in training, with tool latencies off (they measure the
+tool, not the policy). The sampler is seeded the same at every validation and the
 policy's own generator is put back afterwards, so validating does not change training.
 
 A reward that raises during validation scores 0 and is counted in ``val/failed``: validation
@@ -22,7 +23,8 @@ import threading
 import time
 from typing import Any, Iterator
 
-from psrl.models.batching import DecodeBatcher
+from psrl.rollout.engine import turns
+from psrl.rollout.hf_engine import HFEngine
 from psrl.tasks.base import compute_reward
 
 __all__ = ["validate", "validate_blocking"]
@@ -30,13 +32,14 @@ __all__ = ["validate", "validate_blocking"]
 log = logging.getLogger(__name__)
 
 
-async def _scores(task, batcher: DecodeBatcher, prompts: list, k: int, seed: str) -> tuple[list[list[dict]], int]:
+async def _scores(task, engine: HFEngine, prompts: list, k: int, seed: str) -> tuple[list[list[dict]], int]:
     """``k`` reward dicts per prompt (``{}`` for a failed one), and how many failed."""
     failed = 0
+    generate = turns(engine)
 
     async def one(p, i: int) -> dict:
         nonlocal failed
-        ep = await task.run_episode(p, batcher.generate, random.Random(f"{seed}/{p.uid}/{i}"))
+        ep = await task.run_episode(p, generate, random.Random(f"{seed}/{p.uid}/{i}"))
         try:
             return await compute_reward(task, p, ep)
         except Exception as e:
@@ -48,6 +51,15 @@ async def _scores(task, batcher: DecodeBatcher, prompts: list, k: int, seed: str
     return [list(flat[j * k:(j + 1) * k]) for j in range(len(prompts))], failed
 
 
+async def _scored(task, policy, temperature: float, top_p: float, prompts: list, k: int,
+                  seed: str) -> tuple[list[list[dict]], int]:
+    engine = HFEngine(policy, stop_ids=task.stop_ids, temperature=temperature, top_p=top_p)
+    try:
+        return await _scores(task, engine, prompts, k, seed)
+    finally:
+        await engine.close()
+
+
 async def validate(task, policy, prompts: list, val_n: int, temperature: float, top_p: float,
                    seed: int = 0) -> dict[str, float]:
     """The ``val/*`` metrics of ``policy`` on ``prompts``."""
@@ -56,9 +68,8 @@ async def validate(task, policy, prompts: list, val_n: int, temperature: float, 
     policy.generator.manual_seed(int(seed))
     try:
         with _no_tool_latency(task):
-            greedy, f1 = await _scores(task, DecodeBatcher(policy, 0.0, top_p, task.stop_ids), prompts, 1, "val/greedy")
-            sampled, f2 = await _scores(task, DecodeBatcher(policy, temperature, top_p, task.stop_ids), prompts,
-                                        val_n, "val/sampled")
+            greedy, f1 = await _scored(task, policy, 0.0, top_p, prompts, 1, "val/greedy")
+            sampled, f2 = await _scored(task, policy, temperature, top_p, prompts, val_n, "val/sampled")
     finally:
         policy.generator.set_state(saved)
     n = max(len(prompts), 1)

@@ -1,8 +1,9 @@
-"""Build the runtime objects of a config: seeds, task, policy (shared by the sync loop and the coordinator)."""
+"""Build the runtime objects of a config: seeds, task, policy, and the supervised warm start of the trainer."""
 
 from __future__ import annotations
 
 import random
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -11,7 +12,7 @@ from psrl.errors import ConfigError, PsrlError, RunError, describe
 from psrl.models import build_policy, load_tokenizer
 from psrl.tasks import get_task
 
-__all__ = ["seed_everything", "build_task_and_policy"]
+__all__ = ["seed_everything", "build_task_and_policy", "warm_start"]
 
 
 def seed_everything(seed: int) -> None:
@@ -52,3 +53,16 @@ def build_task_and_policy(cfg):
         what = where if m.path is not None else f"built-in model (model.n_layer={m.n_layer}, n_embd={m.n_embd})"
         raise RunError(what, f"cannot build the model: {describe(e)}", fix) from e
     return task, policy
+
+
+def warm_start(cfg: Any, task: Any, trainer: Any, log: Callable[[str], None] = print) -> list[float]:
+    """Supervised warm start on the task's demos (``trainer.warm_start_steps``; null = the task's default, 0 = none)."""
+    steps = cfg.trainer.warm_start_steps
+    if steps is None:
+        steps = getattr(task, "warm_start_steps", 0)
+    if steps <= 0:
+        return []
+    demos = task.demonstrations(max(256, 4 * steps), random.Random(f"{cfg.trainer.seed}/demos"))
+    losses = trainer.warm_start(demos, steps)
+    log(f"warm start: {steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return losses
