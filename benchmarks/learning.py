@@ -88,7 +88,7 @@ def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tu
     coord = Coordinator(cfg, task, trainer, models, sink=recorder, log=lambda _: None)
     snaps = [(0, 0.0, {k: v.detach().clone() for k, v in policy.export_state().items()})]
 
-    def on_step(c, row: dict) -> None:
+    def on_step(row: dict) -> None:
         if row["step"] % val_every == 0 or row["step"] >= steps:
             snaps.append((row["step"], row["time"], {k: v.detach().clone() for k, v in policy.export_state().items()}))
 

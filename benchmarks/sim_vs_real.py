@@ -6,7 +6,7 @@ For each run directory (``config.yaml``, ``trajectories.jsonl``, ``metrics.jsonl
 the run's own config with
 
 * ``sim.gen_time.dist=trace`` on its ``trajectories.jsonl`` (the measured ``gen_seconds`` replayed
-  in order; the training step time is the mean ``train_seconds`` of its ``metrics.jsonl``),
+  in order; the training step time is the mean ``time/train_s`` of its ``metrics.jsonl``),
 * ``sim.slots`` = ``psrl.num_rollout_instances x psrl.max_concurrent_per_instance`` (agent workers),
 * ``sim.steps`` = the steps the run recorded,
 

@@ -168,7 +168,7 @@ def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatc
         g[0].reward, g[1].reward = 1.0, 0.0
     start = policy.export_state()
     metrics = Trainer(policy, cfg.algorithm, cfg.trainer).step(Batch(0, groups, [], []))
-    assert metrics["train/version"] == 1 and policy.version == 1
+    assert metrics["train/grad_norm"] > 0
     assert any(not torch.equal(start[k], v) for k, v in policy.export_state().items())
 
 

@@ -18,19 +18,19 @@ from tests.runtime.test_coordinator_staleness import task
 class SaveAt:
     """on_step hook: checkpoint after step ``k`` (the run then goes on, as a crashing run would)."""
 
-    def __init__(self, k, run_dir, recorder):
-        self.k, self.run_dir, self.recorder = k, run_dir, recorder
+    def __init__(self, k, run_dir, recorder, coord):
+        self.k, self.run_dir, self.recorder, self.coord = k, run_dir, recorder, coord
 
-    def __call__(self, coord, row):
+    def __call__(self, row):
         if row["step"] == self.k:
-            save_checkpoint(self.run_dir, coord, self.recorder)
+            save_checkpoint(self.run_dir, self.coord, self.recorder)
 
 
 def build(cfg, run_dir, trainer):
     rec = RunRecorder(run_dir)
     ck = resume(run_dir, trainer, rec)
     engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.num_rollout_instances)]
-    coord = Coordinator(cfg, task(), trainer, engines, sink=rec, staleness=ck["manager"] if ck else None)
+    coord = Coordinator(cfg, task(), trainer, engines, sink=rec, manager=ck["manager"] if ck else None)
     if ck:
         coord.agents.load_state(ck["agents"])
     return coord, rec, ck
@@ -41,12 +41,12 @@ def test_resume_from_checkpoint_has_each_step_once_and_no_duplicate_trajectory(t
     cfg = config(psrl__staleness=2)
     coord, rec, ck = build(cfg, tmp_path, FakeTrainer(train_time=0.5))
     assert ck is None
-    coord.on_step = SaveAt(3, tmp_path, rec)
+    coord.on_step = SaveAt(3, tmp_path, rec, coord)
     run(coord, 5)
     rec.close()
 
     coord, rec, ck = build(cfg, tmp_path, FakeTrainer(train_time=0.5))
-    assert ck is not None and coord.version == 3 and coord.staleness.train_version == 3
+    assert ck is not None and coord.version == 3 and coord.manager.train_version == 3
     run(coord, 8)
     rec.close()
 
@@ -64,7 +64,7 @@ def test_a_finished_run_resumes_to_more_steps_without_duplicates(tmp_path):
     a larger total continues; trajectories recorded ``held`` at the end are not recorded twice."""
     cfg = config(psrl__staleness=2, psrl__rollout_n=4)
     coord, rec, _ = build(cfg, tmp_path, FakeTrainer(train_time=3.0))
-    coord.on_step = SaveAt(3, tmp_path, rec)
+    coord.on_step = SaveAt(3, tmp_path, rec, coord)
     run(coord, 3)
     rec.close()
     assert any(t["status"] == "held" for t in read_jsonl(tmp_path / "trajectories.jsonl"))
@@ -164,4 +164,4 @@ def test_a_crash_inside_a_step_is_not_taken_for_a_consistent_state(tmp_path):
     with pytest.raises(RuntimeError, match="trainer crashed"):
         run(coord, 6)
     rec.close()
-    assert coord.in_step and coord.version == 2 and coord.staleness.train_version == 3
+    assert coord.in_step and coord.version == 2 and coord.manager.train_version == 3

@@ -74,16 +74,16 @@ def test_step_loss_matches_a_slow_per_trajectory_reference():
     ref, _ = policy_loss(logp, logp, behav, torch.tensor(adv), mask, AlgorithmConfig())
     metrics = Trainer(policy, AlgorithmConfig(), TrainerConfig()).step(batch)
     assert metrics["train/loss"] == pytest.approx(float(ref), abs=1e-5)
-    assert metrics["train/version"] == 1 and metrics["reward/mean"] == pytest.approx(sum(t.reward for t in trajs) / 9)
+    assert policy.version == 0  # versions are the coordinator's to set (and publish)
+    assert metrics["train/adv_abs_mean"] == pytest.approx(sum(abs(a) for a in adv) / len(adv), rel=1e-5)
 
 
-def test_step_publishes_and_minibatches_take_several_optimiser_steps():
-    """With a store, step publishes version+1; with 3 minibatches later ones see a ratio != 1 (approx_kl > 0)."""
+def test_minibatches_take_several_optimiser_steps():
+    """With 3 minibatches later ones see a ratio != 1 (approx_kl > 0)."""
     task, policy = _setup()
-    store = ParameterStore()
-    tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(minibatches=3, lr=0.01), store=store)
+    tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(minibatches=3, lr=0.01))
     m = tr.step(_batch(task, version=4))
-    assert store.latest_version() == 5 == policy.version and m["actor/approx_kl"] > 0
+    assert m["actor/approx_kl"] > 0
 
 
 def test_same_seed_same_weights_and_checkpoint_resume(tmp_path):
@@ -92,6 +92,7 @@ def test_same_seed_same_weights_and_checkpoint_resume(tmp_path):
         task, policy = _setup()
         tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(lr=0.01))
         tr.step(_batch(task, 0, seed=1))
+        policy.version = 1  # what the coordinator does after a step
         if resume_dir is not None:
             tr.save(resume_dir)
             task, policy = _setup(seed=5)

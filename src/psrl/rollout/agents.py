@@ -85,7 +85,7 @@ class AgentManager:
 
     Args:
         task: a :class:`psrl.tasks.Task` (``sample_prompt``, ``run_episode``, ``reward``).
-        staleness: the :class:`psrl.staleness.StalenessManager`.
+        manager: the :class:`psrl.staleness.StalenessManager`.
         pool: the :class:`psrl.rollout.pool.InstancePool`.
         psrl_cfg: ``psrl.*`` (group sizes, proactive filter, reward retries).
         workers: agent workers (trajectories generated at once).
@@ -93,10 +93,10 @@ class AgentManager:
         seed: seeds the prompt stream and the per-episode rngs.
     """
 
-    def __init__(self, task: Any, staleness: Any, pool: Any, psrl_cfg: Any, workers: int,
+    def __init__(self, task: Any, manager: Any, pool: Any, psrl_cfg: Any, workers: int,
                  sink: Any = None, seed: int = 0):
         self.task = task
-        self.staleness = staleness
+        self.manager = manager
         self.pool = pool
         self.n_launch = psrl_cfg.redundant_group_size
         self.n_need = psrl_cfg.group_size
@@ -141,7 +141,7 @@ class AgentManager:
         """Reserve at the oldest instance version; if it is too old, wait for the instances to sync."""
         while True:
             version = self.pool.min_version()
-            reserve = asyncio.ensure_future(self.staleness.reserve(version))
+            reserve = asyncio.ensure_future(self.manager.reserve(version))
             newer = asyncio.ensure_future(self.pool.wait_version_above(version))
             try:
                 # A newer version reserves into a later buffer: do not keep waiting at the old one.
@@ -281,7 +281,7 @@ class AgentManager:
         """Hand one trajectory to the manager and act on the status it returns."""
         m.done = True  # no longer generating: filters must not cancel or replace it
         self.failed_in_a_row = 0
-        res = self.staleness.complete(g.eid, traj, traj.v_traj)
+        res = self.manager.complete(g.eid, traj, traj.v_traj)
         self.counts.generated += 1
         status = res.status
         if status == Status.PENDING:
@@ -302,7 +302,7 @@ class AgentManager:
         """Forget a group that will not be trained: record what it held, cancel what runs."""
         if self.groups.pop(g.eid, None) is None:
             return
-        if abort and self.staleness.abort(g.eid):
+        if abort and self.manager.abort(g.eid):
             self.counts.aborted += 1
         counter = {"surplus": "surplus", "filtered": "filtered", "rejected": "rejected"}.get(status)
         for traj in g.held:
@@ -345,7 +345,7 @@ class AgentManager:
 
     def after_change(self) -> None:
         """The protocol state changed: cancel passively aborted work, then run the proactive filter."""
-        for eid in self.staleness.drain_aborted():
+        for eid in self.manager.drain_aborted():
             g = self.groups.get(eid)
             if g is not None:
                 self.counts.aborted += 1

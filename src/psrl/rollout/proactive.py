@@ -48,7 +48,7 @@ class ProactiveFilter:
 
     def _sweep(self) -> bool:
         """One pass over buffers ``T .. T + eta``; True when the state changed and needs another pass."""
-        sm = self.agents.staleness
+        sm = self.agents.manager
         changed = False
         T = sm.train_version
         for b in range(T, T + self.eta + 1):

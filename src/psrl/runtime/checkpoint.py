@@ -39,12 +39,7 @@ _FIX = ("delete that directory to resume from the one before it (if any), set tr
 def save_checkpoint(run_dir: str | Path, coord: Any, recorder: Any) -> Path:
     """Write ``run_dir/checkpoint`` for ``coord`` (a :class:`~psrl.runtime.coordinator.Coordinator`)."""
     run_dir = Path(run_dir)
-    state = {
-        "version": coord.version,
-        "staleness": coord.staleness.snapshot(),
-        "agents": coord.agents.state(),
-        "offsets": recorder.offsets() if recorder is not None else {},
-    }
+    state = {**coord.checkpoint_state(), "offsets": recorder.offsets() if recorder is not None else {}}
     tmp, final, old = run_dir / "checkpoint.tmp", run_dir / "checkpoint", run_dir / "checkpoint.old"
     shutil.rmtree(tmp, ignore_errors=True)
     coord.trainer.save(tmp)

@@ -36,7 +36,7 @@ from psrl.staleness import StalenessManager
 from psrl.train.store import ParameterStore
 from psrl.types import Engine
 
-__all__ = ["Coordinator", "build_staleness_manager"]
+__all__ = ["Coordinator", "build_staleness_manager", "batch_metrics"]
 
 
 def build_staleness_manager(cfg: Any, train_version: int = 0) -> StalenessManager:
@@ -58,7 +58,7 @@ class Coordinator:
             ``version``), e.g. :class:`psrl.train.Trainer`.
         models: one model per rollout instance (``next_token``, ``load_state``, ``version``).
         sink: ``trajectory(record)`` / ``metric(row)`` (a RunRecorder or a MemorySink).
-        staleness: a (restored) staleness manager; default: a fresh one at the trainer's version.
+        manager: a (restored) staleness manager; default: a fresh one at the trainer's version.
         log: where to say that a cancelled run is finishing its training step (default: print).
 
     Cancelling :meth:`run` (Ctrl-C) while a training step runs lets that step finish and be
@@ -68,7 +68,7 @@ class Coordinator:
     """
 
     def __init__(self, cfg: Any, task: Any, trainer: Any, models: Sequence[Any], *, sink: Any = None,
-                 staleness: Optional[StalenessManager] = None, log: Optional[Callable[[str], None]] = None):
+                 manager: Optional[StalenessManager] = None, log: Optional[Callable[[str], None]] = None):
         p = cfg.psrl
         self.cfg = cfg
         self.log = log or print
@@ -77,12 +77,12 @@ class Coordinator:
         policy = trainer.policy
         self.store = ParameterStore(keep=p.staleness + 2)
         self.store.publish(int(policy.version), policy.export_state())
-        self.staleness = staleness or build_staleness_manager(cfg, int(policy.version))
+        self.manager = manager or build_staleness_manager(cfg, int(policy.version))
         version, state = self.store.get()
         for model in models:
             if not isinstance(model, Engine):  # a bare next_token model: load it now (engines load at start)
                 model.load_state(state, version)
-        sync = build_sync(p.sync_strategy, p.sync_request_threshold, p.staleness, self.staleness)
+        sync = build_sync(p.sync_strategy, p.sync_request_threshold, p.staleness, self.manager)
         r = cfg.rollout
         instances = [
             RolloutInstance(i, model, self.store, sync, partial_rollout=p.partial_rollout.enable,
@@ -94,17 +94,24 @@ class Coordinator:
         for inst in instances:
             inst.log_failure = self.log
         self.pool = InstancePool(instances, build_router(p.router))
-        self.agents = AgentManager(task, self.staleness, self.pool, p, workers=len(instances) * p.max_concurrent_per_instance,
+        self.agents = AgentManager(task, self.manager, self.pool, p, workers=len(instances) * p.max_concurrent_per_instance,
                                    sink=sink, seed=cfg.trainer.seed)
         self.rows: list[dict] = []
-        self.on_step: Optional[Callable[["Coordinator", dict], None]] = None
+        self.on_step: Optional[Callable[[dict], None]] = None
+        """Called with each step's metrics row once the step is published (psrl train: show, validate, checkpoint)."""
         self.in_step = False
         self._t0 = 0.0
         self._last = 0.0
 
     @property
     def version(self) -> int:
+        """The trainer's version: this coordinator sets it (and publishes the weights) after every step."""
         return int(self.trainer.policy.version)
+
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint needs besides the trainer's own state: the version, the staleness manager's
+        snapshot and the agent manager's state (a consistent cut only between steps: ``not in_step``)."""
+        return {"version": self.version, "staleness": self.manager.snapshot(), "agents": self.agents.state()}
 
     async def run(self, total_steps: int) -> list[dict]:
         """Train until the trainer holds version ``total_steps``; returns one metrics row per step."""
@@ -140,7 +147,7 @@ class Coordinator:
 
     async def _next_batch(self, dispatcher: asyncio.Task) -> Any:
         """``await next_batch()``, but fail fast if the dispatcher or an agent worker crashed."""
-        nb = asyncio.ensure_future(self.staleness.next_batch())
+        nb = asyncio.ensure_future(self.manager.next_batch())
         watched = {nb, dispatcher, self.agents.failure}
         try:
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
@@ -186,7 +193,7 @@ class Coordinator:
         if self.sink is not None:
             self.sink.metric(row)
         if self.on_step is not None:
-            self.on_step(self, row)
+            self.on_step(row)
         if interrupted:
             raise asyncio.CancelledError()
 
@@ -196,24 +203,20 @@ class Coordinator:
             return await step(batch)
         return await asyncio.to_thread(step, batch)
 
-    def _row(self, batch: Any, metrics: dict, train_seconds: float) -> dict:
-        """One ``metrics.jsonl`` line: progress, reward, staleness, buffer states, counters, throughput."""
+    def _row(self, batch: Any, metrics: dict, train_s: float) -> dict:
+        """One ``metrics.jsonl`` line: progress, what the batch was, buffer states, counters, throughput, and the
+        trainer's own metrics (names and owners: :mod:`psrl.metrics`)."""
         now = asyncio.get_running_loop().time()
         trajs = [t for g in batch.groups for t in g]
-        stale = [int(batch.version) - int(t.v_traj) for t in trajs]
         elapsed = max(now - self._t0, 1e-9)
         row = {
             "step": int(batch.version) + 1,
             "version": int(batch.version) + 1,
             "time": round(elapsed, 6),
-            "step_seconds": round(now - self._last, 6),
-            "train_seconds": round(train_seconds, 6),
-            "reward/mean": sum(t.reward for t in trajs) / max(len(trajs), 1),
-            "staleness/mean": sum(stale) / max(len(stale), 1),
-            "staleness/max": max(stale, default=0),
-            "batch/trajectories": len(trajs),
-            "batch/truncated_frac": sum(bool(t.truncated) for t in trajs) / max(len(trajs), 1),
-            "buffers": {str(b): str(s) for b, s in self.staleness.buffer_states().items()},
+            "time/step_s": round(now - self._last, 6),
+            "time/train_s": round(train_s, 6),
+            **batch_metrics(int(batch.version), trajs),
+            "buffers": {str(b): str(s) for b, s in self.manager.buffer_states().items()},
             "instance_versions": self.pool.versions(),
             "throughput/trajectories_per_s": self.agents.counts.generated / elapsed,
         }
@@ -223,3 +226,24 @@ class Coordinator:
         for k, v in metrics.items():
             row.setdefault(k, v)
         return row
+
+
+def batch_metrics(version: int, trajs: Sequence[Any]) -> dict[str, float]:
+    """What a consumed batch was: reward, accuracy, lengths, masked (tool) and truncated fractions, and the
+    measured lag ``version - V_traj`` (``staleness/*``)."""
+    n = max(len(trajs), 1)
+    rewards = [float(t.reward) for t in trajs]
+    mean = sum(rewards) / n
+    tokens = sum(len(t.response_ids) for t in trajs)
+    lag = [int(version) - int(t.v_traj) for t in trajs]
+    return {
+        "reward/mean": mean,
+        "reward/std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
+        "reward/acc": sum(float(t.metrics.get("acc", t.reward)) for t in trajs) / n,
+        "batch/trajectories": len(trajs),
+        "batch/response_len_mean": tokens / n,
+        "batch/masked_frac": 1.0 - sum(sum(t.loss_mask) for t in trajs) / max(tokens, 1),
+        "batch/truncated_frac": sum(bool(t.truncated) for t in trajs) / n,
+        "staleness/mean": sum(lag) / n,
+        "staleness/max": max(lag, default=0),
+    }

@@ -38,7 +38,7 @@ def progress_line(row: dict, total: int) -> str:
         f"step {row['step']:3d}/{total} v{row['version']:<3d} reward {row['reward/mean']:.3f} "
         f"staleness {row['staleness/mean']:.2f}/{row['staleness/max']} | {buffers} | "
         f"inst v{row['instance_versions']} | {row['throughput/trajectories_per_s']:.1f} traj/s "
-        f"{row['step_seconds']:.2f}s/step | gen {row['counts/generated']} abort {row['counts/aborted']} "
+        f"{row['time/step_s']:.2f}s/step | gen {row['counts/generated']} abort {row['counts/aborted']} "
         f"cancel {row['counts/cancelled']} filt {row['counts/filtered']} retry {row['counts/retried']} "
         f"trunc {row['counts/truncated']} fail {row['counts/failed']}"
     )
@@ -48,18 +48,18 @@ class _StepHook:
     """After each step: show and track it, validate (``trainer.val_every``), put events.jsonl on disk,
     checkpoint every ``trainer.checkpoint_every`` steps and at the end."""
 
-    def __init__(self, run_dir: Path, recorder: RunRecorder, events: EventLog, total: int, every: int,
-                 watch: RunWatch):
-        self.run_dir, self.recorder, self.events = run_dir, recorder, events
+    def __init__(self, coord: Coordinator, run_dir: Path, recorder: RunRecorder, events: EventLog, total: int,
+                 every: int, watch: RunWatch):
+        self.coord, self.run_dir, self.recorder, self.events = coord, run_dir, recorder, events
         self.total, self.every, self.watch = total, every, watch
 
-    def __call__(self, coord: Coordinator, row: dict) -> None:
+    def __call__(self, row: dict) -> None:
         self.watch.after_step(row)  # before the checkpoint, so its validation row is kept by a resume
         self.events.flush()  # a killed run keeps its buffer timeline up to this step
         # The last step is always checkpointed here, *before* the coordinator records the
         # still-held trajectories as ``held``: a resume cuts those records off again.
         if (self.every > 0 and row["step"] % self.every == 0) or row["step"] >= self.total:
-            save_checkpoint(self.run_dir, coord, self.recorder)
+            save_checkpoint(self.run_dir, self.coord, self.recorder)
 
 
 def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -> Coordinator:
@@ -74,14 +74,14 @@ def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -
     trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
     group_filter = build_group_filter(cfg.psrl, cfg.algorithm)
     ck = resume(recorder.run_dir, trainer, recorder, group_filter) if cfg.trainer.resume else None
-    staleness = None
+    manager = None
     if ck is not None:
-        staleness = ck["manager"]
+        manager = ck["manager"]
         log(f"resumed from {ck['dir']} at version {trainer.version}")
     else:
         warm_start(cfg, task, trainer, log)
     engines = build_engines(cfg, policy, task, recorder.run_dir)
-    coord = Coordinator(cfg, task, trainer, engines, sink=recorder, staleness=staleness, log=log)
+    coord = Coordinator(cfg, task, trainer, engines, sink=recorder, manager=manager, log=log)
     if ck is not None:
         coord.agents.load_state(ck["agents"])
     return coord
@@ -96,9 +96,9 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
     coord = build(cfg, recorder, log)
     total = cfg.trainer.total_steps
     events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)
-    coord.staleness.on_event = events  # the buffer timeline for `psrl viz RUN_DIR`
+    coord.manager.on_event = events  # the buffer timeline for `psrl viz RUN_DIR`
     watch = RunWatch(cfg, run_dir, coord, recorder, log, progress_line)
-    coord.on_step = _StepHook(run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch)
+    coord.on_step = _StepHook(coord, run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch)
     p = cfg.psrl
     log(f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
         f"(N'={p.redundant_group_size}), {p.num_rollout_instances} instances x {p.max_concurrent_per_instance} workers, "

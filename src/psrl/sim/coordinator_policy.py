@@ -198,7 +198,7 @@ class CoordinatorPolicy:
         else:
             sm = build_staleness_manager(cfg)
         coord = Coordinator(cfg, _SimTask(meter), _SimTrainer(meter), [FakeEngine(token_cost=0.0, sync_cost=wl.sync_time)],
-                            sink=_Sink(meter), staleness=sm)
+                            sink=_Sink(meter), manager=sm)
         run_virtual(coord.run(wl.steps))
         for uid, ran in meter.cut.items():
             if uid not in meter.recorded:  # cancelled mid-generation (a truncated one was recorded)

@@ -309,7 +309,7 @@ def _launch_key(rec: dict) -> Optional[tuple[int, int]]:
     return int(group[1:]), int(member)
 
 
-_TRAIN_KEYS = ("train_seconds", "time/train_s")
+_TRAIN_KEYS = ("time/train_s",)
 
 
 def trace_train_time(trace_path: str | Path) -> Optional[float]:

@@ -25,17 +25,17 @@ __all__ = ["Trainer"]
 
 
 class Trainer:
-    """Owns the optimiser of ``policy``; ``step(batch)`` trains on ``batch.groups`` and bumps the version.
+    """Owns the optimiser of ``policy``; ``step(batch)`` trains the weights on ``batch.groups``.
 
-    After ``step`` the policy holds version ``batch.version + 1``; if a ``store`` is given the new
-    weights are published there under that version.
+    Versions and their publication belong to the coordinator
+    (:class:`psrl.runtime.coordinator.Coordinator`): it sets ``policy.version`` and publishes the
+    weights once a step is done. The trainer only reads the version (for the mismatch metric).
     """
 
-    def __init__(self, policy, algo_cfg, trainer_cfg, store=None):
+    def __init__(self, policy, algo_cfg, trainer_cfg):
         self.policy = policy
         self.algo_cfg = algo_cfg
         self.cfg = trainer_cfg
-        self.store = store
         self.rng = random.Random(trainer_cfg.seed)
         torch.manual_seed(trainer_cfg.seed)
         self.optimizer = self._adamw(trainer_cfg.lr)
@@ -51,7 +51,8 @@ class Trainer:
     # ------------------------------------------------------------------ RL step
 
     def step(self, batch) -> dict[str, float]:
-        """One training step on ``batch`` (``.version``, ``.groups``: lists of Trajectory). Returns metrics."""
+        """One training step on ``batch`` (``.version``, ``.groups``: lists of Trajectory). Returns the ``train/*``,
+        loss and correction metrics (what the batch was is the coordinator's row)."""
         groups = [list(g) for g in batch.groups if len(g) > 0]
         trajs = [t for g in groups for t in g]
         if not trajs:
@@ -76,11 +77,7 @@ class Trainer:
             m["train/grad_norm"] = self._optimise(loss)
             m["train/loss"] = float(loss.detach())
             per_mb.append(m)
-        self.policy.version = int(batch.version) + 1
-        if self.store is not None:
-            self.store.publish(self.policy.version, self.policy.export_state())
-        return {**_mean_metrics(per_mb), **_batch_metrics(batch.version, trajs, adv, mask), **mismatch,
-                "train/version": self.policy.version}
+        return {**_mean_metrics(per_mb), **mismatch, "train/adv_abs_mean": float(adv.abs().mean())}
 
     def _optimise(self, loss: torch.Tensor) -> float:
         self.optimizer.zero_grad(set_to_none=True)
@@ -173,22 +170,3 @@ def _mean_metrics(per_mb: list[dict[str, Any]]) -> dict[str, float]:
     keys = {k for m in per_mb for k in m}
     return {k: sum(float(m[k]) for m in per_mb if k in m) / sum(1 for m in per_mb if k in m) for k in sorted(keys)}
 
-
-def _batch_metrics(version: int, trajs: list, adv: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """What the batch was: reward, accuracy, lengths, masked (tool) fraction, staleness."""
-    n = len(trajs)
-    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
-    tokens = sum(len(t.response_ids) for t in trajs)
-    stale = [int(version) - t.v_traj for t in trajs]
-    return {
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std(unbiased=False)),
-        "reward/acc": sum(t.metrics.get("acc", t.reward) for t in trajs) / n,
-        "batch/trajectories": float(n),
-        "batch/response_len_mean": tokens / n,
-        "batch/masked_frac": 1.0 - float(mask.sum()) / max(tokens, 1),
-        "batch/truncated_frac": sum(bool(t.truncated) for t in trajs) / n,
-        "train/adv_abs_mean": float(adv.abs().mean()),
-        "staleness/mean": sum(stale) / n,
-        "staleness/max": float(max(stale)),
-    }
