@@ -55,6 +55,10 @@ METRICS: tuple[Metric, ...] = (
     _m("reward/acc", "fraction", "Mean accuracy (the reward's 'acc', else the reward) of the batch.", _C),
     _m("staleness/mean", "versions", "Mean consumed_version - V_traj over the batch (the measured lag).", _C),
     _m("staleness/max", "versions", "Max consumed_version - V_traj over the batch; never above psrl.staleness.", _C),
+    _m("staleness/*", "count", "The staleness manager's own counters (psrl.staleness.Stats), run so far: reserves, "
+       "refusals, stale_refusals, completes, occupies, surplus, filtered, rejected, aborts, passive_aborts, "
+       "consumes. They count protocol calls and group entries (staleness/filtered: groups; counts/filtered: "
+       "their trajectories).", "psrl.staleness.manager"),
     _m("batch/trajectories", "count", "Trajectories in this step's batch (B x N).", _C),
     _m("batch/response_len_mean", "tokens", "Mean response length (model and tool tokens) in the batch.", _C),
     _m("batch/masked_frac", "fraction", "Fraction of response tokens masked out of the loss (tool output).", _C),

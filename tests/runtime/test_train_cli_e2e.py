@@ -26,6 +26,7 @@ def test_psrl_train_writes_a_complete_resumable_run_dir(tmp_path):
     for key in ("time", "reward/mean", "staleness/mean", "staleness/max", "counts/generated", "counts/aborted",
                 "counts/filtered", "counts/retried", "counts/truncated"):
         assert key in metrics[-1], key
+    assert metrics[-1]["staleness/consumes"] == 3 and metrics[-1]["staleness/occupies"] >= 3 * 2  # the manager's Stats
     trajs = read_jsonl(run_dir / "trajectories.jsonl")
     assert check_bound(trajs, 1) == 3 * 2 * 2
     assert all("gen_seconds" in t and "segment_versions" in t for t in trajs)

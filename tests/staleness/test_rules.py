@@ -183,6 +183,19 @@ class TestAbort:
         assert m.state(0) == BufferState.READY_WITH_CAPACITY
         assert all(m.complete(i, "late", 0).status == "rejected" for i in ids[2:])
 
+    def test_passive_aborts_report_what_each_entry_held_and_occupied_entries_their_buffer(self):
+        """drain_aborted_groups: the same queue as drain_aborted, with each ended entry's trajectories (so the
+        caller records them without a copy of its own); entry_buffer: the buffer of an OCCUPIED entry only."""
+        m = StalenessManager(staleness=0, batch_size=1, group_size=2, redundant_batch_size=2)
+        a, b = m.try_reserve(0), m.try_reserve(0)
+        m.complete(b, "b1", 0)
+        assert m.entry_members(b) == ["b1"] and m.entry_buffer(b) is None
+        m.complete(a, "a1", 0)
+        m.complete(a, "a2", 0)  # a occupies buffer 0 and fills it: b is passively aborted with what it held
+        assert m.entry_buffer(a) == 0 and m.entry_buffer(b) is None and m.entry_buffer("nope") is None
+        assert m.drain_aborted_groups() == [(b, ["b1"])]
+        assert m.drain_aborted_groups() == [] and m.drain_aborted() == []
+
     def test_passive_abort_of_later_buffer_when_all_earlier_full(self):
         """A reservation at r is ended when every buffer in [T, r] has B occupied groups."""
         m = StalenessManager(staleness=1, batch_size=1, group_size=1, redundant_batch_size=2)

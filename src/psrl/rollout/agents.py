@@ -29,7 +29,7 @@ import functools
 import inspect
 import logging
 import random
-from typing import Any, Hashable, Optional
+from typing import Any, Hashable, Optional, Sequence
 
 from psrl.errors import PsrlError, RunError, describe
 from psrl.rollout.proactive import ProactiveFilter
@@ -60,9 +60,11 @@ class _Member:
 
 
 class _Group:
-    """A reserved group entry and its members."""
+    """A reserved group entry and the members generating for it. What the entry holds (its completed
+    trajectories) and whether it occupies a buffer is the staleness manager's: ``entry_members``,
+    ``entry_buffer``, and the ``ended`` trajectories ``complete`` returns."""
 
-    __slots__ = ("eid", "uid", "prompt", "version", "members", "held", "next_idx", "occupied", "proactive")
+    __slots__ = ("eid", "uid", "prompt", "version", "members", "next_idx", "proactive")
 
     def __init__(self, eid: Hashable, uid: str, prompt: Any, version: int):
         self.eid = eid
@@ -70,9 +72,7 @@ class _Group:
         self.prompt = prompt
         self.version = version
         self.members: dict[int, _Member] = {}
-        self.held: list = []
         self.next_idx = 0
-        self.occupied: Optional[int] = None
         self.proactive = False
 
     def live(self) -> list[_Member]:
@@ -259,7 +259,7 @@ class AgentManager:
 
     async def _complete_truncated(self, g: _Group, m: _Member, episode: Any) -> None:
         reward = await self._reward(g, m, episode)
-        if reward is None or g.eid not in self.groups or g.occupied is not None:
+        if reward is None or g.eid not in self.groups or self.manager.entry_buffer(g.eid) is not None:
             return  # failed (recorded), or the group resolved meanwhile: it is one more cancelled member
         traj = self._trajectory(g, m, episode, reward)
         traj.truncated = True
@@ -281,35 +281,37 @@ class AgentManager:
         """Hand one trajectory to the manager and act on the status it returns."""
         m.done = True  # no longer generating: filters must not cancel or replace it
         self.failed_in_a_row = 0
+        held, occupied = self.manager.entry_members(g.eid), self.manager.entry_buffer(g.eid) is not None
         res = self.manager.complete(g.eid, traj, traj.v_traj)
         self.counts.generated += 1
         status = res.status
-        if status == Status.PENDING:
-            g.held.append(traj)
-        elif status == Status.OCCUPIED:
-            g.held.append(traj)
-            g.occupied = res.buffer
+        if status == Status.OCCUPIED:
             self._cancel_members(g, keep=m)
-        elif status == Status.SURPLUS and g.occupied is not None:
-            self._record(traj, "surplus")
-            self.counts.surplus += 1
-        else:  # surplus (no buffer had room), filtered, rejected: the group is over
-            g.held.append(traj)
-            self._end_group(g, str(status), keep=m)
+        elif status == Status.REJECTED or (status == Status.SURPLUS and occupied):
+            # the entry had ended, or is occupied already: this one trajectory is not stored
+            self._record(traj, str(status))
+            setattr(self.counts, str(status), getattr(self.counts, str(status)) + 1)
+            if status == Status.REJECTED:
+                self._end_group(g, str(status), keep=m)
+        elif status != Status.PENDING:  # filtered, or surplus with no buffer left: the entry ended with these
+            self._end_group(g, str(status), keep=m, held=held + [traj])
         self.after_change()
 
-    def _end_group(self, g: _Group, status: str, abort: bool = False, keep: Optional[_Member] = None) -> None:
-        """Forget a group that will not be trained: record what it held, cancel what runs."""
+    def _end_group(self, g: _Group, status: str, abort: bool = False, keep: Optional[_Member] = None,
+                   held: Sequence[Any] = ()) -> None:
+        """Forget a group that will not be trained: record what its entry held (``held``, or, for an abort, what
+        the manager holds now), cancel what runs."""
         if self.groups.pop(g.eid, None) is None:
             return
-        if abort and self.manager.abort(g.eid):
-            self.counts.aborted += 1
-        counter = {"surplus": "surplus", "filtered": "filtered", "rejected": "rejected"}.get(status)
-        for traj in g.held:
+        if abort:
+            held = self.manager.entry_members(g.eid)
+            if self.manager.abort(g.eid):
+                self.counts.aborted += 1
+        counter = {"surplus": "surplus", "filtered": "filtered"}.get(status)
+        for traj in held:
             self._record(traj, status)
             if counter:
                 setattr(self.counts, counter, getattr(self.counts, counter) + 1)
-        g.held = []
         self._cancel_members(g, keep=keep)
 
     def _cancel_members(self, g: _Group, keep: Optional[_Member] = None) -> None:
@@ -337,19 +339,19 @@ class AgentManager:
         if episode is not None:
             rec["segment_versions"] = _segments(episode.token_versions)
         self._emit(rec)
-        if g.eid in self.groups and g.occupied is None:
+        if g.eid in self.groups and self.manager.entry_buffer(g.eid) is None:
             others = [x for x in g.live() if x is not m]
-            if len(g.held) + len(others) < self.n_need:
+            if len(self.manager.entry_members(g.eid)) + len(others) < self.n_need:
                 self._end_group(g, "aborted", abort=True)
                 self.after_change()
 
     def after_change(self) -> None:
         """The protocol state changed: cancel passively aborted work, then run the proactive filter."""
-        for eid in self.manager.drain_aborted():
+        for eid, held in self.manager.drain_aborted_groups():
             g = self.groups.get(eid)
             if g is not None:
                 self.counts.aborted += 1
-                self._end_group(g, "aborted")
+                self._end_group(g, "aborted", held=held)
         self.proactive.check()
 
     def after_consume(self, batch: Any) -> None:
@@ -380,9 +382,8 @@ class AgentManager:
             await asyncio.gather(*tasks, return_exceptions=True)
         if record_held:
             for g in self.groups.values():
-                for traj in g.held:
+                for traj in self.manager.entry_members(g.eid):
                     self._record(traj, "held")
-                g.held = []
 
     def state(self) -> dict:
         """What a checkpoint needs to continue the prompt stream and the counters."""

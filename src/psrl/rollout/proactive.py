@@ -59,7 +59,7 @@ class ProactiveFilter:
                 continue
             for eid in blocking:
                 g = self.agents.groups.get(eid)
-                if g is None or g.proactive or g.occupied is not None:
+                if g is None or g.proactive or sm.entry_buffer(g.eid) is not None:
                     continue
                 g.proactive = True
                 if self.method == "retry":
@@ -84,7 +84,7 @@ class ProactiveFilter:
         """Force-complete the running members with what they generated so far."""
         agents = self.agents
         for m in g.live():
-            if g.eid not in agents.groups or g.occupied is not None:
+            if g.eid not in agents.groups or agents.manager.entry_buffer(g.eid) is not None:
                 return  # the group resolved (occupied / ended) on an earlier member
             m.cancelled = True
             m.task.cancel()

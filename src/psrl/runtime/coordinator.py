@@ -222,6 +222,7 @@ class Coordinator:
         }
         self._last = now
         row.update(self.agents.counts.as_metrics())
+        row.update({f"staleness/{k}": v for k, v in self.manager.stats.as_dict().items() if isinstance(v, int)})
         row.update(self.pool.stats())
         for k, v in metrics.items():
             row.setdefault(k, v)

@@ -122,7 +122,8 @@ class StalenessManager:
         self._buffers: dict[int, _Buffer] = {}
         self._entries: dict[Hashable, _Entry] = {}
         self._next_id = 0
-        self._aborted: list[Hashable] = []
+        self._aborted: list[tuple[Hashable, list]] = []
+        """Passively aborted entries not yet drained: (id, the trajectories they held)."""
         self._lock = threading.RLock()
         self._events: dict[asyncio.AbstractEventLoop, tuple[asyncio.Event, int]] = {}
         self.stats = Stats(
@@ -311,7 +312,7 @@ class StalenessManager:
                 break
             for entry in list(buf.reserved.values()):
                 self._end(entry, "passive_abort")
-                self._aborted.append(entry.id)
+                self._aborted.append((entry.id, entry.members))
                 self.stats.passive_aborts += 1
             f += 1
         self._frontier = f
@@ -343,9 +344,19 @@ class StalenessManager:
 
     def drain_aborted(self) -> list[Hashable]:
         """Ids of entries the manager passively aborted since the last call; cancel their generations."""
+        return [eid for eid, _ in self.drain_aborted_groups()]
+
+    def drain_aborted_groups(self) -> list[tuple[Hashable, list]]:
+        """:meth:`drain_aborted` with what each entry held: ``(id, trajectories)`` (the same queue: use one)."""
         with self._lock:
             out, self._aborted = self._aborted, []
             return out
+
+    def entry_buffer(self, eid: Hashable) -> Optional[int]:
+        """The buffer an OCCUPIED entry waits in; None for a RESERVED, ended or unknown entry."""
+        with self._lock:
+            e = self._entries.get(eid)
+            return e.slot if e is not None and e.state == _OCCUPIED else None
 
     # ------------------------------------------------------------------ Consume
 
