@@ -141,3 +141,28 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Stop serving and release what :meth:`start` took (servers psrl started are stopped)."""
+
+
+class Sink(Protocol):
+    """Where a run's records go: ``trajectories.jsonl`` and ``metrics.jsonl`` (:class:`psrl.runtime.recorder.RunRecorder`),
+    or memory in tests and the simulator."""
+
+    def trajectory(self, rec: dict) -> None:
+        """One trajectory record (trained, filtered, aborted, error, ...)."""
+
+    def metric(self, row: dict) -> None:
+        """One step's metrics row (names: :mod:`psrl.metrics`)."""
+
+
+class StepTrainer(Protocol):
+    """What the coordinator trains with (:class:`psrl.train.Trainer`, or a fake in tests and the simulator).
+
+    ``step`` may be a plain method (run in a worker thread) or a coroutine (awaited). The coordinator, not
+    the trainer, sets ``policy.version`` and publishes the weights after a step.
+    """
+
+    policy: Any
+    """The trained policy: ``version``, ``export_state()``."""
+
+    def step(self, batch: Any) -> dict[str, float]:
+        """Train on a consumed :class:`psrl.staleness.Batch`; returns the ``train/*`` (and loss) metrics."""

@@ -35,8 +35,9 @@ from psrl.errors import PsrlError, RunError, describe
 from psrl.rollout.proactive import ProactiveFilter
 from psrl.rollout.records import Counts, WorkerSlots, trajectory_record
 from psrl.rollout.session import Session
-from psrl.staleness import StaleVersionError, Status
-from psrl.tasks.base import compute_reward, episode_to_trajectory
+from psrl.staleness import StalenessManager, StaleVersionError, Status
+from psrl.tasks.base import Task, compute_reward, episode_to_trajectory
+from psrl.types import Sink
 
 __all__ = ["AgentManager"]
 
@@ -93,24 +94,25 @@ class AgentManager:
         seed: seeds the prompt stream and the per-episode rngs.
     """
 
-    def __init__(self, task: Any, manager: Any, pool: Any, psrl_cfg: Any, workers: int,
-                 sink: Any = None, seed: int = 0):
+    def __init__(self, task: Task, manager: StalenessManager, pool: Any, psrl_cfg: Any, workers: int,
+                 sink: Optional[Sink] = None, seed: int = 0):
         self.task = task
         self.manager = manager
         self.pool = pool
-        self.n_launch = psrl_cfg.redundant_group_size
-        self.n_need = psrl_cfg.group_size
+        self.redundant_group_size = psrl_cfg.redundant_group_size
+        """N': members launched per group (psrl.redundant_rollout.redundant_rollout_n; N when unset)."""
+        self.group_size = psrl_cfg.group_size
         self.retries = int(psrl_cfg.reward_retries)
         self.slots = WorkerSlots(workers)
-        if self.n_launch > workers:
-            raise ValueError(f"a group launches {self.n_launch} trajectories but only {workers} agent workers exist "
+        if self.redundant_group_size > workers:
+            raise ValueError(f"a group launches {self.redundant_group_size} trajectories but only {workers} agent workers exist "
                              "(raise psrl.max_concurrent_per_instance or lower psrl.redundant_rollout.redundant_rollout_n)")
         self.proactive = ProactiveFilter(self, psrl_cfg.proactive_filter_strategy, psrl_cfg.staleness)
         self.sink = sink
         self.rng = random.Random(seed)
         self.counts = Counts()
         self.failed_in_a_row = 0
-        self.max_failed_in_a_row = max(32, 4 * self.n_launch)
+        self.max_failed_in_a_row = max(32, 4 * self.redundant_group_size)
         """After this many failed trajectories with no success between them the run stops with the last
         error: a reward function or agent loop that always raises would otherwise retry groups forever."""
         self.groups: dict[Hashable, _Group] = {}
@@ -129,11 +131,11 @@ class AgentManager:
     async def run(self) -> None:
         """Dispatch groups until cancelled."""
         while True:
-            await self.slots.acquire(self.n_launch)
+            await self.slots.acquire(self.redundant_group_size)
             try:
                 eid, version = await self._reserve()
             except BaseException:
-                self.slots.release(self.n_launch)
+                self.slots.release(self.redundant_group_size)
                 raise
             self._start_group(eid, version)
 
@@ -163,7 +165,7 @@ class AgentManager:
         self.next_group += 1
         self.counts.groups += 1
         self.groups[eid] = g
-        for _ in range(self.n_launch):
+        for _ in range(self.redundant_group_size):
             self._launch(g)
 
     def _launch(self, g: _Group) -> _Member:
@@ -341,7 +343,7 @@ class AgentManager:
         self._emit(rec)
         if g.eid in self.groups and self.manager.entry_buffer(g.eid) is None:
             others = [x for x in g.live() if x is not m]
-            if len(self.manager.entry_members(g.eid)) + len(others) < self.n_need:
+            if len(self.manager.entry_members(g.eid)) + len(others) < self.group_size:
                 self._end_group(g, "aborted", abort=True)
                 self.after_change()
 

@@ -34,7 +34,8 @@ from psrl.rollout.pool import InstancePool
 from psrl.rollout.router import build_router, build_sync
 from psrl.staleness import StalenessManager
 from psrl.train.store import ParameterStore
-from psrl.types import Engine
+from psrl.tasks.base import Task
+from psrl.types import Engine, Sink, StepTrainer
 
 __all__ = ["Coordinator", "build_staleness_manager", "batch_metrics"]
 
@@ -67,7 +68,7 @@ class Coordinator:
     instead of one with a consumed but untrained batch. Cancelling again stops at once.
     """
 
-    def __init__(self, cfg: Any, task: Any, trainer: Any, models: Sequence[Any], *, sink: Any = None,
+    def __init__(self, cfg: Any, task: Task, trainer: StepTrainer, models: Sequence[Any], *, sink: Optional[Sink] = None,
                  manager: Optional[StalenessManager] = None, log: Optional[Callable[[str], None]] = None):
         p = cfg.psrl
         self.cfg = cfg
