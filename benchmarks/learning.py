@@ -46,10 +46,9 @@ from sim_vs_real import compare_run  # noqa: E402
 from sync_vs_async import WORKLOAD, warm_weights  # noqa: E402
 
 from psrl.config import load_config  # noqa: E402
-from psrl.runtime.coordinator import Coordinator  # noqa: E402
+from psrl.runtime.local import build  # noqa: E402
 from psrl.runtime.recorder import RunRecorder  # noqa: E402
 from psrl.runtime.validate import validate  # noqa: E402
-from psrl.train import Trainer, build_task_and_policy, seed_everything  # noqa: E402
 
 
 def smollm2_overrides(root: Path) -> list[str]:
@@ -78,14 +77,10 @@ def smollm2_overrides(root: Path) -> list[str]:
 
 def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tuple[list[dict], list[dict]]:
     """One run from ``weights``: its step rows and the validation of its weight snapshots."""
-    seed_everything(cfg.trainer.seed)
-    task, policy = build_task_and_policy(cfg)
-    policy.load_state(weights, 0)
-    trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
-    models = [policy.replica(seed=cfg.trainer.seed + 1 + i) for i in range(cfg.psrl.num_rollout_instances)]
     recorder = RunRecorder(run_dir)
     recorder.write_config(cfg)
-    coord = Coordinator(cfg, task, trainer, models, sink=recorder, log=lambda _: None)
+    coord = build(cfg, recorder, log=lambda _: None, weights=weights)  # psrl train's own wiring and engines
+    task, policy = coord.agents.task, coord.trainer.policy
     snaps = [(0, 0.0, {k: v.detach().clone() for k, v in policy.export_state().items()})]
 
     def on_step(row: dict) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from psrl.config import load_config
-from psrl.runtime.coordinator import Coordinator
+from psrl.runtime.local import build
 from psrl.runtime.recorder import RunRecorder
 from psrl.runtime.validate import validate
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
@@ -68,14 +68,10 @@ def warm_weights(cfg) -> dict:
 
 def run_one(cfg, weights: dict, steps: int, run_dir: Path) -> tuple[list[dict], object, object]:
     """One asynchronous (or, at staleness 0, synchronous) run from ``weights``, recorded in ``run_dir``."""
-    seed_everything(cfg.trainer.seed)
-    task, policy = build_task_and_policy(cfg)
-    policy.load_state(weights, 0)
-    trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
-    models = [policy.replica(seed=cfg.trainer.seed + 1 + i) for i in range(cfg.psrl.num_rollout_instances)]
     recorder = RunRecorder(run_dir)
     recorder.write_config(cfg)
-    coord = Coordinator(cfg, task, trainer, models, sink=recorder)
+    coord = build(cfg, recorder, weights=weights)  # psrl train's own wiring and engines
+    task, policy = coord.agents.task, coord.trainer.policy
     try:
         rows = asyncio.run(coord.run(steps))
     finally:

@@ -10,6 +10,7 @@ from psrl.rollout.engine import FakeEngine
 from psrl.rollout.fakes import FakeTask, FakeTrainer
 from psrl.rollout.records import MemorySink
 from psrl.runtime.coordinator import Coordinator
+from psrl.runtime.local import build
 from psrl.runtime.vloop import run_virtual
 
 BASE = {
@@ -38,12 +39,12 @@ def _yaml(v: Any) -> str:
 
 def coordinator(cfg, task: Optional[FakeTask] = None, *, token_cost: float = 0.01, sync_cost: float = 0.0,
                 train_time: float = 0.5, sink: Any = None, record: bool = False) -> Coordinator:
-    """The real Coordinator with FakeEngine instances, a FakeTask and a FakeTrainer."""
+    """The real Coordinator, built by psrl train's builder, with FakeEngine instances, a FakeTask and a FakeTrainer."""
     task = task if task is not None else FakeTask()
     engines = [FakeEngine(token_cost=token_cost, sync_cost=sync_cost, record=record)
                for _ in range(cfg.psrl.num_rollout_instances)]
-    return Coordinator(cfg, task, FakeTrainer(train_time=train_time), engines,
-                       sink=sink if sink is not None else MemorySink())
+    return build(cfg, log=lambda _: None, task=task, trainer=FakeTrainer(train_time=train_time), engines=engines,
+                 sink=sink if sink is not None else MemorySink())
 
 
 def run(coord: Coordinator, steps: int) -> list[dict]:

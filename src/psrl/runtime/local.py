@@ -15,7 +15,7 @@ import contextlib
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -25,10 +25,13 @@ from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.engines import build_engines
 from psrl.runtime.recorder import RunRecorder
 from psrl.runtime.watch import RunWatch
+from psrl.staleness import StalenessManager
+from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
+from psrl.types import Sink, StepTrainer
 from psrl.viz.events import EventLog
 
-__all__ = ["train", "progress_line"]
+__all__ = ["build", "train", "progress_line"]
 
 
 def progress_line(row: dict, total: int) -> str:
@@ -62,38 +65,54 @@ class _StepHook:
             save_checkpoint(self.run_dir, self.coord, self.recorder)
 
 
-def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -> Coordinator:
-    """Task, trainer, rollout models and coordinator for ``cfg``; restores ``run_dir/checkpoint`` if resuming."""
-    seed = cfg.trainer.seed
-    if cfg.rollout.engine == "vllm" and not cfg.rollout.vllm.urls:
+def build(cfg: Any, recorder: Optional[RunRecorder] = None, log: Callable[[str], None] = print, *,
+          task: Optional[Task] = None, trainer: Optional[StepTrainer] = None, engines: Optional[Sequence[Any]] = None,
+          weights: Optional[dict] = None, sink: Optional[Sink] = None,
+          manager: Optional[StalenessManager] = None) -> Coordinator:
+    """The one builder of a run: task, trainer, rollout engines and coordinator for ``cfg``.
+
+    ``psrl train``, the tests, the benchmarks and the simulator's ``coordinator`` policy all build here; a part
+    given is used as it is (a fake task, trainer or engines; the simulator's sink and manager), the others are
+    built from ``cfg``. Where the run starts: ``recorder.run_dir/checkpoint`` when ``trainer.resume`` finds one,
+    else ``weights`` (a state dict, e.g. one shared warm start across benchmark runs), else the warm start of a
+    real :class:`~psrl.train.Trainer`.
+    """
+    if engines is None and cfg.rollout.engine == "vllm" and not cfg.rollout.vllm.urls:
         from psrl.rollout.vllm_server import find_vllm_python
 
         find_vllm_python(cfg.rollout.vllm.python)  # before the warm start: a missing environment is said at once
-    seed_everything(seed)
-    task, policy = build_task_and_policy(cfg)
-    trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
-    group_filter = build_group_filter(cfg.psrl, cfg.algorithm)
-    ck = resume(recorder.run_dir, trainer, recorder, group_filter) if cfg.trainer.resume else None
-    manager = None
+    seed_everything(cfg.trainer.seed)
+    if task is None or trainer is None:
+        built, policy = build_task_and_policy(cfg)
+        task = task if task is not None else built
+        trainer = trainer if trainer is not None else Trainer(policy, cfg.algorithm, cfg.trainer)
+    ck = None
+    if recorder is not None and cfg.trainer.resume:
+        ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm))
     if ck is not None:
         manager = ck["manager"]
-        log(f"resumed from {ck['dir']} at version {trainer.version}")
-    else:
+        log(f"resumed from {ck['dir']} at version {trainer.policy.version}")
+    elif weights is not None:
+        trainer.policy.load_state(weights, 0)
+    elif isinstance(trainer, Trainer):
         warm_start(cfg, task, trainer, log)
-    engines = build_engines(cfg, policy, task, recorder.run_dir)
-    coord = Coordinator(cfg, task, trainer, engines, sink=recorder, manager=manager, log=log)
+    if engines is None:
+        engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
+    coord = Coordinator(cfg, task, trainer, engines, sink=sink if sink is not None else recorder, manager=manager,
+                        log=log)
     if ck is not None:
         coord.agents.load_state(ck["agents"])
     return coord
 
 
-async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print) -> list[dict]:
-    """Run ``psrl train`` for ``cfg`` into ``run_dir``; returns the metrics rows of this invocation."""
+async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print, **parts: Any) -> list[dict]:
+    """Run ``psrl train`` for ``cfg`` into ``run_dir``; returns the metrics rows of this invocation. ``parts``
+    go to :func:`build` (a trainer or engines of the caller's, shared start ``weights``)."""
     torch.set_num_threads(1)
     run_dir = Path(run_dir)
     recorder = RunRecorder(run_dir)
     recorder.write_config(cfg)
-    coord = build(cfg, recorder, log)
+    coord = build(cfg, recorder, log, **parts)
     total = cfg.trainer.total_steps
     events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)
     coord.manager.on_event = events  # the buffer timeline for `psrl viz RUN_DIR`
@@ -153,6 +172,6 @@ def _sigterm_cancels(task: asyncio.Task) -> Iterator[Callable[[], bool]]:
             loop.remove_signal_handler(signal.SIGTERM)
 
 
-def run(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print) -> list[dict]:
+def run(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print, **parts: Any) -> list[dict]:
     """Synchronous entry point: ``asyncio.run(train(...))``."""
-    return asyncio.run(train(cfg, run_dir, log))
+    return asyncio.run(train(cfg, run_dir, log, **parts))

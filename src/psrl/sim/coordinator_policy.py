@@ -176,7 +176,8 @@ class CoordinatorPolicy:
 
     def run(self) -> Result:
         from psrl.rollout.engine import FakeEngine
-        from psrl.runtime.coordinator import Coordinator, build_staleness_manager
+        from psrl.runtime.coordinator import build_staleness_manager
+        from psrl.runtime.local import build
         from psrl.runtime.vloop import run_virtual
         from psrl.staleness import StalenessManager
 
@@ -197,8 +198,8 @@ class CoordinatorPolicy:
                                   wl.redundant_group_size, group_filter=keep)
         else:
             sm = build_staleness_manager(cfg)
-        coord = Coordinator(cfg, _SimTask(meter), _SimTrainer(meter), [FakeEngine(token_cost=0.0, sync_cost=wl.sync_time)],
-                            sink=_Sink(meter), manager=sm)
+        coord = build(cfg, log=lambda _: None, task=_SimTask(meter), trainer=_SimTrainer(meter),
+                      engines=[FakeEngine(token_cost=0.0, sync_cost=wl.sync_time)], sink=_Sink(meter), manager=sm)
         run_virtual(coord.run(wl.steps))
         for uid, ran in meter.cut.items():
             if uid not in meter.recorded:  # cancelled mid-generation (a truncated one was recorded)
