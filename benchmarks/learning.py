@@ -73,7 +73,7 @@ def smollm2_overrides(root: Path) -> list[str]:
     return [f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "model.device=cpu", "task.name=dataset",
             f"data.train_files={rows[0]}", f"data.val_files={rows[1]}", "data.max_prompt_length=64",
             "data.max_response_length=6", "task.reward=math", "trainer.lr=1e-5", "psrl.staleness_buffer_entries=4",
-            "psrl.rollout_n=4", "psrl.num_rollout_instances=1", "psrl.max_concurrent_per_instance=16"]
+            "psrl.rollout_n=4", "psrl.deployment.n_rollout_instances=1", "psrl.routing_strategy.max_concurrent_seqs_per_instance=16"]
 
 
 def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -82,7 +82,7 @@ def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tu
     task, policy = build_task_and_policy(cfg)
     policy.load_state(weights, 0)
     trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
-    models = [policy.replica(seed=cfg.trainer.seed + 1 + i) for i in range(cfg.psrl.num_rollout_instances)]
+    models = [policy.replica(seed=cfg.trainer.seed + 1 + i) for i in range(cfg.psrl.deployment.n_rollout_instances)]
     recorder = RunRecorder(run_dir)
     recorder.write_config(cfg)
     coord = Coordinator(cfg, task, trainer, models, sink=recorder, log=lambda _: None)

@@ -50,8 +50,8 @@ from sim_vs_real import compare_run  # noqa: E402
 WORKLOAD = [
     "task.tool_latency_median=0.2",
     "task.tool_latency_sigma=1.0",
-    "psrl.num_rollout_instances=2",
-    "psrl.max_concurrent_per_instance=16",
+    "psrl.deployment.n_rollout_instances=2",
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance=16",
 ]
 
 
@@ -74,7 +74,7 @@ def run_one(cfg, weights: dict, steps: int, run_dir: Path) -> tuple[list[dict], 
     task, policy = build_task_and_policy(cfg)
     policy.load_state(weights, 0)
     trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
-    models = [policy.replica(seed=cfg.trainer.seed + 1 + i) for i in range(cfg.psrl.num_rollout_instances)]
+    models = [policy.replica(seed=cfg.trainer.seed + 1 + i) for i in range(cfg.psrl.deployment.n_rollout_instances)]
     recorder = RunRecorder(run_dir)
     recorder.write_config(cfg)
     coord = Coordinator(cfg, task, trainer, models, sink=recorder)
