@@ -274,7 +274,10 @@ class RolloutInstance:
     async def _serve(self, req: GenRequest) -> None:
         """One request through the engine; resolves its future (finished, handed back, or failed)."""
         try:
-            await self.engine.generate(req)
+            if req.rerouted:  # migrated before its task ran: the engine never saw it
+                req.finish = "abort"
+            else:
+                await self.engine.generate(req)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 -- an engine fault: hand the request back, recover the engine
@@ -293,22 +296,21 @@ class RolloutInstance:
         else:
             req.future.set_result(req)
 
-    def migrate(self, n: int) -> int:
+    def migrate(self, n: int) -> list[GenRequest]:
         """Interrupt up to ``n`` requests (queued first, then those with the fewest tokens) so their sessions
-        re-route them away from this instance, tokens and ``V_traj`` kept; returns how many."""
-        moved = 0
-        for req in list(self._queue):
-            if moved >= n:
-                break
+        re-route them away from this instance, tokens and ``V_traj`` kept; returns them."""
+        moved: list[GenRequest] = []
+        for req in list(self._queue)[:n]:
             self._queue.remove(req)
             req.rerouted = True
             self._hand_back(req, "abort")
-            moved += 1
-        for req in sorted(self._active, key=lambda r: len(r.tokens))[: n - moved]:
+            moved.append(req)
+        active = [r for r in self._active if not r.rerouted and not r.finish]
+        for req in sorted(active, key=lambda r: len(r.tokens))[: n - len(moved)]:
             req.rerouted = True
             self.engine.abort(req)  # _serve hands it back with its tokens
-            moved += 1
-        self.migrated += moved
+            moved.append(req)
+        self.migrated += len(moved)
         return moved
 
     def _hand_back(self, req: GenRequest, why: str) -> None:

@@ -55,6 +55,9 @@ class InstancePool:
         self.trajectory_sticky = bool(trajectory_sticky)
         self.migration = migration
         self._homes: OrderedDict[Hashable, RolloutInstance] = OrderedDict()
+        self._transit: set[int] = set()
+        """Requests migration interrupted whose sessions have not re-submitted them yet (no plan meanwhile:
+        the loads it would read are about to change)."""
         self._changed = asyncio.Event()
         for inst in self.instances:
             inst.on_version = self._on_version
@@ -125,11 +128,15 @@ class InstancePool:
         if self.migration is None:
             return
         alive = [inst for inst in self.instances if not inst.dead]
-        if any(inst.syncing or inst.wants_pull() for inst in alive):
+        if self._transit or any(inst.syncing or inst.wants_pull() for inst in alive):
             return
         src, n = self.migration.plan(alive)
         if src is not None and n > 0:
-            src.migrate(n)
+            self._transit.update(id(req) for req in src.migrate(n))
+
+    def landed(self, req: Any) -> None:
+        """A migrated request's session has re-submitted it elsewhere (or given it up)."""
+        self._transit.discard(id(req))
 
     def start(self) -> None:
         for inst in self.instances:

@@ -46,21 +46,30 @@ class Session:
             self._move(self.pool.route(self.v_traj))
         seg = Segment()
         remaining = int(max_new_tokens)
-        while remaining > 0:
-            req = self.instance.submit(list(context_ids) + seg.tokens, remaining, self.v_traj)
-            self._req = req
-            try:
-                await req.future
-            except asyncio.CancelledError:
-                self.instance.cancel(req)
-                raise
-            finally:
-                self._req = None
-            self._take(seg, req)
-            remaining -= len(req.tokens)
-            if not req.interrupted:
-                break
-            self._move(self.pool.route(self.v_traj, avoid=self.instance if req.rerouted else None))
+        moved = None  # a request migration interrupted: it has landed once its rest is submitted here
+        try:
+            while remaining > 0:
+                req = self.instance.submit(list(context_ids) + seg.tokens, remaining, self.v_traj)
+                if moved is not None:
+                    self._landed(moved)
+                    moved = None
+                self._req = req
+                try:
+                    await req.future
+                except asyncio.CancelledError:
+                    self.instance.cancel(req)
+                    raise
+                finally:
+                    self._req = None
+                self._take(seg, req)
+                remaining -= len(req.tokens)
+                if not req.interrupted:
+                    break
+                moved = req if req.rerouted else None
+                self._move(self.pool.route(self.v_traj, avoid=self.instance if req.rerouted else None))
+        finally:
+            if moved is not None:
+                self._landed(moved)
         return seg
 
     def _take(self, seg: Segment, req: Any) -> None:
@@ -72,6 +81,11 @@ class Session:
         seg.logprobs += req.logprobs
         seg.versions += req.versions
         self._ep.add_model(Segment(list(req.tokens), list(req.logprobs), list(req.versions)))
+
+    def _landed(self, req: Any) -> None:
+        landed = getattr(self.pool, "landed", None)
+        if landed is not None:
+            landed(req)
 
     def _move(self, target: Any) -> None:
         """Bind to ``target`` (after an interruption or for a new turn; it may be the same instance)."""
