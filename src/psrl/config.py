@@ -488,6 +488,22 @@ class SimProactiveConfig:
 
 
 @dataclass
+class SimDecodeConfig:
+    enable: bool = _f(
+        False, "coordinator policy only: model decoding on psrl.deployment.n_rollout_instances instances, routed by "
+               "psrl.routing_strategy. A trajectory is (its generation time x sim.gen_tokens_per_second) tokens; an "
+               "instance's decode step over n running requests takes (step_time + n x row_time) / speed, so each "
+               "request slows as the batch grows.")
+    step_time: float = _f(0.02, "Seconds of one decode step whatever the batch (weights read once per step).", ge=0)
+    row_time: float = _f(0.002, "Extra seconds per running request in a decode step.", gt=0)
+    speeds: list = _f([], "Relative speed of each instance (e.g. [1.0, 0.5]: a slower second machine); [] = all 1.0.",
+                      note="one positive number per instance, or []")
+    max_running: Optional[int] = _f(
+        None, "Requests an instance decodes at once (vLLM's max_num_seqs); the rest wait at the instance, where "
+              "psrl.routing_strategy.enable_multi_priority_queue orders them. null: no limit.", ge=1)
+
+
+@dataclass
 class SimConfig:
     slots: int = _f(64, "Generation slots (trajectories generated at once).", ge=1)
     steps: int = _f(100, "Training steps to simulate.", ge=1)
@@ -505,6 +521,7 @@ class SimConfig:
         gt=0
     )
     proactive: SimProactiveConfig = _sub(SimProactiveConfig, "When psrl's proactive filter acts (simulator what-if).")
+    decode: SimDecodeConfig = _sub(SimDecodeConfig, "Batching-dependent decode speed per instance (coordinator policy).")
     areal: ArealSimConfig = _sub(ArealSimConfig, "The areal policy: AReaL's own knobs (defaults: AReaL's).")
     tinker: TinkerSimConfig = _sub(TinkerSimConfig, "The discard_requeue policy: the Tinker cookbook's knobs.")
     verl: VerlSimConfig = _sub(VerlSimConfig, "The sample_budget policy (verl fully-async) and one_step_off: verl's knobs.")

@@ -14,7 +14,9 @@ sees a tie keeps the first.
 **Cost model** (PSRL's "waterfall" form). One decode step of an instance running ``n`` requests at
 KV-cache use ``kv`` takes ``k1*kv + max(k2, k3*n) + k4`` seconds and yields ``n`` tokens, so its
 throughput is ``T(n) = n / step(n)``. Adding a request to instance ``i`` gains ``T_i(n_i+1) - T_i(n_i)``;
-the router picks the largest gain. ``delta_throughput_threshold`` (PSRL's meaning): an instance whose
+the router picks the largest gain (zero once the instance runs its ``max_batch``: more only wait; among
+saturated instances, the one whose backlog ``(running + 1) / T`` drains first).
+``delta_throughput_threshold`` (PSRL's meaning): an instance whose
 gain has fallen below that fraction of its gain when idle (``T_i(1)``) is skipped while another is not.
 The coefficients come from ``routing_strategy.cost_model_path`` (JSON written by ``psrl profile``) or,
 with no file, are fitted online from the engines' own figures (:class:`psrl.types.EngineLoad`:
@@ -187,9 +189,14 @@ class ThroughputOptimalRouter:
             m = models[inst.index] or avg
             kv = inst.load().kv_usage or 0.0
             gain = m.gain(inst.running, kv)
-            scored.append((gain >= self.delta_threshold * m.gain(0, kv), gain, inst))
-        best = max(scored, key=lambda t: (t[0], t[1]))  # above the threshold first, then the gain; first on ties
-        return best[2]
+            limit = getattr(inst, "max_batch", None)
+            if limit is not None and inst.running >= limit:
+                gain = 0.0  # the engine decodes at most max_batch at once: one more only waits
+            n = inst.running if limit is None else min(inst.running + 1, limit)
+            drain = (inst.running + 1) / max(m.throughput(max(n, 1), kv), 1e-12)  # time to serve its backlog
+            scored.append((gain >= self.delta_threshold * m.gain(0, kv), gain, -drain, inst))
+        # above the threshold first, then the gain, then (all saturated) the shortest backlog; first on ties
+        return max(scored, key=lambda t: t[:3])[3]
 
 
 def build_router(rs: Any, seed: int = 0) -> Any:
