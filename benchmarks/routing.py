@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--seeds", default="0,1,2")
     ns = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    import torch  # the coordinator's layers import it; one thread, the machine is shared
+
+    torch.set_num_threads(1)
     seeds = [int(s) for s in ns.seeds.split(",")]
     rows = {}
     for method in METHODS:

@@ -242,3 +242,15 @@ def test_request_sort_indicator_orders_a_queue(sort, expected):
 
 def test_multi_level_queue_comes_before_the_request_sort():
     assert admission_order(multi_priority_queue=True, request_sort="short_length") == [3, 6, 4, 7, 5]
+
+
+def test_psrl_profile_writes_the_file_cost_model_path_reads(tmp_path, capsys):
+    """psrl profile on the tiny built-in model's hf engines: one fitted model per instance, loadable by the router."""
+    from psrl.rollout.profile import main
+
+    out = tmp_path / "cost.json"
+    assert main(["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "psrl.deployment.n_rollout_instances=2",
+                 "--out", str(out), "--sizes", "1,2,4", "--tokens", "4"]) == 0
+    models = load_cost_model(out)
+    assert len(models) == 2 and all(m.k3 > 0 for m in models)
+    assert "cost_model_path" in capsys.readouterr().out
