@@ -143,9 +143,10 @@ def test_proactive_truncate_force_completes_the_straggler_with_its_partial_outpu
     account(coord)
 
 
-@pytest.mark.parametrize("threshold, acts", [(1, False), (2, True)])
+@pytest.mark.parametrize("threshold, acts", [(0, False), (1, False), (2, True)])
 def test_proactive_filter_acts_only_at_or_below_its_threshold(threshold, acts):
-    """Boundary: B=3 with two stragglers left in the STUCK buffer -- threshold 2 acts, threshold 1 waits."""
+    """Boundary: B=3 with two stragglers left in the STUCK buffer -- threshold 2 acts, threshold 1 waits.
+    0 is PSRL's default: a STUCK buffer always has a RESERVED entry, so the filter never acts."""
     cfg = config(psrl__staleness=0, psrl__staleness_buffer_entries=3, psrl__rollout_n=1,
                  psrl__proactive_filter_strategy__method="truncate",
                  psrl__proactive_filter_strategy__threshold=threshold)
