@@ -72,7 +72,7 @@ def smollm2_overrides(root: Path) -> list[str]:
     return [f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "model.device=cpu", "task.name=dataset",
             f"data.train_files={rows[0]}", f"data.val_files={rows[1]}", "data.max_prompt_length=64",
             "data.max_response_length=6", "task.reward=math", "trainer.lr=1e-5", "psrl.staleness_buffer_entries=4",
-            "psrl.rollout_n=4", "psrl.num_rollout_instances=1", "psrl.max_concurrent_per_instance=16"]
+            "psrl.rollout_n=4", "psrl.deployment.n_rollout_instances=1", "psrl.routing_strategy.max_concurrent_seqs_per_instance=16"]
 
 
 def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tuple[list[dict], list[dict]]:

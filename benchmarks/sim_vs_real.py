@@ -7,7 +7,7 @@ the run's own config with
 
 * ``sim.gen_time.dist=trace`` on its ``trajectories.jsonl`` (the measured ``gen_seconds`` replayed
   in order; the training step time is the mean ``time/train_s`` of its ``metrics.jsonl``),
-* ``sim.slots`` = ``psrl.num_rollout_instances x psrl.max_concurrent_per_instance`` (agent workers),
+* ``sim.slots`` = ``psrl.deployment.n_rollout_instances x psrl.routing_strategy.max_concurrent_seqs_per_instance`` (agent workers),
 * ``sim.steps`` = the steps the run recorded,
 
 and the psrl policy is simulated (``--policy coordinator``: psrl train's real coordinator in virtual
@@ -43,7 +43,7 @@ def measured_seconds_per_step(run_dir: Path) -> tuple[float, int]:
 def replay_workload(run_dir: Path, steps: int) -> Workload:
     """The run's own config, with its timings as the trace and its agent workers as slots."""
     cfg = load_config(run_dir / "config.yaml")
-    slots = cfg.psrl.num_rollout_instances * cfg.psrl.max_concurrent_per_instance
+    slots = cfg.psrl.deployment.n_rollout_instances * cfg.psrl.routing_strategy.max_concurrent_seqs_per_instance
     overrides = ["sim.gen_time.dist=trace", f"sim.gen_time.trace={run_dir / 'trajectories.jsonl'}",
                  f"sim.slots={slots}", f"sim.steps={steps}"]
     return Workload.from_config(load_config(run_dir / "config.yaml", overrides))

@@ -48,8 +48,8 @@ from sim_vs_real import compare_run  # noqa: E402
 WORKLOAD = [
     "task.tool_latency_median=0.2",
     "task.tool_latency_sigma=1.0",
-    "psrl.num_rollout_instances=2",
-    "psrl.max_concurrent_per_instance=16",
+    "psrl.deployment.n_rollout_instances=2",
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance=16",
 ]
 
 

@@ -25,7 +25,7 @@ def test_defaults_validate_and_derive_sizes():
 def test_yaml_then_overrides(tmp_path):
     """Overrides win over the file; values are parsed as YAML scalars."""
     f = tmp_path / "c.yaml"
-    f.write_text("psrl:\n  staleness: 1\n  redundant_rollout:\n    redundant_global_batch_size: 12\n")
+    f.write_text("psrl:\n  staleness: 1\n  staleness_buffer_entries: 8\n  redundant_rollout:\n    enable: true\n    redundant_global_batch_size: 12\n")
     cfg = load_config(f, ["psrl.staleness=3", "algorithm.rollout_correction.is=token"])
     assert cfg.psrl.staleness == 3
     assert cfg.psrl.redundant_batch_size == 12
@@ -38,8 +38,8 @@ def test_yaml_then_overrides(tmp_path):
         (["psrl.stalenes=1"], "psrl.stalenes", "did you mean 'psrl.staleness'"),
         (["psrl.staleness=-1"], "psrl.staleness", "synchronous"),
         (["psrl.staleness=two"], "psrl.staleness", ""),
-        (["psrl.redundant_rollout.redundant_rollout_n=2", "psrl.rollout_n=4"], "psrl.redundant_rollout.redundant_rollout_n", "alg_rollout_n"),
-        (["psrl.redundant_rollout.redundant_global_batch_size=2"], "psrl.redundant_rollout.redundant_global_batch_size", "alg_global_batch_size"),
+        (["psrl.redundant_rollout.enable=true", "psrl.redundant_rollout.redundant_rollout_n=2", "psrl.rollout_n=4"], "psrl.redundant_rollout.redundant_rollout_n", "alg_rollout_n"),
+        (["psrl.redundant_rollout.enable=true", "psrl.redundant_rollout.redundant_global_batch_size=2"], "psrl.redundant_rollout.redundant_global_batch_size", "alg_global_batch_size"),
         (["psrl.group_post_process.enable=true", "psrl.group_post_process.name=dynamic_sampling_filtr"], "psrl.group_post_process.name", "did you mean 'dynamic_sampling_filter'"),
         (["psrl.group_post_process.enable=true", "psrl.group_post_process.name=dynamic_sampling_filter"], "algorithm.filter_groups.metric", "score"),
         (["psrl.proactive_filter_strategy.method=retri"], "psrl.proactive_filter_strategy.method", "retry"),
@@ -97,7 +97,11 @@ def test_reference_rows_have_five_cells():
     """A '|' in a type (str | null) or a help text is escaped, so no row grows extra columns."""
     import re
 
-    rows = [line for line in reference_markdown().splitlines() if line.startswith("| `")]
+    doc = reference_markdown()
+    keys, fates = doc.split("## PSRL's keys and their fate")
+    rows = [line for line in keys.splitlines() if line.startswith("| `")]
     assert any("str \\| null" in r for r in rows)
     for row in rows:
         assert len(re.split(r"(?<!\\)\|", row.strip())) - 2 == 5, row
+    for row in [line for line in fates.splitlines() if line.startswith("| `")]:
+        assert len(re.split(r"(?<!\\)\|", row.strip())) - 2 == 3, row

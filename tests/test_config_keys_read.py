@@ -154,11 +154,24 @@ def read_attributes() -> set[str]:
     return read
 
 
+def no_effect_keys() -> set[str]:
+    """PSRL keys accepted with no effect here: their field says why (``effect=``), and the fate table shows it."""
+    return {k for k, (_, f) in leaf_keys().items() if "effect" in f.metadata}
+
+
 def test_every_config_key_is_read_by_something():
-    """A key nothing reads: remove it, or wire it up (and if it is being wired elsewhere, allowlist it here)."""
+    """A key nothing reads: remove it, wire it up, or (a PSRL key with no meaning here) give it ``effect=``."""
     read = read_attributes()
-    unread = sorted(k for k, (_, attr) in leaf_fields().items() if attr not in read and k not in UNREAD_ALLOWLIST)
+    skip = UNREAD_ALLOWLIST | no_effect_keys()
+    unread = sorted(k for k, (_, attr) in leaf_fields().items() if attr not in read and k not in skip)
     assert unread == [], f"config keys that nothing in src/psrl reads: {unread}"
+
+
+def test_no_effect_keys_are_psrl_keys_with_a_reason():
+    """Only PSRL's own keys may be accepted with no effect, and each says why."""
+    for k in no_effect_keys():
+        assert k.startswith("psrl."), k
+        assert len(leaf_keys()[k][1].metadata["effect"]) > 20, k
 
 
 def test_the_allowlist_holds_only_unread_keys():

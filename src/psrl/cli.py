@@ -1,4 +1,4 @@
-"""``psrl`` command line: ``train``, ``simulate``, ``viz``, ``config``.
+"""``psrl`` command line: ``train``, ``simulate``, ``viz``, ``profile``, ``config``.
 
 Each sub-command lives in its own layer and is imported only when used, so ``psrl --help``
 starts fast and the core never pulls torch in.
@@ -14,6 +14,7 @@ COMMANDS = {
     "train": ("psrl.train_cli", "Run asynchronous RL training (built-in agentic task by default)."),
     "simulate": ("psrl.sim.cli", "Simulate throughput, staleness and waste of a workload; compare staleness policies."),
     "viz": ("psrl.viz.cli", "Draw the buffer timeline of a run directory (reserve / occupy / consume)."),
+    "profile": ("psrl.rollout.profile", "Fit the throughput_optimal router's cost model from a short profiling run."),
     "config": ("psrl.config_cli", "Print the resolved configuration (defaults + file + overrides), or the key reference."),
 }
 

@@ -32,13 +32,15 @@ __all__ = [
 ]
 
 
-def _f(default: Any, help: str, key: str | None = None, **rule: Any) -> Any:
+def _f(default: Any, help: str, key: str | None = None, effect: str | None = None, **rule: Any) -> Any:
     """A config field with its help text, the :class:`~psrl.config_rules.Rule` of the values it accepts
-    (its keywords: ``ge=0``, ``choices=(...)``, ``path="file"`` ...), and optionally its YAML name when
-    that is a Python keyword."""
+    (its keywords: ``ge=0``, ``choices=(...)``, ``path="file"`` ...), optionally its YAML name when
+    that is a Python keyword, and ``effect``: why a PSRL key is accepted but does nothing here."""
     meta: dict = {"help": help, "rule": Rule(**rule)}
     if key is not None:
         meta["key"] = key
+    if effect is not None:
+        meta["effect"] = effect
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         factory = default if callable(default) and not dataclasses.is_dataclass(default) else None
         if factory is None:
@@ -59,23 +61,29 @@ def _sub(cls: type, help: str) -> Any:
 
 
 # --------------------------------------------------------------------------- psrl.*
+# PSRL's own keys (shared/spec/psrl-config-surface.md), with PSRL's meanings and defaults. A key PSRL has
+# that does nothing on this project's machines says so in ``effect=`` (the fate table of the reference);
+# keys for PSRL's GPU infrastructure are in ``OUT_OF_SCOPE`` below, and renamed keys in ``MOVED``.
+
+_NO_SHAPE = "psrl runs every rollout instance as one engine on this machine: the engine's own settings size it"
 
 
 @dataclass
 class RedundantRolloutConfig:
+    enable: bool = _f(False, "Master switch: the four sizes below act only when true (set them only then).")
     alg_global_batch_size: Optional[int] = _f(
-        None, "B: group entries one training step consumes (default psrl.staleness_buffer_entries).",
+        None, "B: group entries one training step consumes (null: psrl.staleness_buffer_entries).",
         ge=1, fix="set it to the entries one step trains on (>= 1), or null for psrl.staleness_buffer_entries"
     )
     redundant_global_batch_size: Optional[int] = _f(
-        None, "B': entries each buffer holds, B' >= B; extra entries are passively aborted (default B).", ge=1
+        None, "B': entries each buffer holds, B' >= B; extra entries are passively aborted (null: B).", ge=1
     )
     alg_rollout_n: Optional[int] = _f(
-        None, "N: trajectories per group the algorithm needs (default psrl.rollout_n).",
+        None, "N: trajectories per group the algorithm needs (null: psrl.rollout_n).",
         ge=1, fix="set it to the trajectories per group the algorithm needs (>= 1), or null for psrl.rollout_n"
     )
     redundant_rollout_n: Optional[int] = _f(
-        None, "N': trajectories launched per group, N' >= N; the slowest N'-N are cancelled (default N).", ge=1
+        None, "N': trajectories launched per group, N' >= N; the slowest N'-N are cancelled (null: N).", ge=1
     )
 
 
@@ -94,72 +102,159 @@ class ProactiveFilterConfig:
         None, "What to do with the last RESERVED entries of a STUCK buffer: null | retry | truncate.",
         choices=(None, "retry", "truncate")
     )
-    threshold: int = _f(4, "Act when a STUCK buffer has at most this many RESERVED entries left.", ge=1)
+    threshold: int = _f(0, "Act when a STUCK buffer has at most this many RESERVED entries left. 0 (PSRL's "
+                           "default) never acts: a STUCK buffer always has at least one.", ge=0)
 
 
 @dataclass
 class PartialRolloutConfig:
     enable: bool = _f(
-        False,
-        "When an instance pulls new weights mid-generation, continue in-flight generations under the "
-        "new weights (tokens kept, each token records its version) instead of finishing on the old ones.",
+        True,
+        "At a weight sync, in-flight generations are interrupted and continue under the new weights, keeping "
+        "their tokens (each token records its version); false: the instance lets them finish on the old weights.",
     )
-    migration: bool = _f(
-        True, "With partial rollout, an interrupted request may continue on another rollout instance."
-    )
+    interrupt_as_prompt: bool = _f(
+        False, "true: an interrupted request is continued as a new request whose prompt is the old context plus "
+               "its tokens so far, routed again (it may land on another instance); false: the same request is "
+               "paused and resumed on its instance.")
+
+
+@dataclass
+class RoutingConfig:
+    method: str = _f(
+        "request_num_balance", "Which instance gets a trajectory: random | round_robin | request_num_balance (fewest "
+        "running) | throughput_optimal (largest marginal gain of a fitted decode-throughput model).",
+        choices=("random", "round_robin", "request_num_balance", "throughput_optimal"))
+    cost_model_path: Optional[str] = _f(
+        None, "throughput_optimal: JSON cost model (psrl profile writes one); null: fitted online from the engines' "
+              "own running-requests and tokens/s figures.", path="file")
+    request_budget: int = _f(1024, "Assumed tokens per request of throughput_optimal_with_budget.", ge=1,
+                             effect="only read by throughput_optimal_with_budget, which is not built here")
+    delta_throughput_threshold: float = _f(
+        0.5, "throughput_optimal: skip an instance whose marginal gain has fallen below this fraction of its "
+             "gain when idle (when every instance is below it, the best one still gets the request).", ge=0, le=1)
+    request_sort_indicator: str = _f(
+        "small_id", "Order in which requests waiting at an instance are admitted: small_id (arrival) | short_length "
+                    "| long_length (context length).", choices=("small_id", "short_length", "long_length"))
+    candidate_sort_indicator: str = _f(
+        "version", "Tie-break among equally good instances: version (newest weights first) | reserve_capability "
+                   "(most free sequence slots first).", choices=("version", "reserve_capability"))
+    enable_multi_priority_queue: bool = _f(
+        False, "Multi-level queue: requests waiting at an instance are admitted by V_traj, older (more stale) first "
+               "(before request_sort_indicator).")
+    enable_group_sticky: bool = _f(True, "All members of a group start on the instance its first member went to "
+                                         "(while that instance has room).")
+    enable_trajectory_sticky: bool = _f(True, "Later turns of a trajectory go to the instance of its first turn; "
+                                              "false: every turn is routed again.")
+    max_concurrent_seqs_per_instance: int = _f(
+        16, "Trajectories one instance serves at once (agent workers = this x instances); requests beyond it "
+            "wait at the instance. PSRL's default 1024 is a GPU figure; 16 fits a CPU engine.",
+        ge=1, fix="set psrl.routing_strategy.max_concurrent_seqs_per_instance to at least psrl.rollout_n, e.g. 8")
+    check_interval_in_ms: int = _f(500, "PSRL's routing-loop period.", ge=1,
+                                   effect="psrl is event-driven: it routes when a request arrives, with no polling loop")
+
+
+@dataclass
+class SyncConfig:
+    indicator: str = _f(
+        "request_num", "status_based: what the instance's status is: request_num (running trajectories) | throughput "
+                       "(tokens/s) | kv_cache (KV-cache use, engines that report it: vllm).",
+        choices=("request_num", "throughput", "kv_cache"))
+    threshold: Optional[float] = _f(None, "status_based: pull when the indicator is below this (a count, tokens/s "
+                                          "or a fraction); required by status_based.", ge=0)
+    check_req_before_sync: bool = _f(True, "Pull only when no request waits at the instance to be admitted.")
+    seamless_train_version: int = _f(
+        0, "While the newest version is <= this, instances do not pull (they serve as long as the staleness bound "
+           "lets them), so the first steps' buffers fill without a sync pause.", ge=0)
+
+
+@dataclass
+class MigConfig:
+    enable: bool = _f(False, "Migrate requests between instances to balance load (partial rollout keeps their tokens).")
+    indicator: str = _f("request_num", "Imbalance measure: request_num | throughput | kv_cache.",
+                        choices=("request_num", "throughput", "kv_cache"))
+    threshold: Optional[float] = _f(None, "Start migrating when max/min of the indicator across instances exceeds "
+                                          "this (e.g. 2.0); required when mig.enable.", ge=1)
+    stop_indicator: str = _f("request_num", "Measure for stopping: request_num | throughput | kv_cache.",
+                             choices=("request_num", "throughput", "kv_cache"))
+    stop_threshold: Optional[float] = _f(None, "Stop migrating once max/min of stop_indicator is at or below this "
+                                               "(e.g. 1.2; null: mig.threshold).", ge=1)
+
+
+@dataclass
+class SyncAndMigConfig:
+    method: str = _f("greedy", "When an instance pulls new weights: greedy (as soon as they exist) | status_based "
+                               "(when sync.indicator drops below sync.threshold).", choices=("greedy", "status_based"))
+    check_interval_in_ms: int = _f(100, "PSRL's sync/migration loop period.", ge=1,
+                                   effect="psrl is event-driven: instances re-check on every publish and every "
+                                          "finished request, with no polling loop")
+    sync: SyncConfig = _sub(SyncConfig, "When an instance pulls.")
+    mig: MigConfig = _sub(MigConfig, "Migration as load balancing (considered only in rounds where no sync fired).")
+
+
+@dataclass
+class DeploymentConfig:
+    n_rollout_instances: int = _f(1, "Rollout instances, each with its own engine, weights and version.",
+                                  ge=1, fix="set psrl.deployment.n_rollout_instances=1 or more")
+    rollout_nnodes_per_instance: int = _f(1, "Nodes per rollout instance.", ge=1, effect=_NO_SHAPE)
+    rollout_ngpus_per_node_per_instance: int = _f(1, "GPUs per node of each rollout instance.", ge=1,
+                                                  effect=_NO_SHAPE + " (rollout.vllm.args for tensor parallel)")
+    train_nnodes: int = _f(1, "Nodes of the trainer.", ge=1, effect="the trainer is one process on this machine")
+    train_ngpus_per_node: int = _f(1, "GPUs per trainer node.", ge=1, effect="the trainer is one process (model.device)")
+    n_validate_instances: int = _f(1, "Validation instances.", ge=1,
+                                   effect="validation runs in the trainer's process on its weights (trainer.val_every)")
 
 
 @dataclass
 class PsrlConfig:
-    staleness: int = _f(2, "eta: maximum staleness, consumed_version - V_traj <= staleness for every trajectory.",
+    staleness: int = _f(0, "eta: maximum staleness, consumed_version - V_traj <= staleness for every trajectory; "
+                           "0 = synchronous.",
                         ge=0, fix="set psrl.staleness=0 for synchronous training, or a positive bound such as 2")
-    staleness_buffer_entries: int = _f(8, "Group entries per buffer (B) unless redundant_rollout overrides it.",
+    staleness_buffer_entries: int = _f(512, "Group entries per buffer: the training batch in prompts (B).",
                                        ge=1, fix="set psrl.staleness_buffer_entries to the entries a step trains on, e.g. 8")
-    rollout_n: int = _f(4, "Trajectories per group (N) unless redundant_rollout overrides it.",
+    rollout_n: int = _f(1, "Trajectories per group (N).",
                         ge=1, fix="set psrl.rollout_n to the trajectories per prompt, e.g. 4 (1 = no group baseline)")
+    partial_rollout: PartialRolloutConfig = _sub(PartialRolloutConfig, "Partial rollout.")
     redundant_rollout: RedundantRolloutConfig = _sub(RedundantRolloutConfig, "Batch- and group-level redundancy.")
-    group_post_process: GroupPostProcessConfig = _sub(GroupPostProcessConfig, "Filter on OCCUPIED entries.")
+    routing_strategy: RoutingConfig = _sub(RoutingConfig, "Which rollout instance gets a request.")
+    sync_and_mig_strategy: SyncAndMigConfig = _sub(SyncAndMigConfig, "When an instance pulls weights; when requests move.")
     proactive_filter_strategy: ProactiveFilterConfig = _sub(ProactiveFilterConfig, "Filter on RESERVED entries.")
-    partial_rollout: PartialRolloutConfig = _sub(PartialRolloutConfig, "Partial rollout and migration.")
-    num_rollout_instances: int = _f(2, "Rollout instances, each with its own weights and version.",
-                                    ge=1, fix="set psrl.num_rollout_instances=1 or more")
-    max_concurrent_per_instance: int = _f(8, "Trajectories one rollout instance generates at once (agent workers).",
-                                          ge=1,
-                                          fix="set psrl.max_concurrent_per_instance to at least psrl.rollout_n, e.g. 8")
-    router: str = _f("request_num_balance", "How requests pick an instance: round_robin | request_num_balance.",
-                     choices=("round_robin", "request_num_balance"))
-    sync_strategy: str = _f(
-        "greedy", "When an instance pulls new weights: greedy (as soon as they exist) | request_num.",
-        choices=("greedy", "request_num")
-    )
-    sync_request_threshold: int = _f(
-        2, "request_num strategy: pull new weights once running requests on the instance drop below this.", ge=1
-    )
-    runtime: str = _f(
-        "local", "Where rollout models run: local (this process, worker threads) | ray (one Ray actor per instance).",
-        choices=("local", "ray")
-    )
-    ray_address: Optional[str] = _f(None, "runtime=ray: address of an existing Ray cluster (null starts a local one).",
-                                    note="address of a running Ray cluster (host:port); only with psrl.runtime=ray")
-    reward_retries: int = _f(1, "Times a failing reward function / agent loop is retried before it is reported.",
-                             ge=0, fix="set psrl.reward_retries=0 to report a failing reward at once, or a small count")
+    group_post_process: GroupPostProcessConfig = _sub(GroupPostProcessConfig, "Filter on OCCUPIED entries.")
+    deployment: DeploymentConfig = _sub(DeploymentConfig, "Resource shape.")
 
     # Derived values (B, B', N, N') -- computed, never written back.
     @property
     def batch_size(self) -> int:
-        return self.redundant_rollout.alg_global_batch_size or self.staleness_buffer_entries
+        r = self.redundant_rollout
+        return (r.enable and r.alg_global_batch_size) or self.staleness_buffer_entries
 
     @property
     def redundant_batch_size(self) -> int:
-        return self.redundant_rollout.redundant_global_batch_size or self.batch_size
+        r = self.redundant_rollout
+        return (r.enable and r.redundant_global_batch_size) or self.batch_size
 
     @property
     def group_size(self) -> int:
-        return self.redundant_rollout.alg_rollout_n or self.rollout_n
+        r = self.redundant_rollout
+        return (r.enable and r.alg_rollout_n) or self.rollout_n
 
     @property
     def redundant_group_size(self) -> int:
-        return self.redundant_rollout.redundant_rollout_n or self.group_size
+        r = self.redundant_rollout
+        return (r.enable and r.redundant_rollout_n) or self.group_size
+
+
+# --------------------------------------------------------------------------- runtime.*
+
+
+@dataclass
+class RuntimeConfig:
+    backend: str = _f(
+        "local", "Where rollout engines run: local (this process) | ray (one Ray actor per instance).",
+        choices=("local", "ray")
+    )
+    ray_address: Optional[str] = _f(None, "backend=ray: address of an existing Ray cluster (null starts a local one).",
+                                    note="address of a running Ray cluster (host:port); only with runtime.backend=ray")
 
 
 # --------------------------------------------------------------------------- algorithm.*
@@ -271,8 +366,10 @@ class TaskConfig:
         "sync or async, returning a float or a dict with score and optional acc). Built-in tasks keep their own reward.",
         note="math | exact | regex:<pattern> | module:function | file.py:function")
     reward_timeout: float = _f(
-        30.0, "Dataset tasks: seconds one reward call may take; a timeout counts as a failure (retried psrl.reward_retries times).",
+        30.0, "Dataset tasks: seconds one reward call may take; a timeout counts as a failure (retried task.reward_retries times).",
         gt=0)
+    reward_retries: int = _f(1, "Times a failing reward function / agent loop is retried before it is reported.",
+                             ge=0, fix="set task.reward_retries=0 to report a failing reward at once, or a small count")
     tool_latency_median: float = _f(0.05, "Agentic task: median tool latency in seconds (lognormal).", ge=0)
     tool_latency_sigma: float = _f(1.0, "Agentic task: sigma of the lognormal tool latency (heavy tail).", ge=0)
     max_turns: int = _f(3, "Agentic task: maximum model turns per trajectory.", ge=1)
@@ -388,6 +485,22 @@ class SimProactiveConfig:
 
 
 @dataclass
+class SimDecodeConfig:
+    enable: bool = _f(
+        False, "coordinator policy only: model decoding on psrl.deployment.n_rollout_instances instances, routed by "
+               "psrl.routing_strategy. A trajectory is (its generation time x sim.gen_tokens_per_second) tokens; an "
+               "instance's decode step over n running requests takes (step_time + n x row_time) / speed, so each "
+               "request slows as the batch grows.")
+    step_time: float = _f(0.02, "Seconds of one decode step whatever the batch (weights read once per step).", ge=0)
+    row_time: float = _f(0.002, "Extra seconds per running request in a decode step.", gt=0)
+    speeds: list = _f([], "Relative speed of each instance (e.g. [1.0, 0.5]: a slower second machine); [] = all 1.0.",
+                      note="one positive number per instance, or []")
+    max_running: Optional[int] = _f(
+        None, "Requests an instance decodes at once (vLLM's max_num_seqs); the rest wait at the instance, where "
+              "psrl.routing_strategy.enable_multi_priority_queue orders them. null: no limit.", ge=1)
+
+
+@dataclass
 class SimConfig:
     slots: int = _f(64, "Generation slots (trajectories generated at once).", ge=1)
     steps: int = _f(100, "Training steps to simulate.", ge=1)
@@ -405,6 +518,7 @@ class SimConfig:
         gt=0
     )
     proactive: SimProactiveConfig = _sub(SimProactiveConfig, "When psrl's proactive filter acts (simulator what-if).")
+    decode: SimDecodeConfig = _sub(SimDecodeConfig, "Batching-dependent decode speed per instance (coordinator policy).")
     areal: ArealSimConfig = _sub(ArealSimConfig, "The areal policy: AReaL's own knobs (defaults: AReaL's).")
     tinker: TinkerSimConfig = _sub(TinkerSimConfig, "The discard_requeue policy: the Tinker cookbook's knobs.")
     verl: VerlSimConfig = _sub(VerlSimConfig, "The sample_budget policy (verl fully-async) and one_step_off: verl's knobs.")
@@ -421,6 +535,7 @@ class Config:
     model: ModelConfig = _sub(ModelConfig, "The policy model.")
     task: TaskConfig = _sub(TaskConfig, "The task and its reward.")
     rollout: RolloutConfig = _sub(RolloutConfig, "The inference engines of the rollout instances.")
+    runtime: RuntimeConfig = _sub(RuntimeConfig, "Where the rollout engines run.")
     data: DataConfig = _sub(DataConfig, "Dataset files of task.name=dataset (verl's data.* keys).")
     trainer: TrainerConfig = _sub(TrainerConfig, "The training loop and run directory.")
     sim: SimConfig = _sub(SimConfig, "The workload of psrl simulate.")
@@ -442,18 +557,7 @@ class Config:
             f"redundant_rollout_n ({p.redundant_group_size}) < alg_rollout_n ({p.group_size})",
             "set it >= alg_rollout_n, or leave it null for no group-level redundancy",
         )
-        workers = p.num_rollout_instances * p.max_concurrent_per_instance
-        _check(
-            p.redundant_group_size <= workers,
-            "psrl.max_concurrent_per_instance",
-            f"a group launches {p.redundant_group_size} trajectories but only {workers} agent workers exist "
-            f"({p.num_rollout_instances} instances x {p.max_concurrent_per_instance})",
-            f"set psrl.max_concurrent_per_instance >= {-(-p.redundant_group_size // p.num_rollout_instances)}, "
-            "or lower psrl.rollout_n / psrl.redundant_rollout.redundant_rollout_n",
-        )
-        _check(p.ray_address is None or p.runtime == "ray", "psrl.ray_address",
-               f"is set but psrl.runtime is {p.runtime!r}, so nothing would read it",
-               "set psrl.runtime=ray, or remove psrl.ray_address")
+        self._validate_psrl()
         gpp = p.group_post_process
         if gpp.enable:
             _check(gpp.name is not None, "psrl.group_post_process.name",
@@ -468,9 +572,10 @@ class Config:
                 )
         rc = a.rollout_correction
         r = self.rollout
-        _check(not r.vllm.urls or len(r.vllm.urls) == p.num_rollout_instances, "rollout.vllm.urls",
-               f"has {len(r.vllm.urls)} servers for {p.num_rollout_instances} rollout instances",
-               "give one URL per instance, or set psrl.num_rollout_instances to the number of URLs")
+        n_inst = p.deployment.n_rollout_instances
+        _check(not r.vllm.urls or len(r.vllm.urls) == n_inst, "rollout.vllm.urls",
+               f"has {len(r.vllm.urls)} servers for {n_inst} rollout instances",
+               "give one URL per instance, or set psrl.deployment.n_rollout_instances to the number of URLs")
         _check(r.engine == "vllm" or not r.vllm.urls, "rollout.vllm.urls", "is set but rollout.engine is not vllm",
                "set rollout.engine=vllm")
         if rc.rs_threshold_lower is not None:
@@ -504,6 +609,49 @@ class Config:
         if t.run_dir is not None:
             check_out_dir("trainer.run_dir", t.run_dir)
         return self
+
+    def _validate_psrl(self) -> None:
+        """The rules between ``psrl.*`` keys (and the runtime keys they moved to)."""
+        p = self.psrl
+        rr, rs, sm = p.redundant_rollout, p.routing_strategy, p.sync_and_mig_strategy
+        sizes = ("alg_global_batch_size", "redundant_global_batch_size", "alg_rollout_n", "redundant_rollout_n")
+        for name in sizes:
+            _check(rr.enable or getattr(rr, name) is None, f"psrl.redundant_rollout.{name}",
+                   "is set but psrl.redundant_rollout.enable is false, so it would have no effect",
+                   "set psrl.redundant_rollout.enable=true, or remove it")
+        n_inst, cap = p.deployment.n_rollout_instances, rs.max_concurrent_seqs_per_instance
+        workers = n_inst * cap
+        _check(
+            p.redundant_group_size <= workers,
+            "psrl.routing_strategy.max_concurrent_seqs_per_instance",
+            f"a group launches {p.redundant_group_size} trajectories but only {workers} agent workers exist "
+            f"({n_inst} instances x {cap})",
+            f"set psrl.routing_strategy.max_concurrent_seqs_per_instance >= {-(-p.redundant_group_size // n_inst)}, "
+            "or lower psrl.rollout_n / psrl.redundant_rollout.redundant_rollout_n",
+        )
+        if sm.method == "status_based":
+            _check(sm.sync.threshold is not None, "psrl.sync_and_mig_strategy.sync.threshold",
+                   "is null but sync_and_mig_strategy.method is status_based",
+                   "set it to the level below which an instance pulls (e.g. 2 for request_num)")
+        uses_kv = (sm.method == "status_based" and sm.sync.indicator == "kv_cache") or (
+            sm.mig.enable and "kv_cache" in (sm.mig.indicator, sm.mig.stop_indicator))
+        _check(not uses_kv or self.rollout.engine == "vllm", "psrl.sync_and_mig_strategy",
+               f"reads the kv_cache indicator, which rollout.engine={self.rollout.engine} does not report",
+               "use request_num or throughput, or rollout.engine=vllm")
+        if sm.mig.enable:
+            _check(p.partial_rollout.enable, "psrl.sync_and_mig_strategy.mig.enable",
+                   "migration continues requests on another instance, possibly at another version, which needs "
+                   "partial rollout", "set psrl.partial_rollout.enable=true, or mig.enable=false")
+            _check(sm.mig.threshold is not None, "psrl.sync_and_mig_strategy.mig.threshold",
+                   "is null but mig.enable is true", "set it to the max/min ratio that starts a migration, e.g. 2.0")
+            stop = sm.mig.stop_threshold if sm.mig.stop_threshold is not None else sm.mig.threshold
+            _check(stop <= sm.mig.threshold, "psrl.sync_and_mig_strategy.mig.stop_threshold",
+                   f"{stop} is above mig.threshold {sm.mig.threshold}: migration would stop before it started",
+                   "set it <= psrl.sync_and_mig_strategy.mig.threshold (e.g. 1.2 with threshold 2.0)")
+        rt = self.runtime
+        _check(rt.ray_address is None or rt.backend == "ray", "runtime.ray_address",
+               f"is set but runtime.backend is {rt.backend!r}, so nothing would read it",
+               "set runtime.backend=ray, or remove runtime.ray_address")
 
     def _validate_data_and_logging(self) -> None:
         t, d = self.trainer, self.data
@@ -617,11 +765,61 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-# Keys that were renamed: the old name is rejected with the new one in the message.
-_MOVED = {"sim.trigger_parameter_sync_step": "sim.verl.trigger_parameter_sync_step"}
-OUT_OF_SCOPE = frozenset({"ps_mode", "nixl", "lmcache", "tms", "checkpoint", "colocate", "status_collection"})
-"""``psrl.*`` keys of the original PSRL that only make sense on its GPU infrastructure: rejected with a
-message that says so, never silently ignored (spec/psrl-config-surface.md)."""
+# Keys that were renamed or removed: the old name is rejected with the new one in the message.
+MOVED = {
+    "sim.trigger_parameter_sync_step": "sim.verl.trigger_parameter_sync_step",
+    "psrl.num_rollout_instances": "psrl.deployment.n_rollout_instances",
+    "psrl.max_concurrent_per_instance": "psrl.routing_strategy.max_concurrent_seqs_per_instance",
+    "psrl.router": "psrl.routing_strategy.method",
+    "psrl.sync_strategy": "psrl.sync_and_mig_strategy.method (request_num is now method=status_based with "
+                          "sync.indicator=request_num)",
+    "psrl.sync_request_threshold": "psrl.sync_and_mig_strategy.sync.threshold (with method=status_based)",
+    "psrl.partial_rollout.migration": "psrl.sync_and_mig_strategy.mig.* for migration as load balancing, or "
+                                      "psrl.partial_rollout.interrupt_as_prompt=true to re-route interrupted requests "
+                                      "at a sync",
+    "psrl.runtime": "runtime.backend",
+    "psrl.ray_address": "runtime.ray_address",
+    "psrl.reward_retries": "task.reward_retries",
+    # PSRL's flexible-rollout page writes these without 'sync:'; its config reference (and psrl.yaml) nests them.
+    "psrl.sync_and_mig_strategy.indicator": "psrl.sync_and_mig_strategy.sync.indicator",
+    "psrl.sync_and_mig_strategy.threshold": "psrl.sync_and_mig_strategy.sync.threshold",
+    "psrl.sync_and_mig_strategy.check_req_before_sync": "psrl.sync_and_mig_strategy.sync.check_req_before_sync",
+}
+_GPU = "needs PSRL's GPU infrastructure, which this project does not run"
+OUT_OF_SCOPE = {
+    "psrl.ps_mode": f"the parameter-server transport (cpu_ref / NIXL) {_GPU}; weights go through an in-process store",
+    "psrl.nixl": f"NIXL RDMA weight transfer {_GPU}",
+    "psrl.lmcache": f"LMCache KV offloading {_GPU}",
+    "psrl.tms": f"the torch memory saver (TMS) {_GPU}",
+    "psrl.routing_strategy.kv_transfer": f"KV transfer between instances goes through LMCache, which {_GPU}",
+    "psrl.routing_strategy.cache_aware_policy": "tunes the SMG gateway's cache_aware router, which is not built here",
+    "psrl.checkpoint": "Megatron DCP checkpointing: the trainer here is one process; checkpoints are trainer.checkpoint_every",
+    "psrl.deployment.elastic_rm": f"elastic generative reward models {_GPU}",
+    "psrl.deployment.heterogeneous_rollout": f"per-instance GPU shapes {_GPU}",
+    "psrl.colocate": "rollout and training share no GPU set here (PSRL itself rejects colocate: true)",
+    "psrl.status_collection": "engine status is read from each engine when needed (Engine.load()), not pushed on a timer",
+    "psrl.rollout_gateway": f"the SMG rollout gateway {_GPU}",
+    "psrl.broadcast_init": f"NIXL weight broadcast {_GPU}",
+}
+"""``psrl.*`` keys of PSRL that only make sense on its GPU infrastructure: rejected with a message that
+says why, never silently ignored (spec/psrl-config-surface.md)."""
+NOT_BUILT = {
+    ("psrl.routing_strategy.method", "throughput_optimal_with_budget"):
+        "needs a per-request length prediction the engines do not give; use throughput_optimal",
+    ("psrl.routing_strategy.method", "cache_aware"):
+        "needs prefix-cache (KV event) data from the engines, which they do not report; group and trajectory "
+        "stickiness (enable_group_sticky, enable_trajectory_sticky) keep prefixes on one instance",
+    ("psrl.sync_and_mig_strategy.sync.indicator", "hypothesis_test"):
+        "estimating a sync's benefit is not built; use request_num, throughput or kv_cache",
+}
+"""PSRL values psrl does not build: rejected with the reason (checked before the key's choices)."""
+PSRL_DEFAULT_DIFFERS = {
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance":
+        ("1024", "1024 sequences per engine is a GPU figure: a CPU engine would decode them one slow batch at a time"),
+}
+"""Schema defaults that are not PSRL's, and why (every other ``psrl.*`` default is PSRL's)."""
+PRESET = Path(__file__).resolve().parent / "configs" / "default.yaml"
+"""The built-in default job (``psrl train`` with no config file): its own sizes, so it runs in minutes."""
 
 
 def _build(cls: type, data: dict, prefix: str = "") -> Any:
@@ -630,11 +828,12 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
     kwargs = {}
     for k, v in data.items():
         full = f"{prefix}.{k}" if prefix else str(k)
-        if full in _MOVED:
-            raise ConfigError(full, "this key has moved", f"use '{_MOVED[full]}'")
-        if prefix == "psrl" and k in OUT_OF_SCOPE:
-            raise ConfigError(full, "is a PSRL option for GPU infrastructure this project does not run "
-                              "(NIXL, LMCache, TMS, KV transfer, Megatron DCP, elastic reward models)", "remove it")
+        if full in MOVED:
+            raise ConfigError(full, "this key has moved", f"use {MOVED[full]}")
+        if full in OUT_OF_SCOPE:
+            raise ConfigError(full, f"is a PSRL key that is out of scope here: {OUT_OF_SCOPE[full]}", "remove it")
+        if isinstance(v, str) and (full, v) in NOT_BUILT:
+            raise ConfigError(full, f"{v!r} is not built here: {NOT_BUILT[(full, v)]}", "choose another value")
         if k not in by_key:
             close = difflib.get_close_matches(str(k), list(by_key), n=1)
             fix = f"did you mean '{(prefix + '.') if prefix else ''}{close[0]}'?" if close else (
@@ -731,11 +930,14 @@ def _read_yaml(path: str | Path) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load YAML (or the built-in defaults when ``path`` is None), apply overrides, validate.
+    """Load YAML (the built-in default job, :data:`PRESET`, when ``path`` is None), apply overrides, validate.
+
+    Keys a file leaves out take the schema's defaults, which are PSRL's (:data:`PSRL_DEFAULT_DIFFERS`
+    lists the exceptions); the preset sets its own sizes so that ``psrl train`` alone runs in minutes.
 
     Nothing is written or started: every error is a :class:`ConfigError` naming the key (or the file).
     """
-    data = _read_yaml(path) if path is not None else {}
+    data = _read_yaml(path if path is not None else PRESET)
     apply_overrides(data, list(overrides or []))
     return _build(Config, data).validate()
 
@@ -794,7 +996,35 @@ def reference_markdown() -> str:
             cells = [f"`{key}`", tp, f"`{default}`", ok, help]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")  # '|' would split a cell
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _fate_table())
+
+
+def _fate_table() -> list[str]:
+    """Every key of PSRL's ``psrl:`` group and what psrl does with it (spec/psrl-config-surface.md)."""
+    rows = []
+    for key, (_, f) in leaf_keys().items():
+        if not key.startswith("psrl."):
+            continue
+        if "effect" in f.metadata:
+            rows.append((key, "accepted, no effect", f.metadata["effect"]))
+        else:
+            differs = PSRL_DEFAULT_DIFFERS.get(key)
+            why = f"default differs from PSRL's {differs[0]}: {differs[1]}" if differs else "PSRL's meaning and default"
+            rows.append((key, "built", why))
+    rows += [(f"{k} = {v}", "rejected", why) for (k, v), why in NOT_BUILT.items()]
+    rows += [(f"{k}.*" if k not in ("psrl.ps_mode", "psrl.colocate") else k, "rejected (out of scope)", why)
+             for k, why in OUT_OF_SCOPE.items()]
+    rows += [(k, "removed", f"use {new}") for k, new in MOVED.items() if k.startswith("psrl.")]
+    lines = ["## PSRL's keys and their fate", "",
+             "Every key of PSRL's `psrl:` group: built with PSRL's meaning, accepted with no effect here (and why),",
+             "or rejected at load with a message that says why; a removed name's message names its replacement.",
+             "Keys a YAML file leaves out take the defaults above; `psrl train` with no file runs the built-in",
+             f"default job `src/psrl/configs/{PRESET.name}`, which sets its own sizes.", "",
+             "| key | fate | why |", "|---|---|---|"]
+    for key, fate, why in rows:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (f"`{key}`", fate, why)) + " |")
+    lines.append("")
+    return lines
 
 
 if __name__ == "__main__":  # pragma: no cover

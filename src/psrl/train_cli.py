@@ -54,9 +54,9 @@ def check_environment(cfg: Any) -> None:
 
     from psrl.config import ConfigError
 
-    if cfg.psrl.runtime == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("psrl.runtime", "is ray, but the ray package is not installed",
-                          "pip install 'psrl[ray]', or set psrl.runtime=local")
+    if cfg.runtime.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("runtime.backend", "is ray, but the ray package is not installed",
+                          "pip install 'psrl[ray]', or set runtime.backend=local")
     if cfg.model.device == "cuda":
         import torch
 

@@ -80,7 +80,10 @@ class GenRequest:
     finish: str = ""
     """Empty while running; then stop | length | abort | error."""
     interrupted: bool = False
-    """Handed back unfinished (migration, a failed engine): the caller may continue it elsewhere."""
+    """Handed back unfinished (a sync with interrupt_as_prompt, migration, a failed engine): the caller may
+    continue it elsewhere."""
+    rerouted: bool = False
+    """Interrupted by migration (load balancing): the caller continues it on another instance than this one."""
     error: str = ""
     """Why the engine failed this request (finish == "error")."""
     rid: str = ""

@@ -225,7 +225,7 @@ def test_smollm2_gguf_generates_and_takes_a_training_step(monkeypatch, tmp_path)
         lp = policy.sequence_logprobs(prompts, [t for t, _ in out], 1.0)
     for i, (_, lps) in enumerate(out):
         assert max(abs(float(lp[i, t]) - x) for t, x in enumerate(lps)) < 1e-3
-    history = run(load_config(None, over + ["trainer.total_steps=1", "psrl.num_rollout_instances=1"]), tmp_path / "run",
+    history = run(load_config(None, over + ["trainer.total_steps=1", "psrl.deployment.n_rollout_instances=1"]), tmp_path / "run",
                   log=lambda _: None)
     assert history[0]["version"] == 1 and history[0]["train/grad_norm"] >= 0.0
     policy.save_pretrained(tmp_path / "final")

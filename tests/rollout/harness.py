@@ -17,8 +17,8 @@ BASE = {
     "psrl.staleness": 1,
     "psrl.staleness_buffer_entries": 2,
     "psrl.rollout_n": 2,
-    "psrl.num_rollout_instances": 2,
-    "psrl.max_concurrent_per_instance": 4,
+    "psrl.deployment.n_rollout_instances": 2,
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance": 4,
 }
 
 
@@ -42,7 +42,7 @@ def coordinator(cfg, task: Optional[FakeTask] = None, *, token_cost: float = 0.0
     """The real Coordinator, built by psrl train's builder, with FakeEngine instances, a FakeTask and a FakeTrainer."""
     task = task if task is not None else FakeTask()
     engines = [FakeEngine(token_cost=token_cost, sync_cost=sync_cost, record=record)
-               for _ in range(cfg.psrl.num_rollout_instances)]
+               for _ in range(cfg.psrl.deployment.n_rollout_instances)]
     return build(cfg, log=lambda _: None, task=task, trainer=FakeTrainer(train_time=train_time), engines=engines,
                  sink=sink if sink is not None else MemorySink())
 

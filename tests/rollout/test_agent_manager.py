@@ -46,7 +46,7 @@ def step_rows(coord):
 def test_occupied_group_cancels_its_surplus_member_at_once():
     """N'=2 > N=1: when the fast member occupies, the slow one is cancelled before the step (never completes)."""
     cfg = config(psrl__staleness=0, psrl__staleness_buffer_entries=1, psrl__rollout_n=1,
-                 psrl__redundant_rollout__redundant_rollout_n=2)
+                 psrl__redundant_rollout__enable=True, psrl__redundant_rollout__redundant_rollout_n=2)
     coord = coordinator(cfg, FakeTask(latency_fn=slow_episodes({1})))
     rows = run(coord, 1)
     recs = by_uid(coord.sink.trajectories)
@@ -63,7 +63,7 @@ def test_passively_aborted_entry_is_cancelled_and_its_held_members_reported():
     it already held is recorded ``aborted`` -- reported, not silently dropped.
     """
     cfg = config(psrl__staleness=0, psrl__staleness_buffer_entries=1, psrl__rollout_n=2,
-                 psrl__redundant_rollout__redundant_global_batch_size=2)
+                 psrl__redundant_rollout__enable=True, psrl__redundant_rollout__redundant_global_batch_size=2)
     coord = coordinator(cfg, FakeTask(latency_fn=slow_episodes({3}, each={1: 2.0})))
     rows = run(coord, 1)
     recs = by_uid(coord.sink.trajectories)
@@ -143,9 +143,10 @@ def test_proactive_truncate_force_completes_the_straggler_with_its_partial_outpu
     account(coord)
 
 
-@pytest.mark.parametrize("threshold, acts", [(1, False), (2, True)])
+@pytest.mark.parametrize("threshold, acts", [(0, False), (1, False), (2, True)])
 def test_proactive_filter_acts_only_at_or_below_its_threshold(threshold, acts):
-    """Boundary: B=3 with two stragglers left in the STUCK buffer -- threshold 2 acts, threshold 1 waits."""
+    """Boundary: B=3 with two stragglers left in the STUCK buffer -- threshold 2 acts, threshold 1 waits.
+    0 is PSRL's default: a STUCK buffer always has a RESERVED entry, so the filter never acts."""
     cfg = config(psrl__staleness=0, psrl__staleness_buffer_entries=3, psrl__rollout_n=1,
                  psrl__proactive_filter_strategy__method="truncate",
                  psrl__proactive_filter_strategy__threshold=threshold)
@@ -159,7 +160,7 @@ def test_proactive_filter_acts_only_at_or_below_its_threshold(threshold, acts):
 
 
 def test_transient_reward_error_is_retried_once_and_then_succeeds():
-    """A reward function that raises once is retried (psrl.reward_retries=1); nothing is reported."""
+    """A reward function that raises once is retried (task.reward_retries=1); nothing is reported."""
     calls = defaultdict(int)
 
     def reward(prompt, episode):

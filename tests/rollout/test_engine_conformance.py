@@ -266,13 +266,14 @@ def test_a_rollout_instance_syncs_mid_request_and_counts_it(kind, migration, tin
     one is caught. The end-to-end runs on vLLM cannot force an update to land mid-request, so this is where
     both counts are checked."""
     from psrl.rollout.instance import RolloutInstance
-    from psrl.rollout.router import GreedySync
+    from psrl.rollout.sync import GreedySync
 
     rig = Rig(kind, tiny, request, tmp_path)
     n = 32 if kind == "vllm" else 4
 
     async def main():
-        inst = RolloutInstance(0, rig.engine, rig.store, GreedySync(), partial_rollout=True, migration=migration)
+        inst = RolloutInstance(0, rig.engine, rig.store, GreedySync(), partial_rollout=True,
+                               interrupt_as_prompt=migration)
         inst.start()
         try:
             await asyncio.wait_for(inst.ready.wait(), 300)

@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 from psrl.rollout.engine import FakeEngine
 from psrl.rollout.instance import RolloutInstance
 from psrl.rollout.pool import InstancePool
-from psrl.rollout.router import GreedySync, RequestNumBalanceRouter, RequestNumSync, RoundRobinRouter
+from psrl.rollout.router import RequestNumBalanceRouter, RoundRobinRouter
+from psrl.rollout.sync import GreedySync, StatusBasedSync
 from psrl.rollout.session import Session
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
@@ -164,7 +165,7 @@ def test_migration_moves_an_interrupted_request_to_another_instance():
     async def main():
         store = store_at()
         slow, fast = FakeEngine(token_cost=0.1, sync_cost=5.0), FakeEngine(token_cost=0.1)
-        insts = [instance(e, store, index=i, partial_rollout=True, migration=True) for i, e in enumerate((slow, fast))]
+        insts = [instance(e, store, index=i, partial_rollout=True, interrupt_as_prompt=True) for i, e in enumerate((slow, fast))]
         pool = InstancePool(insts, RoundRobinRouter())
         pool.start()
         s = Session(pool, 0, CTX)
@@ -184,42 +185,47 @@ def test_migration_moves_an_interrupted_request_to_another_instance():
 # ---------------------------------------------------------------------------- sync strategies
 
 
+def request_num_sync(threshold, staleness, manager, **kw):
+    return StatusBasedSync("request_num", threshold, staleness, manager, **kw)
+
+
 @pytest.mark.parametrize("running, threshold, pulls", [(2, 2, False), (1, 2, True), (3, 4, True), (4, 4, False)])
 def test_request_num_sync_pulls_only_below_the_threshold(running, threshold, pulls):
-    """request_num: an instance with ``running >= threshold`` keeps its weights (boundary: equal keeps)."""
-    sync = RequestNumSync(threshold, staleness=3, manager=SimpleNamespace(train_version=1))
-    assert sync.should_pull(SimpleNamespace(running=running, version=0), latest=1) is pulls
+    """request_num: an instance with ``in_flight >= threshold`` keeps its weights (boundary: equal keeps)."""
+    sync = request_num_sync(threshold, staleness=3, manager=SimpleNamespace(train_version=1))
+    assert sync.should_pull(SimpleNamespace(in_flight=running, queued=0, version=0), latest=1) is pulls
 
 
 def test_request_num_sync_forces_a_pull_when_the_instance_is_too_stale():
     """request_num still pulls a busy instance whose version + staleness < train_version (it could only idle)."""
     manager = SimpleNamespace(train_version=2)
-    sync = RequestNumSync(1, staleness=1, manager=manager)
-    assert sync.should_pull(SimpleNamespace(running=5, version=0), latest=2)
-    assert not sync.should_pull(SimpleNamespace(running=5, version=1), latest=2)
+    sync = request_num_sync(1, staleness=1, manager=manager)
+    assert sync.should_pull(SimpleNamespace(in_flight=5, queued=0, version=0), latest=2)
+    assert not sync.should_pull(SimpleNamespace(in_flight=5, queued=0, version=1), latest=2)
 
 
-def test_request_num_instance_waits_for_running_trajectories_to_drop():
-    """End to end on an instance: no pull while 2 trajectories run; the pull follows the first detach."""
+def test_request_num_instance_waits_for_running_requests_to_drop():
+    """End to end on an instance: no pull while 2 requests run; the pull follows the first one's end."""
 
     async def main():
         store = store_at()
-        inst = instance(FakeEngine(), store, sync=RequestNumSync(2, 5, SimpleNamespace(train_version=1)))
+        inst = instance(FakeEngine(token_cost=0.1), store, sync=request_num_sync(2, 5, SimpleNamespace(train_version=1)),
+                        partial_rollout=True)
         inst.start()
-        inst.attach()
-        inst.attach()
+        short, long = inst.submit(CTX, 3, 0), inst.submit(CTX, 30, 0)
+        await asyncio.sleep(0.05)
         store.publish(1, {"v": 1})
         inst.wake()
-        await asyncio.sleep(1.0)
+        await short.future
         held = inst.version
-        inst.detach()
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await long.future
         after = inst.version
         await inst.stop()
-        return held, after
+        return held, after, long.versions
 
-    assert run_virtual(main()) == (0, 1)
+    held, after, versions = run_virtual(main())
+    assert (held, after) == (0, 1)
+    assert versions[:3] == [0, 0, 0] and versions[-1] == 1
 
 
 # ---------------------------------------------------------------------------- routers
@@ -230,7 +236,7 @@ _inst = st.builds(lambda v, r, s: (v, r, s), st.integers(0, 4), st.integers(0, 6
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_inst, min_size=1, max_size=6), st.integers(0, 4))
 def test_request_num_balance_picks_the_least_loaded_eligible_instance(specs, v_min):
-    """Reference: among instances with version >= v_min (not syncing if possible), min (running, index)."""
+    """Reference: among instances with version >= v_min (not syncing if possible), min (running, -version, index)."""
     insts = [SimpleNamespace(index=i, version=v, running=r, syncing=s) for i, (v, r, s) in enumerate(specs)]
     pool = InstancePool(insts, RequestNumBalanceRouter())
     eligible = [i for i in insts if i.version >= v_min]
@@ -239,7 +245,7 @@ def test_request_num_balance_picks_the_least_loaded_eligible_instance(specs, v_m
             pool.route(v_min)
         return
     ready = [i for i in eligible if not i.syncing] or eligible
-    expected = sorted(ready, key=lambda i: (i.running, i.index))[0]
+    expected = sorted(ready, key=lambda i: (i.running, -i.version, i.index))[0]  # ties: newest weights first
     assert pool.route(v_min) is expected
 
 

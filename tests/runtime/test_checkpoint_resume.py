@@ -29,7 +29,7 @@ class SaveAt:
 def build(cfg, run_dir, trainer):
     rec = RunRecorder(run_dir)
     ck = resume(run_dir, trainer, rec)
-    engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.num_rollout_instances)]
+    engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.deployment.n_rollout_instances)]
     coord = Coordinator(cfg, task(), trainer, engines, sink=rec, manager=ck["manager"] if ck else None)
     if ck:
         coord.agents.load_state(ck["agents"])

@@ -45,10 +45,11 @@ def test_every_trained_trajectory_is_within_the_bound(tmp_path, eta, partial):
 @pytest.mark.parametrize("eta", [1, 2])
 def test_bound_holds_with_redundancy_migration_and_request_num_sync(tmp_path, eta):
     """B' > B, N' > N, partial rollout with migration, request_num sync: still within the bound, work cancelled."""
-    cfg = config(psrl__staleness=eta, psrl__redundant_rollout__redundant_global_batch_size=3,
+    cfg = config(psrl__staleness=eta, psrl__redundant_rollout__enable=True,
+                 psrl__redundant_rollout__redundant_global_batch_size=3,
                  psrl__redundant_rollout__redundant_rollout_n=3, psrl__partial_rollout__enable=True,
-                 psrl__partial_rollout__migration=True, psrl__sync_strategy="request_num",
-                 psrl__sync_request_threshold=3, psrl__router="round_robin")
+                 psrl__partial_rollout__interrupt_as_prompt=True, psrl__sync_and_mig_strategy__method="status_based",
+                 psrl__sync_and_mig_strategy__sync__threshold=3, psrl__routing_strategy__method="round_robin")
     coord, rows, trajs, metrics = run_to_dir(tmp_path, cfg, 8, sync_cost=0.3)
     assert check_bound(trajs, eta) == 8 * 2 * 2
     assert metrics[-1]["counts/cancelled"] > 0

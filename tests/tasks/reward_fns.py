@@ -35,3 +35,8 @@ def explodes_on_marked_rows(data_source, solution_str, ground_truth, extra_info=
     if (extra_info or {}).get("explode"):
         raise ValueError("grader exploded")
     return 0.0
+
+
+def length_parity(data_source, solution_str, ground_truth, extra_info=None):
+    """1 for an odd-length answer: sampled answers of one prompt differ, so groups have a nonzero spread."""
+    return float(len(solution_str) % 2)

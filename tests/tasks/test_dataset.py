@@ -15,7 +15,7 @@ from psrl.tasks.dataset import DataError
 from psrl.train_cli import main
 
 TINY = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
-        "psrl.max_concurrent_per_instance=2", "trainer.checkpoint_every=2", "task.name=dataset",
+        "psrl.routing_strategy.max_concurrent_seqs_per_instance=2", "trainer.checkpoint_every=2", "task.name=dataset",
         "data.max_prompt_length=16", "data.max_response_length=4"]
 
 
@@ -159,14 +159,14 @@ def test_dataset_task_needs_train_files_and_val_files_for_validation():
 
 
 def test_a_raising_reward_marks_the_trajectory_failed_with_the_reason(tmp_path):
-    """After psrl.reward_retries the trajectory is recorded with status error and a reason naming the reward
+    """After task.reward_retries the trajectory is recorded with status error and a reason naming the reward
     and the row; the run goes on (the group is aborted and its slot refilled), counting counts/failed."""
     rows = sums(6)
     rows[1]["extra_info"]["explode"] = True
     f = write_jsonl(tmp_path / "train.jsonl", rows)
     run_dir = tmp_path / "run"
     assert main(TINY + [f"data.train_files={f}", "task.reward=tests.tasks.reward_fns:explodes_on_marked_rows",
-                        "trainer.total_steps=3", f"trainer.run_dir={run_dir}", "psrl.reward_retries=1"]) == 0
+                        "trainer.total_steps=3", f"trainer.run_dir={run_dir}", "task.reward_retries=1"]) == 0
     errors = [t for t in read_jsonl(run_dir / "trajectories.jsonl") if t["status"] == "error"]
     assert errors and all("train.jsonl row 1: ValueError('grader exploded')" in t["error"] for t in errors)
     assert all("reward tests.tasks.reward_fns:explodes_on_marked_rows raised on" in t["error"] for t in errors)
@@ -212,7 +212,7 @@ def test_dataset_task_on_smollm2_with_its_chat_template(tmp_path, monkeypatch):
     over = [f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "model.device=cpu", "task.name=dataset",
             f"data.train_files={train}", f"data.val_files={val}", "data.max_prompt_length=64",
             "data.max_response_length=6", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
-            "psrl.max_concurrent_per_instance=2", "psrl.num_rollout_instances=1", "trainer.total_steps=2",
+            "psrl.routing_strategy.max_concurrent_seqs_per_instance=2", "psrl.deployment.n_rollout_instances=1", "trainer.total_steps=2",
             "trainer.val_every=2", "trainer.val_n=2", "trainer.lr=1e-5", f"trainer.run_dir={run_dir}"]
     assert main(over) == 0
     cfg = load_config(None, over)

@@ -16,7 +16,7 @@ computes its reward and calls ``complete``. Every status is acted on at once:
   in-flight members are cancelled (real asyncio cancellation: the engine drops their requests
   at the next token boundary) and every trajectory it held is recorded with that status.
 
-A raising episode or reward function is retried ``psrl.reward_retries`` times, then reported
+A raising episode or reward function is retried ``task.reward_retries`` times, then reported
 (record ``status: error``, ``counts/failed``); if the group can no longer reach N members its
 entry is aborted, so the slot refills instead of blocking a buffer. The proactive filter
 (:mod:`psrl.rollout.proactive`) runs after every change of the protocol state.
@@ -88,25 +88,27 @@ class AgentManager:
         task: a :class:`psrl.tasks.Task` (``sample_prompt``, ``run_episode``, ``reward``).
         manager: the :class:`psrl.staleness.StalenessManager`.
         pool: the :class:`psrl.rollout.pool.InstancePool`.
-        psrl_cfg: ``psrl.*`` (group sizes, proactive filter, reward retries).
+        psrl_cfg: ``psrl.*`` (group sizes, proactive filter).
         workers: agent workers (trajectories generated at once).
         sink: gets one ``trajectory(record)`` call per trajectory that reached the manager.
         seed: seeds the prompt stream and the per-episode rngs.
+        retries: ``task.reward_retries``.
     """
 
     def __init__(self, task: Task, manager: StalenessManager, pool: Any, psrl_cfg: Any, workers: int,
-                 sink: Optional[Sink] = None, seed: int = 0):
+                 sink: Optional[Sink] = None, seed: int = 0, retries: int = 1):
         self.task = task
         self.manager = manager
         self.pool = pool
         self.redundant_group_size = psrl_cfg.redundant_group_size
         """N': members launched per group (psrl.redundant_rollout.redundant_rollout_n; N when unset)."""
         self.group_size = psrl_cfg.group_size
-        self.retries = int(psrl_cfg.reward_retries)
+        self.retries = int(retries)
         self.slots = WorkerSlots(workers)
         if self.redundant_group_size > workers:
             raise ValueError(f"a group launches {self.redundant_group_size} trajectories but only {workers} agent workers exist "
-                             "(raise psrl.max_concurrent_per_instance or lower psrl.redundant_rollout.redundant_rollout_n)")
+                             "(raise psrl.routing_strategy.max_concurrent_seqs_per_instance or lower "
+                             "psrl.redundant_rollout.redundant_rollout_n)")
         self.proactive = ProactiveFilter(self, psrl_cfg.proactive_filter_strategy, psrl_cfg.staleness)
         self.sink = sink
         self.rng = random.Random(seed)
@@ -182,7 +184,7 @@ class AgentManager:
 
     async def _member(self, g: _Group, m: _Member, rng: random.Random) -> None:
         m.started = asyncio.get_running_loop().time()
-        m.session = Session(self.pool, g.version, g.prompt.ids)
+        m.session = Session(self.pool, g.version, g.prompt.ids, group=g.uid)
         episode = await self._episode(g, m, rng)
         if episode is None:
             return

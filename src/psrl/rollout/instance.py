@@ -9,11 +9,18 @@ wrote what.
 Weight sync (when to pull is the sync strategy's call, :mod:`psrl.rollout.router`):
 
 * **partial rollout on**: the instance pauses the engine at the next token boundary (in-flight
-  requests kept), loads, resumes: requests continue under the new weights. With **migration**
-  in-flight requests are instead aborted and handed back (``interrupted``, tokens kept) so their
-  sessions may continue them on another instance while this one loads.
+  requests kept), loads, resumes: requests continue under the new weights. With
+  **interrupt_as_prompt** in-flight requests are instead aborted and handed back (``interrupted``,
+  tokens kept) so their sessions continue them as new requests (context + tokens so far), routed
+  again, possibly to another instance while this one loads.
 * **partial rollout off**: the instance stops admitting requests, lets the running ones finish
   under the old weights, then loads. A request never mixes versions.
+
+**Migration** (load balancing, :mod:`psrl.rollout.sync`) interrupts single requests the same way
+(:meth:`RolloutInstance.migrate`); their sessions re-route them away from this instance.
+
+Requests beyond ``max_batch`` (``routing_strategy.max_concurrent_seqs_per_instance``) wait here and
+are admitted oldest ``V_traj`` first with the multi-level queue, then by ``request_sort_indicator``.
 
 Either way an instance's version only grows, and a request is only ever submitted to an
 instance whose version is ``>= V_traj``, so no segment is older than its trajectory's ``V_traj``.
@@ -46,23 +53,29 @@ class RolloutInstance:
         weights: where new versions come from: ``latest_version()`` and ``get(version)``
             (a :class:`psrl.train.ParameterStore`).
         sync: the sync strategy, ``should_pull(instance, latest_version) -> bool``.
-        partial_rollout, migration: see the module docstring.
+        partial_rollout, interrupt_as_prompt: see the module docstring.
         max_batch: most requests in the engine at once (None: all); the rest queue here.
+        multi_priority_queue: admit queued requests oldest ``V_traj`` first.
+        request_sort: order of queued requests (after ``V_traj``): small_id | short_length | long_length.
         max_new_tokens: the cap on any request's budget (``trainer.max_new_tokens``).
         max_restarts: engine restarts after failures before the instance is ``dead``.
     """
 
     def __init__(self, index: int, engine: Any, weights: Any, sync: Any, *, partial_rollout: bool = False,
-                 migration: bool = False, stop_ids: Iterable[int] = (), temperature: float = 1.0,
+                 interrupt_as_prompt: bool = False, stop_ids: Iterable[int] = (), temperature: float = 1.0,
                  top_p: float = 1.0, max_batch: Optional[int] = None, max_new_tokens: Optional[int] = None,
-                 max_restarts: int = 0):
+                 max_restarts: int = 0, multi_priority_queue: bool = False, request_sort: str = "small_id"):
         self.index = int(index)
         self.engine = as_engine(engine, stop_ids=stop_ids, temperature=temperature, top_p=top_p)
         self.weights = weights
         self.sync = sync
         self.partial_rollout = bool(partial_rollout)
-        self.migration = bool(migration) and self.partial_rollout
+        self.interrupt_as_prompt = bool(interrupt_as_prompt) and self.partial_rollout
         self.max_batch = max_batch
+        self.multi_priority_queue = bool(multi_priority_queue)
+        if request_sort not in ("small_id", "short_length", "long_length"):
+            raise ValueError(f"unknown request_sort {request_sort!r}")
+        self.request_sort = request_sort
         self.max_new_tokens = max_new_tokens
         self.max_restarts = int(max_restarts)
         self.running = 0
@@ -71,6 +84,8 @@ class RolloutInstance:
         self.dead = False
         """Failed more than ``max_restarts`` times: the router no longer picks it."""
         self.on_version: Optional[Callable[["RolloutInstance"], None]] = None
+        self.on_round: Optional[Callable[["RolloutInstance"], None]] = None
+        """Called after every round of the loop in which this instance did not pull (the pool's migration check)."""
         self._queue: list[GenRequest] = []
         self._active: list[GenRequest] = []
         self._serving: set[asyncio.Task] = set()
@@ -81,8 +96,10 @@ class RolloutInstance:
         """Set once the engine is started and holds the newest published version."""
         self.loads = 0
         self.interrupted = 0
+        self.migrated = 0
+        """Requests moved off this instance by migration (load balancing)."""
         self.continued = 0
-        """Requests that kept generating across a weight load (partial rollout without migration)."""
+        """Requests that kept generating across a weight load (partial rollout, not interrupt_as_prompt)."""
         self.failed = 0
         """Requests the engine failed, handed back to be re-run elsewhere."""
         self.restarts = 0
@@ -114,6 +131,11 @@ class RolloutInstance:
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests at this instance: generating in the engine or waiting to be admitted."""
+        return sum(not r.rerouted for r in self._active) + len(self._queue)
 
     def load(self) -> EngineLoad:
         """The engine's load figures, with this instance's own queue added."""
@@ -211,8 +233,14 @@ class RolloutInstance:
                 continue
             if not pull:
                 self._admit()
+                if self.on_round is not None:
+                    self.on_round(self)
             self._wake.clear()
             await self._wake.wait()
+
+    def wants_pull(self) -> bool:
+        """A newer version exists and the sync strategy says pull now."""
+        return self._wants_pull()
 
     def _wants_pull(self) -> bool:
         if self.dead:
@@ -220,9 +248,22 @@ class RolloutInstance:
         latest = self.weights.latest_version()
         return latest is not None and latest > self.version and bool(self.sync.should_pull(self, latest))
 
+    def _next_queued(self) -> GenRequest:
+        """The queued request to admit next: oldest V_traj first (multi-level queue), then request_sort."""
+        if not self.multi_priority_queue and self.request_sort == "small_id":
+            return self._queue[0]
+        sign = {"small_id": 0, "short_length": 1, "long_length": -1}[self.request_sort]
+
+        def key(k: int) -> tuple:
+            r = self._queue[k]
+            return (r.v_min if self.multi_priority_queue else 0, sign * (len(r.context) + len(r.tokens)), k)
+
+        return self._queue[min(range(len(self._queue)), key=key)]
+
     def _admit(self) -> None:
         while self._queue and not self.dead and (self.max_batch is None or len(self._active) < self.max_batch):
-            req = self._queue.pop(0)
+            req = self._next_queued()
+            self._queue.remove(req)
             if req.future.done():
                 continue
             self._active.append(req)
@@ -233,7 +274,10 @@ class RolloutInstance:
     async def _serve(self, req: GenRequest) -> None:
         """One request through the engine; resolves its future (finished, handed back, or failed)."""
         try:
-            await self.engine.generate(req)
+            if req.rerouted:  # migrated before its task ran: the engine never saw it
+                req.finish = "abort"
+            else:
+                await self.engine.generate(req)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 -- an engine fault: hand the request back, recover the engine
@@ -252,6 +296,23 @@ class RolloutInstance:
         else:
             req.future.set_result(req)
 
+    def migrate(self, n: int) -> list[GenRequest]:
+        """Interrupt up to ``n`` requests (queued first, then those with the fewest tokens) so their sessions
+        re-route them away from this instance, tokens and ``V_traj`` kept; returns them."""
+        moved: list[GenRequest] = []
+        for req in list(self._queue)[:n]:
+            self._queue.remove(req)
+            req.rerouted = True
+            self._hand_back(req, "abort")
+            moved.append(req)
+        active = [r for r in self._active if not r.rerouted and not r.finish]
+        for req in sorted(active, key=lambda r: len(r.tokens))[: n - len(moved)]:
+            req.rerouted = True
+            self.engine.abort(req)  # _serve hands it back with its tokens
+            moved.append(req)
+        self.migrated += len(moved)
+        return moved
+
     def _hand_back(self, req: GenRequest, why: str) -> None:
         """Resolve ``req`` as interrupted (tokens kept): its session continues it on an eligible instance."""
         req.interrupted = True
@@ -267,7 +328,7 @@ class RolloutInstance:
         self.syncing = True
         try:
             await self.engine.pause()
-            if self.migration:
+            if self.interrupt_as_prompt:
                 for req in list(self._queue):
                     self._queue.remove(req)
                     self._hand_back(req, "abort")

@@ -1,32 +1,67 @@
-"""The rollout instances as one pool: routing, version waits, start/stop.
+"""The rollout instances as one pool: routing, stickiness, migration, version waits, start/stop.
 
 The pool is what the agent manager talks to: ``min_version()`` is the version it reserves at
 (every instance is at least that new, so any member of the group may run anywhere),
-``route(v_min)`` picks an instance for a trajectory with ``V_traj >= v_min``, and
+``route(v_min, group)`` picks an instance for a trajectory with ``V_traj >= v_min``, and
 ``wait_version_above(v)`` parks the dispatcher when the staleness manager says ``v`` is too old.
+
+Routing (``psrl.routing_strategy``): candidates are the live instances holding a version
+``>= v_min``, not mid-sync (unless all are), with room (fewer than ``capacity`` trajectories, unless
+none has), sorted by ``candidate_sort_indicator``. With group stickiness a group's later members go
+where its first one went while that instance is a candidate; otherwise the router picks.
+
+Migration: each instance reports every round of its loop in which it did not pull
+(``on_round``); the pool asks the :class:`~psrl.rollout.sync.Migration` plan only when no instance is
+syncing or wants to -- sync is considered first, migration only when no sync fired.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Sequence
+from collections import OrderedDict
+from typing import Any, Hashable, Optional, Sequence
 
 from psrl.rollout.instance import RolloutInstance
 
-__all__ = ["InstancePool"]
+__all__ = ["InstancePool", "build_pool"]
+
+_HOMES = 4096
+"""Groups whose instance the pool remembers for group stickiness (older ones are forgotten)."""
 
 
 class InstancePool:
-    """Rollout instances plus the router that spreads trajectories over them."""
+    """Rollout instances plus the router that spreads trajectories over them.
 
-    def __init__(self, instances: Sequence[RolloutInstance], router: Any):
+    Args:
+        instances: the rollout instances.
+        router: ``pick(candidates, n_instances)`` (:mod:`psrl.rollout.router`).
+        capacity: trajectories an instance takes while another has room (None: no cap).
+        candidate_sort: ``version`` (newest first) | ``reserve_capability`` (most room first).
+        group_sticky: later members of a group go to the instance of its first member.
+        trajectory_sticky: read by the sessions: later turns stay on the trajectory's instance.
+        migration: a :class:`~psrl.rollout.sync.Migration`, or None.
+    """
+
+    def __init__(self, instances: Sequence[RolloutInstance], router: Any, *, capacity: Optional[int] = None,
+                 candidate_sort: str = "version", group_sticky: bool = False, trajectory_sticky: bool = True,
+                 migration: Any = None):
         if not instances:
             raise ValueError("InstancePool needs at least one rollout instance")
         self.instances = list(instances)
         self.router = router
+        self.capacity = capacity
+        self.candidate_sort = candidate_sort
+        self.group_sticky = bool(group_sticky)
+        self.trajectory_sticky = bool(trajectory_sticky)
+        self.migration = migration
+        self._homes: OrderedDict[Hashable, RolloutInstance] = OrderedDict()
+        self._transit: set[int] = set()
+        """Requests migration interrupted whose sessions have not re-submitted them yet (no plan meanwhile:
+        the loads it would read are about to change)."""
         self._changed = asyncio.Event()
         for inst in self.instances:
             inst.on_version = self._on_version
+            inst.on_round = self._on_round
 
     def alive(self) -> list[RolloutInstance]:
         """Instances not given up on; a run with none left cannot continue."""
@@ -46,13 +81,33 @@ class InstancePool:
     def versions(self) -> list[int]:
         return [inst.version for inst in self.instances]
 
-    def route(self, v_min: int) -> RolloutInstance:
-        """An instance with version ``>= v_min`` for a trajectory; instances mid-sync only as a last resort."""
+    def candidates(self, v_min: int, avoid: Optional[RolloutInstance] = None) -> list[RolloutInstance]:
+        """The instances a request of ``V_traj >= v_min`` may go to, best first (see the module docstring)."""
         eligible = [inst for inst in self.alive() if inst.version >= v_min]
         if not eligible:
             raise ValueError(f"no rollout instance holds version >= {v_min} (versions {self.versions()})")
+        eligible = [inst for inst in eligible if inst is not avoid] or eligible
         ready = [inst for inst in eligible if not inst.syncing] or eligible
-        return self.router.pick(ready, len(self.instances))
+        if self.capacity is not None:
+            ready = [inst for inst in ready if inst.running < self.capacity] or ready
+        if self.candidate_sort == "reserve_capability":
+            return sorted(ready, key=lambda inst: (inst.running, inst.index))
+        return sorted(ready, key=lambda inst: (-inst.version, inst.index))
+
+    def route(self, v_min: int, group: Optional[Hashable] = None,
+              avoid: Optional[RolloutInstance] = None) -> RolloutInstance:
+        """An instance with version ``>= v_min`` for a trajectory (of ``group``), not ``avoid`` if another will do."""
+        cands = self.candidates(v_min, avoid)
+        if self.group_sticky and group is not None:
+            home = self._homes.get(group)
+            if home is not None and home in cands:
+                return home
+        inst = self.router.pick(cands, len(self.instances))
+        if self.group_sticky and group is not None and group not in self._homes:
+            self._homes[group] = inst
+            if len(self._homes) > _HOMES:
+                self._homes.popitem(last=False)
+        return inst
 
     async def wait_version_above(self, version: int) -> None:
         """Return once every instance holds a version ``> version``."""
@@ -67,6 +122,21 @@ class InstancePool:
 
     def _on_version(self, _inst: RolloutInstance) -> None:
         self._changed.set()
+
+    def _on_round(self, _inst: RolloutInstance) -> None:
+        """An instance finished a round without pulling: balance the load unless a sync is due anywhere."""
+        if self.migration is None:
+            return
+        alive = [inst for inst in self.instances if not inst.dead]
+        if self._transit or any(inst.syncing or inst.wants_pull() for inst in alive):
+            return
+        src, n = self.migration.plan(alive)
+        if src is not None and n > 0:
+            self._transit.update(id(req) for req in src.migrate(n))
+
+    def landed(self, req: Any) -> None:
+        """A migrated request's session has re-submitted it elsewhere (or given it up)."""
+        self._transit.discard(id(req))
 
     def start(self) -> None:
         for inst in self.instances:
@@ -83,7 +153,7 @@ class InstancePool:
 
     def stats(self) -> dict[str, float]:
         """Engine counters summed over instances (for metrics)."""
-        keys = ("steps", "tokens", "loads", "interrupted", "continued")
+        keys = ("steps", "tokens", "loads", "interrupted", "continued", "migrated")
         out = {f"rollout/{k}": float(sum(getattr(i, k) for i in self.instances)) for k in keys}
         out["engine/failed_requests"] = float(sum(i.failed for i in self.instances))
         out["engine/restarts"] = float(sum(i.restarts for i in self.instances))
@@ -96,6 +166,18 @@ class InstancePool:
         if kv:
             out["engine/kv_usage"] = sum(kv) / len(kv)
         return out
+
+
+def build_pool(instances: Sequence[RolloutInstance], p: Any, seed: int = 0) -> InstancePool:
+    """The pool of ``psrl.*`` (``p``): its router, cap, stickiness and migration."""
+    from psrl.rollout.router import build_router
+    from psrl.rollout.sync import build_migration
+
+    rs = p.routing_strategy
+    return InstancePool(instances, build_router(rs, seed), capacity=rs.max_concurrent_seqs_per_instance,
+                        candidate_sort=rs.candidate_sort_indicator, group_sticky=rs.enable_group_sticky,
+                        trajectory_sticky=rs.enable_trajectory_sticky,
+                        migration=build_migration(p.sync_and_mig_strategy))
 
 
 def describe(pool: Optional[InstancePool]) -> str:

@@ -74,7 +74,7 @@ class Counts:
     truncated: int = 0
     """Trajectories force-completed by the proactive ``truncate`` filter."""
     failed: int = 0
-    """Trajectories whose episode or reward still raised after ``psrl.reward_retries`` retries (reported)."""
+    """Trajectories whose episode or reward still raised after ``task.reward_retries`` retries (reported)."""
     error_retries: int = 0
     """Retries of a raising episode or reward function."""
 

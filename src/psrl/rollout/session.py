@@ -1,10 +1,12 @@
 """One trajectory's view of the rollout side: the ``generate`` function a task's episode calls.
 
 A session is bound to one instance (its ``V_traj`` is that instance's version when the
-session opens) and keeps that affinity for every turn. If the instance hands a request back
-mid-generation (partial rollout with migration), the session continues it -- same tokens,
-remaining budget -- on whichever eligible instance the router picks, possibly another one;
-``instances`` then lists more than one instance.
+session opens, routed with the trajectory's group for group stickiness) and keeps that affinity
+for every turn (``enable_trajectory_sticky``; without it every later turn is routed again). If the
+instance hands a request back mid-generation (a sync with ``interrupt_as_prompt``, migration, a
+failed engine), the session continues it as a new request -- context plus the tokens so far, the
+remaining budget, the same ``V_traj`` -- on whichever eligible instance the router picks (never the
+one migration moved it off while another will do); ``instances`` then lists more than one instance.
 
 The session also keeps a running copy of the response (model tokens, tool tokens inferred from
 the growing context, and the tokens of the request in flight), so the proactive ``truncate``
@@ -24,9 +26,9 @@ __all__ = ["Session"]
 class Session:
     """Generation for one trajectory of ``V_traj = instance.version`` at open time."""
 
-    def __init__(self, pool: Any, v_min: int, prompt_ids: list[int]):
+    def __init__(self, pool: Any, v_min: int, prompt_ids: list[int], group: Any = None):
         self.pool = pool
-        self.instance = pool.route(v_min)
+        self.instance = pool.route(v_min, group)
         self.instance.attach()
         self.v_traj = self.instance.version
         self.instances: list[int] = []
@@ -40,23 +42,34 @@ class Session:
     async def generate(self, context_ids: list[int], max_new_tokens: int) -> Segment:
         """``GenerateFn``: up to ``max_new_tokens`` tokens after ``context_ids`` (stops after a stop id)."""
         self._note_context(context_ids)
+        if self._ep.turns and not getattr(self.pool, "trajectory_sticky", True):
+            self._move(self.pool.route(self.v_traj))
         seg = Segment()
         remaining = int(max_new_tokens)
-        while remaining > 0:
-            req = self.instance.submit(list(context_ids) + seg.tokens, remaining, self.v_traj)
-            self._req = req
-            try:
-                await req.future
-            except asyncio.CancelledError:
-                self.instance.cancel(req)
-                raise
-            finally:
-                self._req = None
-            self._take(seg, req)
-            remaining -= len(req.tokens)
-            if not req.interrupted:
-                break
-            self._migrate()
+        moved = None  # a request migration interrupted: it has landed once its rest is submitted here
+        try:
+            while remaining > 0:
+                req = self.instance.submit(list(context_ids) + seg.tokens, remaining, self.v_traj)
+                if moved is not None:
+                    self._landed(moved)
+                    moved = None
+                self._req = req
+                try:
+                    await req.future
+                except asyncio.CancelledError:
+                    self.instance.cancel(req)
+                    raise
+                finally:
+                    self._req = None
+                self._take(seg, req)
+                remaining -= len(req.tokens)
+                if not req.interrupted:
+                    break
+                moved = req if req.rerouted else None
+                self._move(self.pool.route(self.v_traj, avoid=self.instance if req.rerouted else None))
+        finally:
+            if moved is not None:
+                self._landed(moved)
         return seg
 
     def _take(self, seg: Segment, req: Any) -> None:
@@ -69,9 +82,13 @@ class Session:
         seg.versions += req.versions
         self._ep.add_model(Segment(list(req.tokens), list(req.logprobs), list(req.versions)))
 
-    def _migrate(self) -> None:
-        """Re-route after an interruption; the router may keep the same instance."""
-        target = self.pool.route(self.v_traj)
+    def _landed(self, req: Any) -> None:
+        landed = getattr(self.pool, "landed", None)
+        if landed is not None:
+            landed(req)
+
+    def _move(self, target: Any) -> None:
+        """Bind to ``target`` (after an interruption or for a new turn; it may be the same instance)."""
         if target is not self.instance:
             self.instance.detach()
             target.attach()

@@ -273,7 +273,7 @@ def build_vllm_engines(cfg: Any, policy: Any, run_dir: Optional[Path], **samplin
     (so a task's added tokens and a dequantized GGUF model are served as the trainer sees them);
     every version after that arrives through ``reload_weights``.
     """
-    r, n = cfg.rollout, cfg.psrl.num_rollout_instances
+    r, n = cfg.rollout, cfg.psrl.deployment.n_rollout_instances
     root = Path(run_dir if run_dir is not None else ".") / "vllm"
     model_dir = root / "model"
     common = dict(weights_root=root / "weights", config_dir=model_dir, request_timeout_s=r.request_timeout_s, **sampling)

@@ -30,8 +30,8 @@ from typing import Any, Callable, Optional, Sequence
 from psrl.algo.filters import build_group_filter
 from psrl.rollout.agents import AgentManager
 from psrl.rollout.instance import RolloutInstance
-from psrl.rollout.pool import InstancePool
-from psrl.rollout.router import build_router, build_sync
+from psrl.rollout.pool import build_pool
+from psrl.rollout.sync import build_sync
 from psrl.staleness import StalenessManager
 from psrl.train.store import ParameterStore
 from psrl.tasks.base import Task
@@ -83,20 +83,23 @@ class Coordinator:
         for model in models:
             if not isinstance(model, Engine):  # a bare next_token model: load it now (engines load at start)
                 model.load_state(state, version)
-        sync = build_sync(p.sync_strategy, p.sync_request_threshold, p.staleness, self.manager)
-        r = cfg.rollout
+        sync = build_sync(p.sync_and_mig_strategy, p.staleness, self.manager)
+        r, rs = cfg.rollout, p.routing_strategy
         instances = [
             RolloutInstance(i, model, self.store, sync, partial_rollout=p.partial_rollout.enable,
-                            migration=p.partial_rollout.migration, stop_ids=getattr(task, "stop_ids", ()),
+                            interrupt_as_prompt=p.partial_rollout.interrupt_as_prompt,
+                            stop_ids=getattr(task, "stop_ids", ()),
                             temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p,
-                            max_new_tokens=cfg.trainer.max_new_tokens, max_restarts=r.max_restarts)
+                            max_new_tokens=cfg.trainer.max_new_tokens, max_restarts=r.max_restarts,
+                            max_batch=rs.max_concurrent_seqs_per_instance,
+                            multi_priority_queue=rs.enable_multi_priority_queue, request_sort=rs.request_sort_indicator)
             for i, model in enumerate(models)
         ]
         for inst in instances:
             inst.log_failure = self.log
-        self.pool = InstancePool(instances, build_router(p.router))
-        self.agents = AgentManager(task, self.manager, self.pool, p, workers=len(instances) * p.max_concurrent_per_instance,
-                                   sink=sink, seed=cfg.trainer.seed)
+        self.pool = build_pool(instances, p, seed=cfg.trainer.seed)
+        self.agents = AgentManager(task, self.manager, self.pool, p, workers=len(instances) * rs.max_concurrent_seqs_per_instance,
+                                   sink=sink, seed=cfg.trainer.seed, retries=cfg.task.reward_retries)
         self.rows: list[dict] = []
         self.on_step: Optional[Callable[[dict], None]] = None
         """Called with each step's metrics row once the step is published (psrl train: show, validate, checkpoint)."""

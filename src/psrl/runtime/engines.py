@@ -3,7 +3,7 @@
 ``hf``: a KV-cached in-process engine over a copy of the policy (its own sampling seed).
 ``vllm``: one vLLM server per instance, started and owned by psrl (or attached to with
 ``rollout.vllm.urls``), driven through :class:`psrl.rollout.vllm_engine.VLLMEngine`.
-With ``psrl.runtime=ray`` each engine lives in a Ray actor (:mod:`psrl.runtime.ray_runtime`).
+With ``runtime.backend=ray`` each engine lives in a Ray actor (:mod:`psrl.runtime.ray_runtime`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ __all__ = ["build_engines"]
 
 def build_engines(cfg: Any, policy: Any, task: Any, run_dir: Optional[Path] = None) -> list[Any]:
     """One engine per rollout instance for ``cfg`` (the policy supplies weights, tokenizer and shape)."""
-    n, seed, r = cfg.psrl.num_rollout_instances, cfg.trainer.seed, cfg.rollout
+    n, seed, r = cfg.psrl.deployment.n_rollout_instances, cfg.trainer.seed, cfg.rollout
     sampling = dict(stop_ids=getattr(task, "stop_ids", ()), temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p)
-    if cfg.psrl.runtime == "ray":
+    if cfg.runtime.backend == "ray":
         from psrl.runtime.ray_runtime import build_ray_engines
 
         return build_ray_engines(cfg, n, seed, policy, task, run_dir)

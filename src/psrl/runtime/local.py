@@ -120,7 +120,7 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
     coord.on_step = _StepHook(coord, run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch)
     p = cfg.psrl
     log(f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
-        f"(N'={p.redundant_group_size}), {p.num_rollout_instances} instances x {p.max_concurrent_per_instance} workers, "
+        f"(N'={p.redundant_group_size}), {p.deployment.n_rollout_instances} instances x {p.routing_strategy.max_concurrent_seqs_per_instance} workers, "
         f"task {cfg.task.name}, {total} steps -> {run_dir}")
     started = time.perf_counter()
     with _sigterm_cancels(asyncio.current_task()) as terminated:

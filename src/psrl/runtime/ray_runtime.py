@@ -11,7 +11,7 @@ process calls ``torch.set_num_threads`` itself. Actors are placed by resources
 A request's tokens come back when it finishes or is aborted, so the proactive ``truncate`` filter
 sees the tokens of a Ray request in flight only once it is aborted (the tokens are kept then).
 
-Select it with ``psrl.runtime=ray`` (``pip install -e '.[ray]'``). ``ray_address`` joins an
+Select it with ``runtime.backend=ray`` (``pip install -e '.[ray]'``). ``runtime.ray_address`` joins an
 existing cluster; by default a local one is started with the dashboard off.
 """
 
@@ -170,9 +170,9 @@ def build_ray_engines(cfg: Any, n: int, seed: int, policy: Any = None, task: Any
     from psrl.config import config_to_dict
 
     if cfg.rollout.engine != "hf":
-        raise NotImplementedError("psrl.runtime=ray runs the hf engine in its actors; for vLLM under Ray attach "
+        raise NotImplementedError("runtime.backend=ray runs the hf engine in its actors; for vLLM under Ray attach "
                                   "to the servers with rollout.engine=vllm and rollout.vllm.urls")
-    ensure_ray(getattr(cfg.psrl, "ray_address", None))
+    ensure_ray(cfg.runtime.ray_address)
     remote_cls = ray.remote(num_cpus=0)(EngineWorker)
     data = config_to_dict(cfg)
     return [RayEngine(remote_cls.remote(data, seed + 1 + i)) for i in range(n)]

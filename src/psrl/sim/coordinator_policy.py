@@ -13,6 +13,14 @@ event loop (:mod:`psrl.runtime.vloop`), with three stand-ins:
 * the trainer's step takes ``train_time`` (+ the per-token part) virtual seconds;
 * one rollout instance with ``slots`` agent workers; loading weights costs ``sync_time``.
 
+With ``sim.decode.enable`` the episode instead *decodes* its tokens (generation time x
+``sim.gen_tokens_per_second``) on ``psrl.deployment.n_rollout_instances`` fake engines routed by
+``psrl.routing_strategy`` (``slots`` agent workers spread over them). A decode step over ``n`` running
+requests takes ``(step_time + n * row_time) / speed``: an instance's throughput grows with its batch
+while each request slows, so where the router puts a request, and which waiting request an instance
+takes next (the multi-level queue, when ``sim.decode.max_running`` makes requests wait), change the
+answer.
+
 Nothing of the dispatch, the protocol calls or the cancellation logic is re-implemented, so a
 difference between ``psrl`` and ``coordinator`` on the same workload is a difference between
 the simulator's model and the real code. It costs about 0.1 ms of real time per trajectory.
@@ -37,14 +45,21 @@ def coordinator_config(wl: Workload) -> Any:
         "psrl.staleness": wl.staleness,
         "psrl.staleness_buffer_entries": wl.batch_size,
         "psrl.rollout_n": wl.group_size,
+        "psrl.redundant_rollout.enable": "true",
         "psrl.redundant_rollout.redundant_global_batch_size": wl.redundant_batch_size,
         "psrl.redundant_rollout.redundant_rollout_n": wl.redundant_group_size,
-        "psrl.num_rollout_instances": 1,
-        "psrl.max_concurrent_per_instance": wl.slots,
+        "psrl.deployment.n_rollout_instances": 1,
+        "psrl.routing_strategy.max_concurrent_seqs_per_instance": wl.slots,
         "psrl.proactive_filter_strategy.method": wl.proactive_method or "null",
         "psrl.proactive_filter_strategy.threshold": wl.proactive_threshold,
         "trainer.seed": wl.seed,
     }
+    if wl.decode:
+        items["psrl.deployment.n_rollout_instances"] = wl.instances
+        items["psrl.routing_strategy.max_concurrent_seqs_per_instance"] = -(-wl.slots // wl.instances)
+        items["trainer.max_new_tokens"] = 10**9  # a trajectory is as long as the stream says
+        items.update({k: ("null" if v is None else str(v).lower() if isinstance(v, bool) else v)
+                      for k, v in wl.routing})
     return load_config(None, [f"{k}={v}" for k, v in items.items()])
 
 
@@ -98,6 +113,9 @@ class _SimTask:
         meter.tick(start, +1)
         try:
             ep = Episode()
+            if meter.wl.decode:
+                ep.add_model(await generate(list(prompt.ids), max(1, round(d * meter.wl.tokens_per_second))))
+                return ep
             ep.add_model(await generate(list(prompt.ids), 1))
             await asyncio.sleep(max(0.0, d - (loop.time() - start)))
             return ep
@@ -165,6 +183,17 @@ class _Sink:
         pass
 
 
+def _engines(wl: Workload) -> list:
+    """One fake engine per rollout instance: free decoding, or the ``sim.decode`` speed model."""
+    from psrl.rollout.engine import FakeEngine
+
+    if not wl.decode:
+        return [FakeEngine(token_cost=0.0, sync_cost=wl.sync_time)]
+    speeds = wl.decode_speeds or (1.0,) * wl.instances
+    return [FakeEngine(token_cost=wl.decode_row_time / v, step_cost=wl.decode_step_time / v, sync_cost=wl.sync_time)
+            for v in speeds]
+
+
 class CoordinatorPolicy:
     """Runs the real :class:`~psrl.runtime.coordinator.Coordinator` on the workload, in virtual time."""
 
@@ -175,7 +204,6 @@ class CoordinatorPolicy:
         self.t_drawn: list[float] = []  # generation time of every launch, in launch order (after run)
 
     def run(self) -> Result:
-        from psrl.rollout.engine import FakeEngine
         from psrl.runtime.coordinator import build_staleness_manager
         from psrl.runtime.local import build
         from psrl.runtime.vloop import run_virtual
@@ -198,8 +226,11 @@ class CoordinatorPolicy:
                                   wl.redundant_group_size, group_filter=keep)
         else:
             sm = build_staleness_manager(cfg)
-        coord = build(cfg, log=lambda _: None, task=_SimTask(meter), trainer=_SimTrainer(meter),
-                      engines=[FakeEngine(token_cost=0.0, sync_cost=wl.sync_time)], sink=_Sink(meter), manager=sm)
+        coord = build(cfg, log=lambda _: None, task=_SimTask(meter), trainer=_SimTrainer(meter), engines=_engines(wl),
+                      sink=_Sink(meter), manager=sm)
+        if wl.decode and wl.decode_max_running is not None:
+            for inst in coord.pool.instances:  # the engine's own batch limit (vLLM's max_num_seqs)
+                inst.max_batch = wl.decode_max_running
         run_virtual(coord.run(wl.steps))
         for uid, ran in meter.cut.items():
             if uid not in meter.recorded:  # cancelled mid-generation (a truncated one was recorded)

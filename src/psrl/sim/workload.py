@@ -85,6 +85,17 @@ class Workload:
     """sample_budget (verl fully-async): groups generating at once (16 per rollout server)."""
     seed: int = 0
     """Seed of the workload's random streams."""
+    instances: int = 1
+    """coordinator policy with decode: rollout instances (``psrl.deployment.n_rollout_instances``)."""
+    routing: tuple = ()
+    """coordinator policy with decode: ``(dotted key, value)`` pairs of ``psrl.routing_strategy``,
+    ``psrl.partial_rollout`` and ``psrl.sync_and_mig_strategy``."""
+    decode: bool = False
+    """coordinator policy: decode tokens on instances whose speed falls as their batch grows (``sim.decode``)."""
+    decode_step_time: float = 0.02
+    decode_row_time: float = 0.002
+    decode_speeds: tuple = ()
+    decode_max_running: Optional[int] = None
 
     @classmethod
     def from_config(cls, cfg: Config) -> "Workload":
@@ -114,11 +125,18 @@ class Workload:
             verl_staleness_threshold=s.verl.staleness_threshold,
             verl_trigger_parameter_sync_step=s.verl.trigger_parameter_sync_step,
             verl_max_concurrent_samples=s.verl.max_concurrent_samples, seed=s.seed,
+            instances=p.deployment.n_rollout_instances, routing=_routing(cfg),
+            decode=s.decode.enable, decode_step_time=s.decode.step_time, decode_row_time=s.decode.row_time,
+            decode_speeds=tuple(float(x) for x in s.decode.speeds), decode_max_running=s.decode.max_running,
         )
         return wl.check()
 
     def check(self) -> "Workload":
         """Reject workloads the simulator cannot run, naming the key and the fix."""
+        if self.decode_speeds and (len(self.decode_speeds) != self.instances or min(self.decode_speeds) <= 0):
+            raise ConfigError("sim.decode.speeds", f"needs {self.instances} positive numbers (one per instance), "
+                              f"got {list(self.decode_speeds)}", "give one speed per psrl.deployment.n_rollout_instances, "
+                              "or [] for all 1.0")
         if self.dist == "pareto" and self.alpha <= 1.0:
             raise ConfigError("sim.gen_time.alpha", f"pareto tail index must be > 1 (finite mean), got {self.alpha}",
                               "use e.g. alpha=1.5 for a heavy but finite tail")
@@ -324,3 +342,22 @@ def trace_train_time(trace_path: str | Path) -> Optional[float]:
                 vals.append(float(rec[k]))
                 break
     return float(np.mean(vals)) if vals else None
+
+
+def _routing(cfg: Config) -> tuple:
+    """The rollout-coordination keys the coordinator policy passes on, as plain ``(dotted key, value)`` pairs
+    (the workload pickles): ``psrl.routing_strategy``, ``psrl.partial_rollout``, ``psrl.sync_and_mig_strategy``."""
+    from psrl.config import config_to_dict
+
+    p = config_to_dict(cfg.psrl)
+    out = []
+    for section in ("routing_strategy", "partial_rollout", "sync_and_mig_strategy"):
+        stack = [(f"psrl.{section}", p[section])]
+        while stack:
+            prefix, node = stack.pop()
+            for k, v in node.items():
+                if isinstance(v, dict):
+                    stack.append((f"{prefix}.{k}", v))
+                elif k != "max_concurrent_seqs_per_instance":
+                    out.append((f"{prefix}.{k}", v))
+    return tuple(sorted(out))

@@ -9,7 +9,7 @@ A call is bounded by ``task.reward_timeout``: an async function is cancelled at 
 sync one runs in a worker thread and is abandoned there (Python cannot kill a thread, so a
 function that never returns keeps one thread busy). A call that raises or times out raises
 :class:`RewardError` naming the reward and the row; the agent manager retries it
-``psrl.reward_retries`` times and then records the trajectory with ``status: error``.
+``task.reward_retries`` times and then records the trajectory with ``status: error``.
 """
 
 from __future__ import annotations
