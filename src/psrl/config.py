@@ -271,7 +271,8 @@ class TaskConfig:
         "sync or async, returning a float or a dict with score and optional acc). Built-in tasks keep their own reward.",
         note="math | exact | regex:<pattern> | module:function | file.py:function")
     reward_timeout: float = _f(
-        30.0, "Dataset tasks: seconds one reward call may take; a timeout counts as a failure (retried psrl.reward_retries times).",
+        30.0, "Seconds one reward call may take (dataset rewards, and any task's async reward); a timeout "
+              "counts as a failure (retried psrl.reward_retries times, then status error).",
         gt=0)
     tool_latency_median: float = _f(0.05, "Agentic task: median tool latency in seconds (lognormal).", ge=0)
     tool_latency_sigma: float = _f(1.0, "Agentic task: sigma of the lognormal tool latency (heavy tail).", ge=0)

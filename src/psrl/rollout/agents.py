@@ -17,8 +17,10 @@ computes its reward and calls ``complete``. Every status is acted on at once:
   at the next token boundary) and every trajectory it held is recorded with that status.
 
 A raising episode or reward function is retried ``psrl.reward_retries`` times, then reported
-(record ``status: error``, ``counts/failed``); if the group can no longer reach N members its
-entry is aborted, so the slot refills instead of blocking a buffer. The proactive filter
+(record ``status: error`` with the reason in ``error``, ``counts/failed``); if the group can no
+longer reach N members its entry is aborted, so the slot refills instead of blocking a buffer.
+A reward that hangs (an awaitable reward still running after ``task.reward_timeout`` seconds) or
+returns a NaN / infinite score takes the same path: it is one more way for a reward to fail. The proactive filter
 (:mod:`psrl.rollout.proactive`) runs after every change of the protocol state.
 """
 
@@ -28,6 +30,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 import random
 from typing import Any, Hashable, Optional
 
@@ -36,7 +39,7 @@ from psrl.rollout.proactive import ProactiveFilter
 from psrl.rollout.records import Counts, WorkerSlots, trajectory_record
 from psrl.rollout.session import Session
 from psrl.staleness import StaleVersionError, Status
-from psrl.tasks.base import compute_reward, episode_to_trajectory
+from psrl.tasks.base import episode_to_trajectory
 
 __all__ = ["AgentManager"]
 
@@ -94,13 +97,16 @@ class AgentManager:
     """
 
     def __init__(self, task: Any, staleness: Any, pool: Any, psrl_cfg: Any, workers: int,
-                 sink: Any = None, seed: int = 0):
+                 sink: Any = None, seed: int = 0, reward_timeout: Optional[float] = None):
         self.task = task
         self.staleness = staleness
         self.pool = pool
         self.n_launch = psrl_cfg.redundant_group_size
         self.n_need = psrl_cfg.group_size
         self.retries = int(psrl_cfg.reward_retries)
+        self.reward_timeout = reward_timeout
+        """Seconds an awaitable reward may take (``task.reward_timeout``); None = unbounded. A synchronous
+        reward runs on the event loop and cannot be interrupted: dataset rewards run in a thread for this."""
         self.slots = WorkerSlots(workers)
         if self.n_launch > workers:
             raise ValueError(f"a group launches {self.n_launch} trajectories but only {workers} agent workers exist "
@@ -221,24 +227,37 @@ class AgentManager:
         return None
 
     async def _reward(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
-        """The task's reward (sync or async), retrying a raising reward function; None once reported as failed."""
+        """The task's reward (sync or async), retrying a raising, hanging or non-finite reward; None once
+        reported as failed."""
         err: Optional[BaseException] = None
         for attempt in range(1 + self.retries):
             try:
-                return await compute_reward(self.task, g.prompt, episode)
-            except Exception as e:
+                out = self.task.reward(g.prompt, episode)
+                if inspect.isawaitable(out):
+                    out = await self._bounded(out)
+                return finite_reward(out)
+            except Exception as e:  # CancelledError is a BaseException: it passes through
                 err = e
                 if attempt < self.retries:
                     self.counts.error_retries += 1
         self._fail(g, m, "reward", err, episode)
         return None
 
+    async def _bounded(self, awaitable: Any) -> Any:
+        """``awaitable`` within ``task.reward_timeout`` seconds; a hang becomes a RewardTimeout (a failure)."""
+        if self.reward_timeout is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, self.reward_timeout)
+        except asyncio.TimeoutError:
+            raise RewardTimeout(f"no reward within task.reward_timeout={self.reward_timeout:g}s") from None
+
     def reward_now(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
         """:meth:`_reward` for a task whose reward is synchronous (the proactive filter acts at once)."""
         err: Optional[BaseException] = None
         for attempt in range(1 + self.retries):
             try:
-                return self.task.reward(g.prompt, episode)
+                return finite_reward(self.task.reward(g.prompt, episode))
             except Exception as e:
                 err = e
                 if attempt < self.retries:
@@ -397,6 +416,22 @@ class AgentManager:
             self.task.load_state(state["task"])  # a dataset continues its epoch
         self.counts = Counts(**state["counts"])
         self.next_group = int(state["next_group"])
+
+
+class RewardTimeout(Exception):
+    """A reward that did not return within ``task.reward_timeout`` (it is cancelled, then retried)."""
+
+
+class NonFiniteReward(ValueError):
+    """A reward whose score is NaN or infinite: training on it would poison the advantages."""
+
+
+def finite_reward(reward: dict) -> dict:
+    """``reward`` itself, or NonFiniteReward when its ``score`` is NaN or infinite."""
+    score = reward["score"]
+    if not math.isfinite(float(score)):
+        raise NonFiniteReward(f"reward score is {float(score)!r} (not finite)")
+    return reward
 
 
 def _segments(token_versions: list[int]) -> list[int]:

@@ -95,7 +95,7 @@ class Coordinator:
             inst.log_failure = self.log
         self.pool = InstancePool(instances, build_router(p.router))
         self.agents = AgentManager(task, self.staleness, self.pool, p, workers=len(instances) * p.max_concurrent_per_instance,
-                                   sink=sink, seed=cfg.trainer.seed)
+                                   sink=sink, seed=cfg.trainer.seed, reward_timeout=cfg.task.reward_timeout)
         self.rows: list[dict] = []
         self.on_step: Optional[Callable[["Coordinator", dict], None]] = None
         self.in_step = False
