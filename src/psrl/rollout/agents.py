@@ -372,13 +372,22 @@ class AgentManager:
         self.proactive.check()
 
     def after_consume(self, batch: Any) -> None:
-        """Record the trajectories of a consumed batch as trained (they leave the rollout side)."""
-        for eid, trajs in zip(batch.entries, batch.groups):
+        """The batch's groups leave the rollout side (recorded by :meth:`record_batch` once the step is done)."""
+        for eid in batch.entries:
             self.groups.pop(eid, None)
-            for traj in trajs:
-                self._record(traj, "trained", consumed_version=batch.version)
-                self.counts.trained += 1
         self.after_change()
+
+    def record_batch(self, batch: Any, skipped: Optional[str] = None) -> None:
+        """Record a consumed batch's trajectories: ``trained``, or ``skipped`` with the reason when the
+        trainer skipped the step (NaN / infinite loss or gradient)."""
+        for trajs in batch.groups:
+            for traj in trajs:
+                if skipped is None:
+                    self._record(traj, "trained", consumed_version=batch.version)
+                    self.counts.trained += 1
+                else:
+                    self._emit(trajectory_record(traj, "skipped", reason=skipped))
+                    self.counts.skipped += 1
 
     # ------------------------------------------------------------------ records and shutdown
 

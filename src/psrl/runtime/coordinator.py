@@ -28,6 +28,7 @@ import inspect
 from typing import Any, Callable, Optional, Sequence
 
 from psrl.algo.filters import build_group_filter
+from psrl.errors import RunError
 from psrl.rollout.agents import AgentManager
 from psrl.rollout.instance import RolloutInstance
 from psrl.rollout.pool import InstancePool
@@ -176,6 +177,8 @@ class Coordinator:
                     raise
             metrics = step.result()
         self.in_step = False
+        skipped = getattr(self.trainer, "last_skip", None)
+        self.agents.record_batch(batch, skipped)
         version = int(batch.version) + 1
         policy = self.trainer.policy
         policy.version = version
@@ -187,8 +190,21 @@ class Coordinator:
             self.sink.metric(row)
         if self.on_step is not None:
             self.on_step(self, row)
+        if skipped is not None:
+            self._skipped(version, skipped)
         if interrupted:
             raise asyncio.CancelledError()
+
+    def _skipped(self, version: int, reason: str) -> None:
+        """Say that step ``version`` was skipped; stop after ``trainer.max_skipped_steps`` in a row."""
+        in_a_row = int(getattr(self.trainer, "skipped_in_a_row", 1))
+        limit = self.cfg.trainer.max_skipped_steps
+        self.log(f"step {version} skipped ({reason}): its trajectories are recorded 'skipped', "
+                 f"{in_a_row} in a row of trainer.max_skipped_steps={limit}")
+        if in_a_row >= limit:
+            raise RunError(f"trainer at step {version}", f"{in_a_row} steps in a row skipped, the last: {reason}",
+                           "lower trainer.lr or trainer.grad_clip, or check the model's dtype and the rewards; "
+                           "the run is checkpointed here and the same command resumes it")
 
     async def _step(self, batch: Any) -> dict:
         step = self.trainer.step
