@@ -305,6 +305,8 @@ class TrainerConfig:
     resume: bool = _f(True, "Continue from the newest checkpoint in run_dir if there is one.")
     checkpoint_every: int = _f(10, "Save a resumable checkpoint every this many steps.",
                                ge=0, note="0 = only at the end and on Ctrl-C/SIGTERM")
+    keep_checkpoints: int = _f(2, "Checkpoints kept: the newest as checkpoint/, the ones before it as checkpoint.v<version>/ "
+                                  "(a damaged newest one is skipped at resume for the one before).", ge=1)
     save_optimizer: bool = _f(True, "Checkpoints hold the AdamW state (2x the weights); false: smaller checkpoints, "
                                     "a resumed run restarts AdamW's moments.")
     max_skipped_steps: int = _f(3, "Steps skipped in a row for a NaN / infinite loss or gradient before the run stops "

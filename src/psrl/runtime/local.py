@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from psrl.algo.filters import build_group_filter
-from psrl.runtime.checkpoint import resume, save_checkpoint
+from psrl.runtime.checkpoint import CheckpointWriteError, resume, save_checkpoint
 from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.engines import build_engines
 from psrl.runtime.recorder import RunRecorder
@@ -74,7 +74,7 @@ def build(cfg: Any, recorder: RunRecorder, log: Callable[[str], None] = print) -
     task, policy = build_task_and_policy(cfg)
     trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
     group_filter = build_group_filter(cfg.psrl, cfg.algorithm)
-    ck = resume(recorder.run_dir, trainer, recorder, group_filter) if cfg.trainer.resume else None
+    ck = resume(recorder.run_dir, trainer, recorder, group_filter, log) if cfg.trainer.resume else None
     staleness = None
     if ck is not None:
         staleness = ck["manager"]
@@ -109,7 +109,8 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
         try:
             rows = await coord.run(total)
         except BaseException as exc:
-            if not coord.in_step:  # between steps the state is consistent: make the run resumable from here
+            # between steps the state is consistent: make the run resumable from here (unless saving is what failed)
+            if not coord.in_step and not isinstance(exc, CheckpointWriteError):
                 save_checkpoint(run_dir, coord, recorder)
             watch.close()
             events.close()
