@@ -305,6 +305,10 @@ class TrainerConfig:
     resume: bool = _f(True, "Continue from the newest checkpoint in run_dir if there is one.")
     checkpoint_every: int = _f(10, "Save a resumable checkpoint every this many steps.",
                                ge=0, note="0 = only at the end and on Ctrl-C/SIGTERM")
+    stall_timeout_s: float = _f(
+        600.0, "Seconds with no trajectory completed and no training step before a stall report (buffers, in-flight "
+               "trajectories, last events) goes to the console and RUN_DIR/stall-<n>.json; after twice this the run "
+               "stops with a checkpoint and a message.", ge=0, note="0 = no watchdog")
     keep_checkpoints: int = _f(2, "Checkpoints kept: the newest as checkpoint/, the ones before it as checkpoint.v<version>/ "
                                   "(a damaged newest one is skipped at resume for the one before).", ge=1)
     save_optimizer: bool = _f(True, "Checkpoints hold the AdamW state (2x the weights); false: smaller checkpoints, "

@@ -106,7 +106,8 @@ def test_dynamic_sampling_filter_drops_zero_std_groups_and_slots_refill():
 def stuck_config(method):
     """eta=0, B=2, N=1: both groups reserve into buffer 0, which is STUCK (full) until both complete."""
     return config(psrl__staleness=0, psrl__staleness_buffer_entries=2, psrl__rollout_n=1,
-                  psrl__proactive_filter_strategy__method=method, psrl__proactive_filter_strategy__threshold=1)
+                  psrl__proactive_filter_strategy__method=method, psrl__proactive_filter_strategy__threshold=1,
+                  trainer__stall_timeout_s=0)  # the control waits 1e6 s on purpose: no stall watchdog
 
 
 def test_without_a_proactive_filter_a_stuck_buffer_waits_for_its_straggler():
@@ -149,7 +150,7 @@ def test_proactive_filter_acts_only_at_or_below_its_threshold(threshold, acts):
     """Boundary: B=3 with two stragglers left in the STUCK buffer -- threshold 2 acts, threshold 1 waits."""
     cfg = config(psrl__staleness=0, psrl__staleness_buffer_entries=3, psrl__rollout_n=1,
                  psrl__proactive_filter_strategy__method="truncate",
-                 psrl__proactive_filter_strategy__threshold=threshold)
+                 psrl__proactive_filter_strategy__threshold=threshold, trainer__stall_timeout_s=0)
     coord = coordinator(cfg, FakeTask(latency_fn=slow_episodes({1, 2})))
     rows = run(coord, 1)
     assert (rows[0]["counts/truncated"] == 2) is acts

@@ -33,6 +33,7 @@ from psrl.rollout.agents import AgentManager
 from psrl.rollout.instance import RolloutInstance
 from psrl.rollout.pool import InstancePool
 from psrl.rollout.router import build_router, build_sync
+from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import StalenessManager
 from psrl.train.store import ParameterStore
 from psrl.types import Engine
@@ -100,6 +101,7 @@ class Coordinator:
         self.rows: list[dict] = []
         self.on_step: Optional[Callable[["Coordinator", dict], None]] = None
         self.in_step = False
+        self.watchdog: Optional[Watchdog] = None
         self._t0 = 0.0
         self._last = 0.0
 
@@ -115,6 +117,7 @@ class Coordinator:
         await self._ready()
         self._t0 = self._last = loop.time()  # engine start-up (a vLLM server: tens of seconds) is not a step
         dispatcher = self.agents.start()
+        watchdog = self._watchdog()
         finished = False
         try:
             while self.version < total_steps:
@@ -123,10 +126,20 @@ class Coordinator:
             finished = True
         finally:
             dispatcher.cancel()
-            await asyncio.gather(dispatcher, return_exceptions=True)
+            if watchdog is not None:
+                watchdog.cancel()
+            await asyncio.gather(dispatcher, *([watchdog] if watchdog else []), return_exceptions=True)
             await self.agents.shutdown(record_held=finished)
             await self.pool.stop()
         return self.rows
+
+    def _watchdog(self) -> Optional[asyncio.Task]:
+        """The stall watchdog (``trainer.stall_timeout_s``; 0 = none): the bound on reserve / next_batch waits."""
+        timeout = self.cfg.trainer.stall_timeout_s
+        if timeout <= 0:
+            return None
+        self.watchdog = Watchdog(self, timeout, getattr(self.sink, "run_dir", None), self.log)
+        return asyncio.get_running_loop().create_task(self.watchdog.run(), name="stall-watchdog")
 
     async def _ready(self) -> None:
         """Every engine started and holding the newest version; an engine that cannot start stops the run."""
