@@ -411,6 +411,15 @@ class AgentManager:
                 for traj in g.held:
                     self._record(traj, "held")
                 g.held = []
+            for traj in self._restored_held():
+                self._record(traj, "held")
+
+    def _restored_held(self) -> list:
+        """Trajectories the staleness manager holds for entries this manager never launched: groups a resumed
+        run restored from its checkpoint and has not trained yet (without this they would end unrecorded)."""
+        buffers = self.staleness.snapshot()["buffers"]
+        return [t for reserved, groups in buffers.values() for e in [*reserved, *groups] if e[0] not in self.groups
+                for t in e[4]]
 
     def state(self) -> dict:
         """What a checkpoint needs to continue the prompt stream and the counters."""
