@@ -311,6 +311,9 @@ class TrainerConfig:
                "stops with a checkpoint and a message.", ge=0, note="0 = no watchdog")
     keep_checkpoints: int = _f(2, "Checkpoints kept: the newest as checkpoint/, the ones before it as checkpoint.v<version>/ "
                                   "(a damaged newest one is skipped at resume for the one before).", ge=1)
+    checkpoint_in_background: bool = _f(
+        True, "Periodic checkpoints are copied between two steps and written to disk by a thread while training goes "
+              "on (one more copy of weights + AdamW state in memory); false: written before the next step starts.")
     save_optimizer: bool = _f(True, "Checkpoints hold the AdamW state (2x the weights); false: smaller checkpoints, "
                                     "a resumed run restarts AdamW's moments.")
     max_skipped_steps: int = _f(3, "Steps skipped in a row for a NaN / infinite loss or gradient before the run stops "

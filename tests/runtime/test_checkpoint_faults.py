@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,42 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert ck["dir"] == tmp_path / "checkpoint" and ck["version"] == 2
     run_to(coord, rec, ev, 6, {6}, tmp_path)
     no_duplicates(tmp_path, 6, 1)
+
+
+class CopyingTrainer(FakeTrainer):
+    """A fake trainer with ``checkpoint_state`` (what the real one copies), so the saver writes in its thread."""
+
+    def checkpoint_state(self):
+        return {"version": self.version}
+
+    def save(self, directory, state=None):
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "trainer.json").write_text(json.dumps(state if state is not None else {"version": self.version}))
+        return path / "trainer.json"
+
+
+def test_a_background_checkpoint_holds_the_state_of_when_it_was_taken(tmp_path):
+    """The saver captures between steps and writes in its thread: training that goes on meanwhile (the version
+    moving) does not leak into it; a write that fails (full disk) is raised at the next save, previous intact."""
+    from psrl.runtime.checkpoint import CheckpointSaver, load_checkpoint
+
+    coord, rec, _, _ = build(config(), tmp_path)
+    coord.trainer = trainer = CopyingTrainer(policy=coord.trainer.policy)
+    saver = CheckpointSaver(background=True)
+    saver.save(tmp_path, coord, rec)
+    trainer.policy.version = 7  # "the next step" while the writer runs
+    saver.wait()
+    assert json.loads((tmp_path / "checkpoint" / "trainer.json").read_text()) == {"version": 0}
+    assert load_checkpoint(tmp_path)["version"] == 0
+
+    def full(self, directory, state=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    trainer.save = full.__get__(trainer)
+    saver.save(tmp_path, coord, rec)  # returns at once: the failure happens in the writer
+    with pytest.raises(CheckpointWriteError):
+        saver.save(tmp_path, coord, rec)
+    saver.close()
+    rec.close()
+    assert load_checkpoint(tmp_path)["version"] == 0 and not (tmp_path / "checkpoint.tmp").exists()

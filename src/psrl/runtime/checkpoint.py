@@ -38,7 +38,7 @@ from psrl.rollout.records import trajectory_record
 from psrl.runtime.recorder import _FILES
 from psrl.staleness import StalenessManager
 
-__all__ = ["save_checkpoint", "load_checkpoint", "restore_manager", "resume", "CheckpointWriteError"]
+__all__ = ["save_checkpoint", "CheckpointSaver", "load_checkpoint", "restore_manager", "resume", "CheckpointWriteError"]
 
 _STATE = "coordinator.pkl"
 _MANIFEST = "manifest.json"
@@ -55,7 +55,52 @@ class CheckpointWriteError(RunError):
 
 def save_checkpoint(run_dir: str | Path, coord: Any, recorder: Any) -> Path:
     """Write ``run_dir/checkpoint`` for ``coord`` (a :class:`~psrl.runtime.coordinator.Coordinator`)."""
-    run_dir = Path(run_dir)
+    return _write(*_capture(run_dir, coord, recorder))
+
+
+class CheckpointSaver:
+    """Checkpoints of one run, the periodic ones written off the event loop and the training thread.
+
+    What a checkpoint holds is captured synchronously, between two steps (weights and AdamW state copied,
+    the coordinator's state pickled to bytes), so the run is free to go on; the copy goes to disk in one
+    writer thread, one checkpoint at a time. Costs one more copy of weights + optimiser state in memory
+    while it writes. A write that fails is raised at the next save or at :meth:`close`. A trainer without
+    ``checkpoint_state`` (a fake) is saved synchronously.
+    """
+
+    def __init__(self, background: bool = True):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.background = bool(background)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="psrl-checkpoint") if background else None
+        self._pending: Any = None
+
+    def save(self, run_dir: str | Path, coord: Any, recorder: Any, wait: bool = False) -> None:
+        """Checkpoint now; with ``wait`` (a stop) or no background writer, on disk when this returns."""
+        self.wait()
+        job = _capture(run_dir, coord, recorder, copy=self.background and not wait)
+        if self._pool is None or wait or not hasattr(coord.trainer, "checkpoint_state"):
+            _write(*job)
+        else:
+            self._pending = self._pool.submit(_write, *job)
+
+    def wait(self) -> None:
+        """The write in progress, if any, finished (its CheckpointWriteError raised here)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+
+def _capture(run_dir: str | Path, coord: Any, recorder: Any, copy: bool = False) -> tuple:
+    """Everything a checkpoint writes, taken now: ``(run_dir, version, keep, trainer_state, coordinator bytes,
+    trainer)``. ``copy``: the trainer's tensors are copied (a writer thread saves them while training goes on)."""
     offsets = recorder.offsets() if recorder is not None else {}
     events = getattr(coord.staleness, "on_event", None)
     if hasattr(events, "offset"):  # the buffer timeline (psrl.viz.events.EventLog)
@@ -66,20 +111,28 @@ def save_checkpoint(run_dir: str | Path, coord: Any, recorder: Any) -> Path:
         "agents": coord.agents.state(),
         "offsets": offsets,
     }
+    trainer_state = coord.trainer.checkpoint_state() if copy and hasattr(coord.trainer, "checkpoint_state") else None
+    return (Path(run_dir), int(coord.version), coord.cfg.trainer.keep_checkpoints, trainer_state,
+            pickle.dumps(state), coord.trainer)
+
+
+def _write(run_dir: Path, version: int, keep: int, trainer_state: Any, coord_state: bytes, trainer: Any) -> Path:
+    """``checkpoint.tmp`` written and renamed into place, the kept ones rotated (see the module docstring)."""
     tmp, final = run_dir / "checkpoint.tmp", run_dir / "checkpoint"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        coord.trainer.save(tmp)
-        with open(tmp / _STATE, "wb") as f:
-            pickle.dump(state, f)
+        if trainer_state is not None:
+            trainer.save(tmp, trainer_state)
+        else:
+            trainer.save(tmp)
+        (tmp / _STATE).write_bytes(coord_state)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        (tmp / _MANIFEST).write_text(json.dumps({"version": int(coord.version), "files": files}))
+        (tmp / _MANIFEST).write_text(json.dumps({"version": version, "files": files}))
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(f"checkpoint {final}", f"could not be written: {describe(e)}; the previous "
                                    "checkpoint is intact", "free disk space (or fix the directory's permissions); "
                                    "the same command resumes from the previous checkpoint") from e
-    keep = coord.cfg.trainer.keep_checkpoints
     if final.exists():
         prev = _version_of(final)
         kept = run_dir / f"checkpoint.v{prev}" if prev is not None else run_dir / "checkpoint.old"

@@ -159,19 +159,23 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save(self, directory: str | Path) -> Path:
-        """Write weights, optimiser state (unless ``trainer.save_optimizer`` is false), version, skip counters
-        and generator states to ``directory/trainer.pt``."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
+    def checkpoint_state(self) -> dict:
+        """What :meth:`save` writes, with every tensor copied: the caller may write it while training goes on."""
         state = {
             "model": self.policy.export_state(), "version": self.policy.version, "rng": self.rng.getstate(),
-            "sampler": self.policy.generator.get_state(), "torch_rng": torch.get_rng_state(),
+            "sampler": self.policy.generator.get_state().clone(), "torch_rng": torch.get_rng_state(),
             "skipped": (self.skipped_steps, self.skipped_in_a_row),
         }
         if self.cfg.save_optimizer:
-            state["optimizer"] = self.optimizer.state_dict()
-        torch.save(state, path / "trainer.pt")
+            state["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+        return state
+
+    def save(self, directory: str | Path, state: Optional[dict] = None) -> Path:
+        """Write weights, optimiser state (unless ``trainer.save_optimizer`` is false), version, skip counters
+        and generator states (``state``, else taken now) to ``directory/trainer.pt``."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(state if state is not None else self.checkpoint_state(), path / "trainer.pt")
         return path / "trainer.pt"
 
     def load(self, directory: str | Path) -> int:
