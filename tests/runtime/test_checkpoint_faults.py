@@ -205,3 +205,31 @@ def test_a_background_checkpoint_holds_the_state_of_when_it_was_taken(tmp_path):
     saver.close()
     rec.close()
     assert load_checkpoint(tmp_path)["version"] == 0 and not (tmp_path / "checkpoint.tmp").exists()
+
+
+def test_psrl_train_on_a_full_disk_says_so_in_one_line_and_resumes(tmp_path, monkeypatch, capsys):
+    """Real psrl train (tiny model, checkpoint every 2 steps, written in the background): the step-4 checkpoint
+    hits ENOSPC. The run exits 1 with one line naming the checkpoint, the disk error and the fix; checkpoint/ is
+    the step-2 one; the same command (disk freed) resumes and finishes with every step once."""
+    from psrl.runtime.checkpoint import load_checkpoint
+    from psrl.train import Trainer
+    from psrl.train_cli import main
+    from tests.runtime.test_train_cli_e2e import TINY
+
+    real = Trainer.save
+
+    def save(self, directory, state=None):
+        if (state or {}).get("version", self.version) == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, directory, state)
+
+    monkeypatch.setattr(Trainer, "save", save)
+    args = TINY + [f"trainer.run_dir={tmp_path / 'run'}", "trainer.total_steps=6"]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "No space left on device" in err and "previous checkpoint is intact" in err
+    assert err.startswith(f"psrl train: checkpoint {tmp_path / 'run' / 'checkpoint'}: could not be written"), err
+    assert load_checkpoint(tmp_path / "run")["version"] == 2 and not (tmp_path / "run" / "checkpoint.tmp").exists()
+    monkeypatch.setattr(Trainer, "save", real)
+    assert main(args) == 0
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == list(range(1, 7))
