@@ -366,7 +366,8 @@ class TaskConfig:
         "sync or async, returning a float or a dict with score and optional acc). Built-in tasks keep their own reward.",
         note="math | exact | regex:<pattern> | module:function | file.py:function")
     reward_timeout: float = _f(
-        30.0, "Dataset tasks: seconds one reward call may take; a timeout counts as a failure (retried task.reward_retries times).",
+        30.0, "Seconds one reward call may take (dataset rewards, and any task's async reward); a timeout "
+              "counts as a failure (retried task.reward_retries times, then status error).",
         gt=0)
     reward_retries: int = _f(1, "Times a failing reward function / agent loop is retried before it is reported.",
                              ge=0, fix="set task.reward_retries=0 to report a failing reward at once, or a small count")
@@ -398,6 +399,19 @@ class TrainerConfig:
     resume: bool = _f(True, "Continue from the newest checkpoint in run_dir if there is one.")
     checkpoint_every: int = _f(10, "Save a resumable checkpoint every this many steps.",
                                ge=0, note="0 = only at the end and on Ctrl-C/SIGTERM")
+    stall_timeout_s: float = _f(
+        600.0, "Seconds with no trajectory completed and no training step before a stall report (buffers, in-flight "
+               "trajectories, last events) goes to the console and RUN_DIR/stall-<n>.json; after twice this the run "
+               "stops with a checkpoint and a message.", ge=0, note="0 = no watchdog")
+    keep_checkpoints: int = _f(2, "Checkpoints kept: the newest as checkpoint/, the ones before it as checkpoint.v<version>/ "
+                                  "(a damaged newest one is skipped at resume for the one before).", ge=1)
+    checkpoint_in_background: bool = _f(
+        True, "Periodic checkpoints are copied between two steps and written to disk by a thread while training goes "
+              "on (one more copy of weights + AdamW state in memory); false: written before the next step starts.")
+    save_optimizer: bool = _f(True, "Checkpoints hold the AdamW state (2x the weights); false: smaller checkpoints, "
+                                    "a resumed run restarts AdamW's moments.")
+    max_skipped_steps: int = _f(3, "Steps skipped in a row for a NaN / infinite loss or gradient before the run stops "
+                                   "(with a checkpoint and a message).", ge=1)
     logger: list = _f(
         ["console"], "Where step metrics go besides metrics.jsonl (always written): any of console, tensorboard, wandb "
         "(wandb offline unless WANDB_MODE says otherwise). Override as trainer.logger=[console,tensorboard].",

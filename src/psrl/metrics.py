@@ -82,6 +82,8 @@ METRICS: tuple[Metric, ...] = (
     _m("train/loss", "nats", "Total loss of the step (mean over minibatches).", _T),
     _m("train/grad_norm", "-", "Gradient norm before clipping (mean over minibatches).", _T),
     _m("train/adv_abs_mean", "-", "Mean |advantage| over the batch.", _T),
+    _m("train/skipped_steps", "count", "Steps skipped for a NaN / infinite loss or gradient norm, run so far (weights "
+       "unchanged, batch recorded 'skipped'; trainer.max_skipped_steps in a row stop the run).", _C),
     _m("loss/policy", "nats", "Policy-gradient loss (PPO / GSPO, after aggregation).", _L),
     _m("actor/ratio_mean", "-", "Mean importance ratio pi_theta / pi_old over loss tokens.", _L),
     _m("actor/clip_frac_low", "fraction", "Loss tokens clipped below (ratio < 1 - clip_ratio_low).", _L),

@@ -5,6 +5,7 @@ Every test runs the real Coordinator on fake engines in virtual time. ``latency_
 prompts in dispatch order, so group ``g<k>`` answers prompt ``k``.
 """
 
+import asyncio
 from collections import defaultdict
 
 import pytest
@@ -105,7 +106,8 @@ def test_dynamic_sampling_filter_drops_zero_std_groups_and_slots_refill():
 def stuck_config(method):
     """eta=0, B=2, N=1: both groups reserve into buffer 0, which is STUCK (full) until both complete."""
     return config(psrl__staleness=0, psrl__staleness_buffer_entries=2, psrl__rollout_n=1,
-                  psrl__proactive_filter_strategy__method=method, psrl__proactive_filter_strategy__threshold=1)
+                  psrl__proactive_filter_strategy__method=method, psrl__proactive_filter_strategy__threshold=1,
+                  trainer__stall_timeout_s=0)  # the control waits 1e6 s on purpose: no stall watchdog
 
 
 def test_without_a_proactive_filter_a_stuck_buffer_waits_for_its_straggler():
@@ -149,7 +151,7 @@ def test_proactive_filter_acts_only_at_or_below_its_threshold(threshold, acts):
     0 is PSRL's default: a STUCK buffer always has a RESERVED entry, so the filter never acts."""
     cfg = config(psrl__staleness=0, psrl__staleness_buffer_entries=3, psrl__rollout_n=1,
                  psrl__proactive_filter_strategy__method="truncate",
-                 psrl__proactive_filter_strategy__threshold=threshold)
+                 psrl__proactive_filter_strategy__threshold=threshold, trainer__stall_timeout_s=0)
     coord = coordinator(cfg, FakeTask(latency_fn=slow_episodes({1, 2})))
     rows = run(coord, 1)
     assert (rows[0]["counts/truncated"] == 2) is acts
@@ -199,4 +201,54 @@ def test_persistent_failure_is_reported_and_the_entry_aborted(stage):
     assert rows[-1]["counts/error_retries"] >= 1
     assert not any(r["group"] == "g1" and r["status"] == "trained" for r in coord.sink.trajectories)
     assert len(rows) == 3
+    account(coord)
+
+
+def _bad_reward(kind: str):
+    """A reward that fails for prompt 1 as ``kind`` says: hang (async, never returns), nan, inf, raise."""
+
+    def ok():
+        return {"score": 0.0, "acc": 0.0, "seq_reward": 0.0, "seq_final_reward": 0.0}
+
+    def reward(prompt, episode):
+        if prompt.answer != 1:
+            return ok()
+        if kind == "hang":
+            async def never():
+                await asyncio.get_running_loop().create_future()  # nothing ever sets it
+
+            return never()
+        if kind == "raise":
+            raise ValueError("broken verifier")
+        value = float(kind)
+        return {"score": value, "acc": 0.0, "seq_reward": value, "seq_final_reward": value}
+
+    return reward
+
+
+def no_buffer_waits_on(coord, groups: set) -> None:
+    """Every entry still blocking a live buffer belongs to a group the agent manager still runs, and none
+    to a failed one: a failed entry was aborted through the protocol, so it can never hold a buffer."""
+    live = {g.eid: g.uid for g in coord.agents.groups.values()}
+    for b in coord.manager.buffer_states():
+        for eid in coord.manager.blocking(b):
+            assert eid in live, f"buffer {b} waits on entry {eid} that nothing generates"
+            assert live[eid] not in groups, f"buffer {b} waits on failed group {live[eid]}"
+
+
+@pytest.mark.parametrize("kind, reason", [("hang", "task.reward_timeout=30s"), ("nan", "nan"), ("inf", "inf"),
+                                          ("-inf", "-inf"), ("raise", "broken verifier")])
+def test_hanging_or_non_finite_reward_fails_like_a_raising_one(kind, reason):
+    """Prompt 1's reward hangs (virtual time: it is cancelled at task.reward_timeout) or scores NaN / +-inf:
+    retried once, then recorded ``error`` with the reason, counted in counts/failed, its entry aborted
+    through the protocol, and training goes on with no buffer waiting on it."""
+    coord = coordinator(config(), FakeTask(reward_fn=_bad_reward(kind)))
+    rows = run(coord, 3)
+    errors = [r for r in coord.sink.trajectories if r["status"] == "error"]
+    assert {r["group"] for r in errors} == {"g1"} and all(reason in r["error"] for r in errors), errors
+    assert rows[-1]["counts/failed"] == len(errors) >= 1
+    assert rows[-1]["counts/error_retries"] >= 1 and rows[-1]["counts/aborted"] >= 1
+    assert not any(r["group"] == "g1" and r["status"] == "trained" for r in coord.sink.trajectories)
+    assert len(rows) == 3 and check_bound(coord.sink.trajectories, 1) == 3 * 2 * 2
+    no_buffer_waits_on(coord, {"g1"})
     account(coord)

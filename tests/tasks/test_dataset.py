@@ -170,7 +170,8 @@ def test_a_raising_reward_marks_the_trajectory_failed_with_the_reason(tmp_path):
     errors = [t for t in read_jsonl(run_dir / "trajectories.jsonl") if t["status"] == "error"]
     assert errors and all("train.jsonl row 1: ValueError('grader exploded')" in t["error"] for t in errors)
     assert all("reward tests.tasks.reward_fns:explodes_on_marked_rows raised on" in t["error"] for t in errors)
-    assert read_jsonl(run_dir / "metrics.jsonl")[-1]["counts/failed"] == len(errors)
+    # every failure counted by the last step is on record (a reward may still fail after the last step's row)
+    assert 0 < read_jsonl(run_dir / "metrics.jsonl")[-1]["counts/failed"] <= len(errors)
 
 
 # ---------------------------------------------------------------------------- order and cursor

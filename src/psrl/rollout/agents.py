@@ -17,8 +17,10 @@ computes its reward and calls ``complete``. Every status is acted on at once:
   at the next token boundary) and every trajectory it held is recorded with that status.
 
 A raising episode or reward function is retried ``task.reward_retries`` times, then reported
-(record ``status: error``, ``counts/failed``); if the group can no longer reach N members its
-entry is aborted, so the slot refills instead of blocking a buffer. The proactive filter
+(record ``status: error`` with the reason in ``error``, ``counts/failed``); if the group can no
+longer reach N members its entry is aborted, so the slot refills instead of blocking a buffer.
+A reward that hangs (an awaitable reward still running after ``task.reward_timeout`` seconds) or
+returns a NaN / infinite score takes the same path: it is one more way for a reward to fail. The proactive filter
 (:mod:`psrl.rollout.proactive`) runs after every change of the protocol state.
 """
 
@@ -28,6 +30,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 import random
 from typing import Any, Hashable, Optional, Sequence
 
@@ -36,7 +39,7 @@ from psrl.rollout.proactive import ProactiveFilter
 from psrl.rollout.records import Counts, WorkerSlots, trajectory_record
 from psrl.rollout.session import Session
 from psrl.staleness import StalenessManager, StaleVersionError, Status
-from psrl.tasks.base import Task, compute_reward, episode_to_trajectory
+from psrl.tasks.base import Task, episode_to_trajectory
 from psrl.types import Sink
 
 __all__ = ["AgentManager"]
@@ -96,7 +99,7 @@ class AgentManager:
     """
 
     def __init__(self, task: Task, manager: StalenessManager, pool: Any, psrl_cfg: Any, workers: int,
-                 sink: Optional[Sink] = None, seed: int = 0, retries: int = 1):
+                 sink: Optional[Sink] = None, seed: int = 0, retries: int = 1, reward_timeout: Optional[float] = None):
         self.task = task
         self.manager = manager
         self.pool = pool
@@ -104,6 +107,9 @@ class AgentManager:
         """N': members launched per group (psrl.redundant_rollout.redundant_rollout_n; N when unset)."""
         self.group_size = psrl_cfg.group_size
         self.retries = int(retries)
+        self.reward_timeout = reward_timeout
+        """Seconds an awaitable reward may take (``task.reward_timeout``); None = unbounded. A synchronous
+        reward runs on the event loop and cannot be interrupted: dataset rewards run in a thread for this."""
         self.slots = WorkerSlots(workers)
         if self.redundant_group_size > workers:
             raise ValueError(f"a group launches {self.redundant_group_size} trajectories but only {workers} agent workers exist "
@@ -225,24 +231,37 @@ class AgentManager:
         return None
 
     async def _reward(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
-        """The task's reward (sync or async), retrying a raising reward function; None once reported as failed."""
+        """The task's reward (sync or async), retrying a raising, hanging or non-finite reward; None once
+        reported as failed."""
         err: Optional[BaseException] = None
         for attempt in range(1 + self.retries):
             try:
-                return await compute_reward(self.task, g.prompt, episode)
-            except Exception as e:
+                out = self.task.reward(g.prompt, episode)
+                if inspect.isawaitable(out):
+                    out = await self._bounded(out)
+                return finite_reward(out)
+            except Exception as e:  # CancelledError is a BaseException: it passes through
                 err = e
                 if attempt < self.retries:
                     self.counts.error_retries += 1
         self._fail(g, m, "reward", err, episode)
         return None
 
+    async def _bounded(self, awaitable: Any) -> Any:
+        """``awaitable`` within ``task.reward_timeout`` seconds; a hang becomes a RewardTimeout (a failure)."""
+        if self.reward_timeout is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, self.reward_timeout)
+        except asyncio.TimeoutError:
+            raise RewardTimeout(f"no reward within task.reward_timeout={self.reward_timeout:g}s") from None
+
     def reward_now(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
         """:meth:`_reward` for a task whose reward is synchronous (the proactive filter acts at once)."""
         err: Optional[BaseException] = None
         for attempt in range(1 + self.retries):
             try:
-                return self.task.reward(g.prompt, episode)
+                return finite_reward(self.task.reward(g.prompt, episode))
             except Exception as e:
                 err = e
                 if attempt < self.retries:
@@ -359,13 +378,22 @@ class AgentManager:
         self.proactive.check()
 
     def after_consume(self, batch: Any) -> None:
-        """Record the trajectories of a consumed batch as trained (they leave the rollout side)."""
-        for eid, trajs in zip(batch.entries, batch.groups):
+        """The batch's groups leave the rollout side (recorded by :meth:`record_batch` once the step is done)."""
+        for eid in batch.entries:
             self.groups.pop(eid, None)
-            for traj in trajs:
-                self._record(traj, "trained", consumed_version=batch.version)
-                self.counts.trained += 1
         self.after_change()
+
+    def record_batch(self, batch: Any, skipped: Optional[str] = None) -> None:
+        """Record a consumed batch's trajectories: ``trained``, or ``skipped`` with the reason when the
+        trainer skipped the step (NaN / infinite loss or gradient)."""
+        for trajs in batch.groups:
+            for traj in trajs:
+                if skipped is None:
+                    self._record(traj, "trained", consumed_version=batch.version)
+                    self.counts.trained += 1
+                else:
+                    self._emit(trajectory_record(traj, "skipped", reason=skipped))
+                    self.counts.skipped += 1
 
     # ------------------------------------------------------------------ records and shutdown
 
@@ -388,6 +416,15 @@ class AgentManager:
             for g in self.groups.values():
                 for traj in self.manager.entry_members(g.eid):
                     self._record(traj, "held")
+            for traj in self._restored_held():
+                self._record(traj, "held")
+
+    def _restored_held(self) -> list:
+        """Trajectories the staleness manager holds for entries this manager never launched: groups a resumed
+        run restored from its checkpoint and has not trained yet (without this they would end unrecorded)."""
+        buffers = self.manager.snapshot()["buffers"]
+        return [t for reserved, groups in buffers.values() for e in [*reserved, *groups] if e[0] not in self.groups
+                for t in e[4]]
 
     def state(self) -> dict:
         """What a checkpoint needs to continue the prompt stream and the counters."""
@@ -402,6 +439,22 @@ class AgentManager:
             self.task.load_state(state["task"])  # a dataset continues its epoch
         self.counts = Counts(**state["counts"])
         self.next_group = int(state["next_group"])
+
+
+class RewardTimeout(Exception):
+    """A reward that did not return within ``task.reward_timeout`` (it is cancelled, then retried)."""
+
+
+class NonFiniteReward(ValueError):
+    """A reward whose score is NaN or infinite: training on it would poison the advantages."""
+
+
+def finite_reward(reward: dict) -> dict:
+    """``reward`` itself, or NonFiniteReward when its ``score`` is NaN or infinite."""
+    score = reward["score"]
+    if not math.isfinite(float(score)):
+        raise NonFiniteReward(f"reward score is {float(score)!r} (not finite)")
+    return reward
 
 
 def _segments(token_versions: list[int]) -> list[int]:

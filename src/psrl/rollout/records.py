@@ -1,8 +1,8 @@
 """Bookkeeping of the rollout side: worker slots, counters and per-trajectory records.
 
 Every trajectory that reaches the staleness manager ends in exactly one record with a
-``status`` (``trained``, ``surplus``, ``filtered``, ``rejected``, ``aborted``, ``error``,
-``held``), so nothing is ever lost silently: a test can account for every trajectory from
+``status`` (``trained``, ``skipped``, ``surplus``, ``filtered``, ``rejected``, ``aborted``,
+``error``, ``held``), so nothing is ever lost silently: a test can account for every trajectory from
 ``trajectories.jsonl`` alone.
 """
 
@@ -58,7 +58,9 @@ class Counts:
     generated: int = 0
     """Trajectories handed to the staleness manager (``complete``)."""
     trained: int = 0
-    """Trajectories in consumed batches."""
+    """Trajectories in consumed batches the trainer trained on."""
+    skipped: int = 0
+    """Trajectories in consumed batches whose step was skipped (NaN / infinite loss or gradient)."""
     cancelled: int = 0
     """In-flight trajectories cancelled (their engine work stopped): surplus members, aborted entries, retries."""
     aborted: int = 0

@@ -11,61 +11,177 @@ still RESERVED is aborted and the trajectories it already held are recorded as `
 after the checkpoint are not duplicated. Writing goes to ``checkpoint.tmp`` first and is
 renamed into place, so a crash while saving leaves the previous checkpoint intact.
 
-A checkpoint that cannot be read (truncated, overwritten, from an incompatible version) is never a
-traceback: :func:`load_checkpoint` falls back to ``checkpoint.old`` when that one is intact, and
-otherwise raises :class:`~psrl.errors.RunError` naming the directory and what to do.
+The newest checkpoint is ``checkpoint/``; the ``trainer.keep_checkpoints - 1`` before it stay as
+``checkpoint.v<version>/``. Each ends with ``manifest.json`` (its version and every file's size),
+written last, so a partial copy is detected. A checkpoint that cannot be read or restored
+(truncated, overwritten, from an incompatible version) is never a traceback: :func:`resume` says
+so, moves it aside as ``<name>.damaged`` and uses the newest intact one before it; only when none is
+intact does it raise :class:`~psrl.errors.RunError` naming the directory and what to do. A save that
+fails (a full disk) removes its partial ``checkpoint.tmp`` and raises :class:`CheckpointWriteError`;
+the previous checkpoint is untouched. ``events.jsonl`` is cut back to its checkpoint length like the
+other logs (a SIGKILL may leave half a line there), and a run that died before its first checkpoint
+starts its logs over.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
+import re
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from psrl.errors import RunError, describe
 from psrl.rollout.records import trajectory_record
 from psrl.runtime.recorder import _FILES
 from psrl.staleness import StalenessManager
 
-__all__ = ["save_checkpoint", "load_checkpoint", "restore_manager", "resume"]
+__all__ = ["save_checkpoint", "CheckpointSaver", "load_checkpoint", "restore_manager", "resume", "CheckpointWriteError"]
 
 _STATE = "coordinator.pkl"
+_MANIFEST = "manifest.json"
+_EVENTS = "events.jsonl"
+_KEPT = re.compile(r"^checkpoint\.v(\d+)$")
 _KEYS = ("version", "staleness", "agents", "offsets")
 _FIX = ("delete that directory to resume from the one before it (if any), set trainer.resume=false to start "
         "over in this run directory, or give a new trainer.run_dir")
 
 
+class CheckpointWriteError(RunError):
+    """A checkpoint could not be written (a full disk, a read-only directory); the previous one is intact."""
+
+
 def save_checkpoint(run_dir: str | Path, coord: Any, recorder: Any) -> Path:
     """Write ``run_dir/checkpoint`` for ``coord`` (a :class:`~psrl.runtime.coordinator.Coordinator`)."""
-    run_dir = Path(run_dir)
-    state = {**coord.checkpoint_state(), "offsets": recorder.offsets() if recorder is not None else {}}
-    tmp, final, old = run_dir / "checkpoint.tmp", run_dir / "checkpoint", run_dir / "checkpoint.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    coord.trainer.save(tmp)
-    with open(tmp / _STATE, "wb") as f:
-        pickle.dump(state, f)
-    shutil.rmtree(old, ignore_errors=True)
+    return _write(*_capture(run_dir, coord, recorder))
+
+
+class CheckpointSaver:
+    """Checkpoints of one run, the periodic ones written off the event loop and the training thread.
+
+    What a checkpoint holds is captured synchronously, between two steps (weights and AdamW state copied,
+    the coordinator's state pickled to bytes), so the run is free to go on; the copy goes to disk in one
+    writer thread, one checkpoint at a time. Costs one more copy of weights + optimiser state in memory
+    while it writes. A write that fails is raised at the next save or at :meth:`close`. A trainer without
+    ``checkpoint_state`` (a fake) is saved synchronously.
+    """
+
+    def __init__(self, background: bool = True):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.background = bool(background)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="psrl-checkpoint") if background else None
+        self._pending: Any = None
+
+    def save(self, run_dir: str | Path, coord: Any, recorder: Any, wait: bool = False) -> None:
+        """Checkpoint now; with ``wait`` (a stop) or no background writer, on disk when this returns."""
+        self.wait()
+        job = _capture(run_dir, coord, recorder, copy=self.background and not wait)
+        if self._pool is None or wait or not hasattr(coord.trainer, "checkpoint_state"):
+            _write(*job)
+        else:
+            self._pending = self._pool.submit(_write, *job)
+
+    def wait(self) -> None:
+        """The write in progress, if any, finished (its CheckpointWriteError raised here)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+
+def _capture(run_dir: str | Path, coord: Any, recorder: Any, copy: bool = False) -> tuple:
+    """Everything a checkpoint writes, taken now: ``(run_dir, version, keep, trainer_state, coordinator bytes,
+    trainer)``. ``copy``: the trainer's tensors are copied (a writer thread saves them while training goes on)."""
+    offsets = recorder.offsets() if recorder is not None else {}
+    events = getattr(coord.manager, "on_event", None)
+    if hasattr(events, "offset"):  # the buffer timeline (psrl.viz.events.EventLog)
+        offsets[_EVENTS] = events.offset()
+    state = {**coord.checkpoint_state(), "offsets": offsets}
+    trainer_state = coord.trainer.checkpoint_state() if copy and hasattr(coord.trainer, "checkpoint_state") else None
+    return (Path(run_dir), int(coord.version), coord.cfg.trainer.keep_checkpoints, trainer_state,
+            pickle.dumps(state), coord.trainer)
+
+
+def _write(run_dir: Path, version: int, keep: int, trainer_state: Any, coord_state: bytes, trainer: Any) -> Path:
+    """``checkpoint.tmp`` written and renamed into place, the kept ones rotated (see the module docstring)."""
+    tmp, final = run_dir / "checkpoint.tmp", run_dir / "checkpoint"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if trainer_state is not None:
+            trainer.save(tmp, trainer_state)
+        else:
+            trainer.save(tmp)
+        (tmp / _STATE).write_bytes(coord_state)
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        (tmp / _MANIFEST).write_text(json.dumps({"version": version, "files": files}))
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(f"checkpoint {final}", f"could not be written: {describe(e)}; the previous "
+                                   "checkpoint is intact", "free disk space (or fix the directory's permissions); "
+                                   "the same command resumes from the previous checkpoint") from e
     if final.exists():
-        final.rename(old)
+        prev = _version_of(final)
+        kept = run_dir / f"checkpoint.v{prev}" if prev is not None else run_dir / "checkpoint.old"
+        shutil.rmtree(kept, ignore_errors=True)
+        final.rename(kept)
     tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(run_dir / "checkpoint.old", ignore_errors=True)
+    for old in _kept(run_dir)[max(keep - 1, 0):]:
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _version_of(path: Path) -> Optional[int]:
+    """The version in a checkpoint's manifest (None for a checkpoint written before manifests, or damaged)."""
+    try:
+        return int(json.loads((path / _MANIFEST).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _kept(run_dir: Path) -> list[Path]:
+    """The older checkpoints ``checkpoint.v<version>``, newest first."""
+    found = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint.v*") if (m := _KEPT.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _candidates(run_dir: Path) -> list[Path]:
+    """Checkpoints to try, newest first: ``checkpoint``, ``checkpoint.old`` (a save cut short), the kept ones."""
+    first = [run_dir / n for n in ("checkpoint", "checkpoint.old") if (run_dir / n).is_dir()]
+    return first + _kept(run_dir)
+
+
+def _read_state(path: Path) -> dict:
+    """``coordinator.pkl`` of ``path``, checked against the manifest (a partial copy fails here)."""
+    if (path / _MANIFEST).exists():
+        manifest = json.loads((path / _MANIFEST).read_text())
+        for name, size in dict(manifest["files"]).items():
+            have = (path / name).stat().st_size if (path / name).exists() else None
+            if have != int(size):
+                raise ValueError(f"{name} is {'missing' if have is None else f'{have} bytes'}, the manifest says {size}")
+    with open(path / _STATE, "rb") as f:
+        state = pickle.load(f)
+    if not isinstance(state, dict) or any(k not in state for k in _KEYS):
+        raise ValueError(f"{_STATE} does not hold {', '.join(_KEYS)}")
+    return state
+
+
 def load_checkpoint(run_dir: str | Path) -> Optional[dict]:
-    """The state :func:`save_checkpoint` wrote plus ``dir`` (for ``trainer.load``), or None when there is
-    none. A damaged ``checkpoint`` falls back to an intact ``checkpoint.old``; if none is intact, RunError."""
+    """The state :func:`save_checkpoint` wrote plus ``dir`` (for ``trainer.load``) of the newest checkpoint
+    whose state reads, or None when there is none; if none reads, RunError naming the newest."""
     damaged = []
-    for name in ("checkpoint", "checkpoint.old"):
-        path = Path(run_dir) / name
-        if not path.exists():
-            continue
+    for path in _candidates(Path(run_dir)):
         try:
-            with open(path / _STATE, "rb") as f:
-                state = pickle.load(f)
-            if not isinstance(state, dict) or any(k not in state for k in _KEYS):
-                raise ValueError(f"{_STATE} does not hold {', '.join(_KEYS)}")
+            state = _read_state(path)
         except Exception as e:  # unpickling damaged bytes can raise almost anything
             damaged.append((path, e))
             continue
@@ -92,22 +208,53 @@ def restore_manager(snapshot: dict, group_filter: Any = None, sink: Any = None) 
     return m
 
 
-def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any = None) -> Optional[dict]:
-    """Restore ``run_dir/checkpoint`` into ``trainer`` and ``recorder``; None when there is none.
+def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any = None,
+           log: Optional[Callable[[str], None]] = None) -> Optional[dict]:
+    """Restore the newest intact checkpoint of ``run_dir`` into ``trainer`` and ``recorder``; None when there
+    is none (then the logs a run killed before its first checkpoint left are cut to empty).
 
-    Returns the checkpoint state with ``manager`` (the restored staleness manager); the caller
-    builds its coordinator with it and hands ``state["agents"]`` to ``agents.load_state``.
+    A damaged newer checkpoint is reported through ``log``, renamed ``<name>.damaged`` and skipped.
+    Returns the checkpoint state with ``manager`` (the restored staleness manager); the caller builds
+    its coordinator with it and hands ``state["agents"]`` to ``agents.load_state``.
     """
-    ck = load_checkpoint(run_dir)
-    if ck is None:
-        return None
-    try:
-        trainer.load(ck["dir"])
-        offsets = {str(k): int(v) for k, v in dict(ck["offsets"]).items()}
-        if any(k not in _FILES or v < 0 for k, v in offsets.items()):
-            raise ValueError(f"bad JSONL offsets {offsets}")
-        recorder.truncate(offsets)  # before the manager reports the aborted trajectories into those files
-        ck["manager"] = restore_manager(ck["staleness"], group_filter, recorder)
-    except Exception as e:  # a damaged trainer.pt, or a state from another model / config
-        raise RunError(f"checkpoint {ck['dir']}", f"cannot be restored: {describe(e)}", _FIX) from e
-    return ck
+    run_dir = Path(run_dir)
+    damaged: list[tuple[Path, Exception, str]] = []
+    for path in _candidates(run_dir):
+        try:
+            ck = _read_state(path)
+        except Exception as e:  # unpickling damaged bytes can raise almost anything
+            damaged.append((path, e, "cannot be read"))
+            continue
+        ck["dir"] = path
+        try:
+            trainer.load(path)
+            offsets = {str(k): int(v) for k, v in dict(ck["offsets"]).items()}
+            if any(k not in _FILES + (_EVENTS,) or v < 0 for k, v in offsets.items()):
+                raise ValueError(f"bad JSONL offsets {offsets}")
+            _cut(run_dir, offsets, recorder)  # before the manager reports the aborted trajectories into those files
+            ck["manager"] = restore_manager(ck["staleness"], group_filter, recorder)
+        except Exception as e:  # a damaged trainer.pt, or a state from another model / config
+            damaged.append((path, e, "cannot be restored"))
+            continue
+        for bad, e, what in damaged:
+            aside = bad.with_name(bad.name + ".damaged")
+            shutil.rmtree(aside, ignore_errors=True)
+            bad.rename(aside)
+            (log or print)(f"checkpoint {bad} {what} ({describe(e)}): resuming from {path} (version "
+                           f"{ck['version']}) instead; the damaged one is kept as {aside}")
+        return ck
+    if damaged:
+        path, e, what = damaged[0]
+        raise RunError(f"checkpoint {path}", f"{what}: {describe(e)}", _FIX) from e
+    _cut(run_dir, {**{name: 0 for name in _FILES}, _EVENTS: 0}, recorder)  # no checkpoint: the run starts over
+    return None
+
+
+def _cut(run_dir: Path, offsets: dict[str, int], recorder: Any) -> None:
+    """The JSONL logs back to ``offsets`` (the recorder's files through it, ``events.jsonl`` directly: its
+    writer opens it after the resume)."""
+    if recorder is not None:
+        recorder.truncate({k: v for k, v in offsets.items() if k in _FILES})
+    events = run_dir / _EVENTS
+    if _EVENTS in offsets and events.exists() and events.stat().st_size > offsets[_EVENTS]:
+        os.truncate(events, offsets[_EVENTS])

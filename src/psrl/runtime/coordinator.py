@@ -28,10 +28,12 @@ import inspect
 from typing import Any, Callable, Optional, Sequence
 
 from psrl.algo.filters import build_group_filter
+from psrl.errors import RunError
 from psrl.rollout.agents import AgentManager
 from psrl.rollout.instance import RolloutInstance
 from psrl.rollout.pool import build_pool
 from psrl.rollout.sync import build_sync
+from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import StalenessManager
 from psrl.train.store import ParameterStore
 from psrl.tasks.base import Task
@@ -99,11 +101,13 @@ class Coordinator:
             inst.log_failure = self.log
         self.pool = build_pool(instances, p, seed=cfg.trainer.seed)
         self.agents = AgentManager(task, self.manager, self.pool, p, workers=len(instances) * rs.max_concurrent_seqs_per_instance,
-                                   sink=sink, seed=cfg.trainer.seed, retries=cfg.task.reward_retries)
+                                   sink=sink, seed=cfg.trainer.seed, retries=cfg.task.reward_retries,
+                                   reward_timeout=cfg.task.reward_timeout)
         self.rows: list[dict] = []
         self.on_step: Optional[Callable[[dict], None]] = None
         """Called with each step's metrics row once the step is published (psrl train: show, validate, checkpoint)."""
         self.in_step = False
+        self.watchdog: Optional[Watchdog] = None
         self._t0 = 0.0
         self._last = 0.0
 
@@ -125,6 +129,7 @@ class Coordinator:
         await self._ready()
         self._t0 = self._last = loop.time()  # engine start-up (a vLLM server: tens of seconds) is not a step
         dispatcher = self.agents.start()
+        watchdog = self._watchdog()
         finished = False
         try:
             while self.version < total_steps:
@@ -133,10 +138,20 @@ class Coordinator:
             finished = True
         finally:
             dispatcher.cancel()
-            await asyncio.gather(dispatcher, return_exceptions=True)
+            if watchdog is not None:
+                watchdog.cancel()
+            await asyncio.gather(dispatcher, *([watchdog] if watchdog else []), return_exceptions=True)
             await self.agents.shutdown(record_held=finished)
             await self.pool.stop()
         return self.rows
+
+    def _watchdog(self) -> Optional[asyncio.Task]:
+        """The stall watchdog (``trainer.stall_timeout_s``; 0 = none): the bound on reserve / next_batch waits."""
+        timeout = self.cfg.trainer.stall_timeout_s
+        if timeout <= 0:
+            return None
+        self.watchdog = Watchdog(self, timeout, getattr(self.sink, "run_dir", None), self.log)
+        return asyncio.get_running_loop().create_task(self.watchdog.run(), name="stall-watchdog")
 
     async def _ready(self) -> None:
         """Every engine started and holding the newest version; an engine that cannot start stops the run."""
@@ -187,6 +202,8 @@ class Coordinator:
                     raise
             metrics = step.result()
         self.in_step = False
+        skipped = getattr(self.trainer, "last_skip", None)
+        self.agents.record_batch(batch, skipped)
         version = int(batch.version) + 1
         policy = self.trainer.policy
         policy.version = version
@@ -198,8 +215,21 @@ class Coordinator:
             self.sink.metric(row)
         if self.on_step is not None:
             self.on_step(row)
+        if skipped is not None:
+            self._skipped(version, skipped)
         if interrupted:
             raise asyncio.CancelledError()
+
+    def _skipped(self, version: int, reason: str) -> None:
+        """Say that step ``version`` was skipped; stop after ``trainer.max_skipped_steps`` in a row."""
+        in_a_row = int(getattr(self.trainer, "skipped_in_a_row", 1))
+        limit = self.cfg.trainer.max_skipped_steps
+        self.log(f"step {version} skipped ({reason}): its trajectories are recorded 'skipped', "
+                 f"{in_a_row} in a row of trainer.max_skipped_steps={limit}")
+        if in_a_row >= limit:
+            raise RunError(f"trainer at step {version}", f"{in_a_row} steps in a row skipped, the last: {reason}",
+                           "lower trainer.lr or trainer.grad_clip, or check the model's dtype and the rewards; "
+                           "the run is checkpointed here and the same command resumes it")
 
     async def _step(self, batch: Any) -> dict:
         step = self.trainer.step

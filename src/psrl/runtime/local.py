@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from psrl.algo.filters import build_group_filter
-from psrl.runtime.checkpoint import resume, save_checkpoint
+from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.engines import build_engines
 from psrl.runtime.recorder import RunRecorder
@@ -52,9 +52,9 @@ class _StepHook:
     checkpoint every ``trainer.checkpoint_every`` steps and at the end."""
 
     def __init__(self, coord: Coordinator, run_dir: Path, recorder: RunRecorder, events: EventLog, total: int,
-                 every: int, watch: RunWatch):
+                 every: int, watch: RunWatch, saver: CheckpointSaver):
         self.coord, self.run_dir, self.recorder, self.events = coord, run_dir, recorder, events
-        self.total, self.every, self.watch = total, every, watch
+        self.total, self.every, self.watch, self.saver = total, every, watch, saver
 
     def __call__(self, row: dict) -> None:
         self.watch.after_step(row)  # before the checkpoint, so its validation row is kept by a resume
@@ -62,7 +62,7 @@ class _StepHook:
         # The last step is always checkpointed here, *before* the coordinator records the
         # still-held trajectories as ``held``: a resume cuts those records off again.
         if (self.every > 0 and row["step"] % self.every == 0) or row["step"] >= self.total:
-            save_checkpoint(self.run_dir, self.coord, self.recorder)
+            self.saver.save(self.run_dir, self.coord, self.recorder, wait=row["step"] >= self.total)
 
 
 def build(cfg: Any, recorder: Optional[RunRecorder] = None, log: Callable[[str], None] = print, *,
@@ -88,7 +88,7 @@ def build(cfg: Any, recorder: Optional[RunRecorder] = None, log: Callable[[str],
         trainer = trainer if trainer is not None else Trainer(policy, cfg.algorithm, cfg.trainer)
     ck = None
     if recorder is not None and cfg.trainer.resume:
-        ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm))
+        ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm), log)
     if ck is not None:
         manager = ck["manager"]
         log(f"resumed from {ck['dir']} at version {trainer.policy.version}")
@@ -117,7 +117,8 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
     events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)
     coord.manager.on_event = events  # the buffer timeline for `psrl viz RUN_DIR`
     watch = RunWatch(cfg, run_dir, coord, recorder, log, progress_line)
-    coord.on_step = _StepHook(coord, run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch)
+    saver = CheckpointSaver(background=cfg.trainer.checkpoint_in_background)
+    coord.on_step = _StepHook(coord, run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch, saver)
     p = cfg.psrl
     log(f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
         f"(N'={p.redundant_group_size}), {p.deployment.n_rollout_instances} instances x {p.routing_strategy.max_concurrent_seqs_per_instance} workers, "
@@ -127,14 +128,19 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
         try:
             rows = await coord.run(total)
         except BaseException as exc:
-            if not coord.in_step:  # between steps the state is consistent: make the run resumable from here
-                save_checkpoint(run_dir, coord, recorder)
+            # between steps the state is consistent: make the run resumable from here (unless saving is what failed)
+            try:
+                if not coord.in_step and not isinstance(exc, CheckpointWriteError):
+                    saver.save(run_dir, coord, recorder, wait=True)
+            finally:
+                saver.close()
             watch.close()
             events.close()
             recorder.close()
             if terminated() and isinstance(exc, asyncio.CancelledError):
                 raise Terminated("SIGTERM") from None
             raise
+    saver.close()
     coord.trainer.policy.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
     watch.close()
     events.close()

@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -127,7 +127,7 @@ class Workload:
             verl_max_concurrent_samples=s.verl.max_concurrent_samples, seed=s.seed,
             instances=p.deployment.n_rollout_instances, routing=_routing(cfg),
             decode=s.decode.enable, decode_step_time=s.decode.step_time, decode_row_time=s.decode.row_time,
-            decode_speeds=tuple(float(x) for x in s.decode.speeds), decode_max_running=s.decode.max_running,
+            decode_speeds=_speeds(s.decode.speeds), decode_max_running=s.decode.max_running,
         )
         return wl.check()
 
@@ -293,6 +293,17 @@ def load_trace(path: str | Path) -> list[float]:
     if all(k is not None for k in keys):
         recs = [r for _, r in sorted(zip(keys, recs), key=lambda kr: kr[0])]
     return [float(r["gen_seconds"]) for r in recs]
+
+
+def _speeds(value: Any) -> tuple:
+    """``sim.decode.speeds`` as numbers, or a ConfigError naming the key."""
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        return tuple(float(x) for x in value)
+    except (TypeError, ValueError):
+        raise ConfigError("sim.decode.speeds", f"needs a list of numbers, got {value!r}",
+                          "give one relative speed per instance, e.g. sim.decode.speeds=[1.0,0.5]") from None
 
 
 def _jsonl(p: Path, key: str) -> Iterator[tuple[int, dict]]:

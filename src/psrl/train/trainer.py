@@ -8,10 +8,17 @@ Three log-probs per token, as the decoupled off-policy objective needs (see :mod
 * ``logp``       -- the current weights, with grad, recomputed per minibatch.
 
 Tool tokens are in the response but ``loss_mask`` 0, so they are context only.
+
+A NaN or infinite loss or gradient norm skips the step: no optimiser step is kept (with several
+minibatches the weights and optimiser are restored to before the batch), ``last_skip`` says why and
+``train/skipped_steps`` counts it. The coordinator records the batch as not trained and stops the
+run after ``trainer.max_skipped_steps`` skips in a row.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 import random
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -39,6 +46,12 @@ class Trainer:
         self.rng = random.Random(trainer_cfg.seed)
         torch.manual_seed(trainer_cfg.seed)
         self.optimizer = self._adamw(trainer_cfg.lr)
+        self.last_skip: Optional[str] = None
+        """Why the last step was skipped (a NaN / infinite loss or gradient), or None if it trained."""
+        self.skipped_steps = 0
+        """Steps skipped over the run (checkpointed)."""
+        self.skipped_in_a_row = 0
+        """Steps skipped since the last one that trained (checkpointed)."""
 
     def _adamw(self, lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.policy.model.parameters(), lr=lr, weight_decay=self.cfg.weight_decay)
@@ -69,22 +82,52 @@ class Trainer:
         with torch.no_grad():
             old = self.policy.sequence_logprobs(prompts, responses, temp)
         mismatch = logprob_mismatch(old, behav, mask, _pad([t.token_versions for t in trajs], dev), self.policy.version)
+        chunks = _split(len(trajs), self.cfg.minibatches)
+        before = self._snapshot() if len(chunks) > 1 else None  # a later minibatch may go NaN
+        self.last_skip = None
         per_mb = []
-        for idx in _split(len(trajs), self.cfg.minibatches):
+        for k, idx in enumerate(chunks):
             logp = self.policy.sequence_logprobs([prompts[i] for i in idx], [responses[i] for i in idx], temp)
             width = logp.shape[1]
             loss, m = policy_loss(logp, old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg)
-            m["train/grad_norm"] = self._optimise(loss)
+            where = f" (minibatch {k + 1}/{len(chunks)})" if len(chunks) > 1 else ""
+            if not math.isfinite(float(loss.detach())):
+                return self._skip(batch, f"loss is {float(loss.detach())!r}{where}", before)
+            norm = self._optimise(loss)
+            if norm is None:
+                return self._skip(batch, f"gradient norm is not finite{where}", before)
+            m["train/grad_norm"] = norm
             m["train/loss"] = float(loss.detach())
             per_mb.append(m)
-        return {**_mean_metrics(per_mb), **mismatch, "train/adv_abs_mean": float(adv.abs().mean())}
+        self.skipped_in_a_row = 0
+        return {**_mean_metrics(per_mb), **mismatch, "train/adv_abs_mean": float(adv.abs().mean()),
+                "train/skipped_steps": self.skipped_steps}
 
-    def _optimise(self, loss: torch.Tensor) -> float:
+    def _skip(self, batch, reason: str, before: Optional[tuple]) -> dict[str, float]:
+        """Leave the weights as they were before ``batch`` and report why; the coordinator still moves the version
+        on (the buffer was consumed), publishing the same weights, so the rollout side never waits for it."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if before is not None:
+            self.policy.model.load_state_dict(before[0])
+            self.optimizer.load_state_dict(before[1])
+        self.last_skip = reason
+        self.skipped_steps += 1
+        self.skipped_in_a_row += 1
+        return {"train/skipped_steps": self.skipped_steps}
+
+    def _snapshot(self) -> tuple:
+        """Weights and optimiser state, copied (only taken with several minibatches: one more model copy)."""
+        return copy.deepcopy(self.policy.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
+
+    def _optimise(self, loss: torch.Tensor) -> Optional[float]:
+        """Backward, clip, step; None (and no step) when the gradient norm is NaN or infinite."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip))
+        if not math.isfinite(norm):
+            return None
         self.optimizer.step()
-        return float(norm)
+        return norm
 
     # ------------------------------------------------------------------ warm start
 
@@ -111,22 +154,32 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save(self, directory: str | Path) -> Path:
-        """Write weights, optimiser state, version and generator states to ``directory/trainer.pt``."""
+    def checkpoint_state(self) -> dict:
+        """What :meth:`save` writes, with every tensor copied: the caller may write it while training goes on."""
+        state = {
+            "model": self.policy.export_state(), "version": self.policy.version, "rng": self.rng.getstate(),
+            "sampler": self.policy.generator.get_state().clone(), "torch_rng": torch.get_rng_state(),
+            "skipped": (self.skipped_steps, self.skipped_in_a_row),
+        }
+        if self.cfg.save_optimizer:
+            state["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+        return state
+
+    def save(self, directory: str | Path, state: Optional[dict] = None) -> Path:
+        """Write weights, optimiser state (unless ``trainer.save_optimizer`` is false), version, skip counters
+        and generator states (``state``, else taken now) to ``directory/trainer.pt``."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save({
-            "model": self.policy.export_state(), "optimizer": self.optimizer.state_dict(),
-            "version": self.policy.version, "rng": self.rng.getstate(),
-            "sampler": self.policy.generator.get_state(), "torch_rng": torch.get_rng_state(),
-        }, path / "trainer.pt")
+        torch.save(state if state is not None else self.checkpoint_state(), path / "trainer.pt")
         return path / "trainer.pt"
 
     def load(self, directory: str | Path) -> int:
         """Restore what :meth:`save` wrote; returns the restored version."""
         ckpt = torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False)
         self.policy.load_state(ckpt["model"], ckpt["version"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if "optimizer" in ckpt:  # saved without it (trainer.save_optimizer=false): AdamW starts fresh
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.skipped_steps, self.skipped_in_a_row = ckpt.get("skipped", (0, 0))
         self.rng.setstate(ckpt["rng"])
         self.policy.generator.set_state(ckpt["sampler"])
         torch.set_rng_state(ckpt["torch_rng"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -41,6 +42,11 @@ class EventLog:
 
     def flush(self) -> None:
         self._fh.flush()
+
+    def offset(self) -> int:
+        """Bytes on disk after a flush (a checkpoint stores it; a resume cuts the file back to it)."""
+        self._fh.flush()
+        return os.fstat(self._fh.fileno()).st_size
 
     def close(self) -> None:
         self._fh.close()
