@@ -14,7 +14,7 @@ COMMANDS = {
     "train": ("psrl.train_cli", "Run asynchronous RL training (built-in agentic task by default)."),
     "simulate": ("psrl.sim.cli", "Simulate throughput, staleness and waste of a workload; compare staleness policies."),
     "viz": ("psrl.viz.cli", "Draw the buffer timeline of a run directory (reserve / occupy / consume)."),
-    "profile": ("psrl.rollout.profile", "Fit the throughput_optimal router's cost model from a short profiling run."),
+    "profile": ("psrl.runtime.profile", "Fit the throughput_optimal router's cost model from a short profiling run."),
     "config": ("psrl.config_cli", "Print the resolved configuration (defaults + file + overrides), or the key reference."),
 }
 

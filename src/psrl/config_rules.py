@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from psrl.errors import ConfigError
+from psrl.errors import ConfigError, resolve_target
 
 __all__ = ["Rule", "check_out_dir", "check_file", "check_model", "check_task", "resolve_target", "one_of", "show"]
 
@@ -125,28 +125,6 @@ def one_of(key: str, value: Any, allowed: list, extra: str = "") -> None:
     fix = f"use one of {', '.join(names + ([extra] if extra else []))}"
     fix += f" (did you mean '{close[0]}'?)" if close else ""
     raise ConfigError(key, f"unknown value {show(value)}", fix)
-
-
-def resolve_target(key: str, spec: str, kind: str = "callable") -> Any:
-    """Import ``module:attr`` (attr may be dotted) at load; a ConfigError naming ``key`` when it cannot be."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(key, f"{spec!r} is not module:{'Class' if kind == 'class' else 'function'}",
-                          "write it as package.module:Name")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as e:  # ImportError, or the module itself failing at import time
-        raise ConfigError(key, f"cannot import module {module_name!r} ({type(e).__name__}: {e})",
-                          "give an importable module (on PYTHONPATH) before the ':'") from e
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(key, f"module {module_name!r} has no attribute {attr!r}", "check the name after ':'")
-        obj = getattr(obj, part)
-    if kind == "class" and not isinstance(obj, type):
-        raise ConfigError(key, f"{spec!r} is not a class", "point it at a class")
-    if not callable(obj):
-        raise ConfigError(key, f"{spec!r} is not callable", "point it at a function or class")
-    return obj
 
 
 def check_file(key: str, value: str) -> Path:

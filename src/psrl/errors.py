@@ -15,7 +15,10 @@ every layer may raise these.
 
 from __future__ import annotations
 
-__all__ = ["PsrlError", "ConfigError", "RunError", "debug_enabled", "describe", "one_line_errors"]
+import importlib
+from typing import Any
+
+__all__ = ["PsrlError", "ConfigError", "RunError", "debug_enabled", "describe", "one_line_errors", "resolve_target"]
 
 
 class PsrlError(Exception):
@@ -99,3 +102,25 @@ def one_line_errors(prog: str):
         return run
 
     return wrap
+
+
+def resolve_target(key: str, spec: str, kind: str = "callable") -> Any:
+    """Import ``module:attr`` (attr may be dotted) at load; a ConfigError naming ``key`` when it cannot be."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(key, f"{spec!r} is not module:{'Class' if kind == 'class' else 'function'}",
+                          "write it as package.module:Name")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or the module itself failing at import time
+        raise ConfigError(key, f"cannot import module {module_name!r} ({type(e).__name__}: {e})",
+                          "give an importable module (on PYTHONPATH) before the ':'") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(key, f"module {module_name!r} has no attribute {attr!r}", "check the name after ':'")
+        obj = getattr(obj, part)
+    if kind == "class" and not isinstance(obj, type):
+        raise ConfigError(key, f"{spec!r} is not a class", "point it at a class")
+    if not callable(obj):
+        raise ConfigError(key, f"{spec!r} is not callable", "point it at a function or class")
+    return obj

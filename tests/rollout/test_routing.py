@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from psrl.rollout.engine import FakeEngine
 from psrl.rollout.instance import RolloutInstance
 from psrl.rollout.pool import InstancePool
-from psrl.rollout.profile import profile_engine
+from psrl.runtime.profile import profile_engine
 from psrl.rollout.router import (CostModel, RandomRouter, RequestNumBalanceRouter, RoundRobinRouter,
                                  ThroughputOptimalRouter, build_router, fit_cost_model, load_cost_model,
                                  save_cost_model)
@@ -246,7 +246,7 @@ def test_multi_level_queue_comes_before_the_request_sort():
 
 def test_psrl_profile_writes_the_file_cost_model_path_reads(tmp_path, capsys):
     """psrl profile on the tiny built-in model's hf engines: one fitted model per instance, loadable by the router."""
-    from psrl.rollout.profile import main
+    from psrl.runtime.profile import main
 
     out = tmp_path / "cost.json"
     assert main(["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "psrl.deployment.n_rollout_instances=2",

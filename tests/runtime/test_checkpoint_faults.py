@@ -20,7 +20,7 @@ from psrl.runtime.checkpoint import CheckpointWriteError, resume, save_checkpoin
 from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.recorder import RunRecorder, read_jsonl
 from psrl.runtime.vloop import run_virtual
-from psrl.viz.events import EventLog
+from psrl.runtime.recorder import EventLog
 from tests.rollout.harness import check_bound, config
 from tests.runtime.test_coordinator_staleness import task
 

@@ -15,7 +15,7 @@ import pytest
 from psrl.errors import RunError
 from psrl.rollout.fakes import FakeTask
 from psrl.runtime.recorder import RunRecorder, read_jsonl
-from psrl.viz.events import EventLog
+from psrl.runtime.recorder import EventLog
 from tests.rollout.harness import config, coordinator, run
 
 

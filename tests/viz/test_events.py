@@ -7,7 +7,8 @@ import random
 
 from psrl.staleness import StaleVersionError, StalenessManager
 from psrl.viz.cli import main as viz_main
-from psrl.viz.events import EventLog, buffer_timeline, read_events
+from psrl.runtime.recorder import EventLog
+from psrl.viz.events import buffer_timeline, read_events
 
 
 def drive(m, rng, steps):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Optional, Sequence
 
-from psrl.config import ConfigError
+from psrl.errors import ConfigError
 
 __all__ = ["DynamicSamplingFilter", "build_group_filter"]
 

@@ -103,7 +103,7 @@ def _capture(run_dir: str | Path, coord: Any, recorder: Any, copy: bool = False)
     trainer)``. ``copy``: the trainer's tensors are copied (a writer thread saves them while training goes on)."""
     offsets = recorder.offsets() if recorder is not None else {}
     events = getattr(coord.manager, "on_event", None)
-    if hasattr(events, "offset"):  # the buffer timeline (psrl.viz.events.EventLog)
+    if hasattr(events, "offset"):  # the buffer timeline (psrl.runtime.recorder.EventLog)
         offsets[_EVENTS] = events.offset()
     state = {**coord.checkpoint_state(), "offsets": offsets}
     trainer_state = coord.trainer.checkpoint_state() if copy and hasattr(coord.trainer, "checkpoint_state") else None

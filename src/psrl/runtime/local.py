@@ -29,7 +29,7 @@ from psrl.staleness import StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
 from psrl.types import Sink, StepTrainer
-from psrl.viz.events import EventLog
+from psrl.runtime.recorder import EventLog
 
 __all__ = ["build", "train", "progress_line"]
 

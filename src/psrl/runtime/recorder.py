@@ -11,9 +11,10 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+import time
+from typing import Any, Callable, Optional
 
-__all__ = ["RunRecorder", "default_run_dir", "read_jsonl"]
+__all__ = ["RunRecorder", "EventLog", "default_run_dir", "read_jsonl"]
 
 _FILES = ("metrics.jsonl", "trajectories.jsonl")
 
@@ -108,3 +109,38 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not p.exists():
         return []
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+class EventLog:
+    """``events.jsonl``: an ``on_event`` callback for :class:`psrl.staleness.StalenessManager` appending each
+    transition (:class:`psrl.staleness.Event`) as a JSON line ``{"t", "kind", "entry", "buffer", ...}``.
+
+    Lines are buffered and flushed every ``flush_every`` events and on :meth:`flush`; ``psrl train``
+    flushes after every training step, so a run that is killed keeps its log up to the last step.
+    """
+
+    def __init__(self, path: str | Path, clock: Optional[Callable[[], float]] = None, flush_every: int = 256):
+        self.path = Path(path)
+        self._fh = self.path.open("a", buffering=1 << 16)
+        self._clock = clock or time.monotonic
+        self._t0 = self._clock()
+        self._n = 0
+        self._flush_every = flush_every
+
+    def __call__(self, ev: Any) -> None:
+        rec = {"t": round(self._clock() - self._t0, 6), **ev._asdict()}
+        self._fh.write(json.dumps(rec, default=str) + "\n")
+        self._n += 1
+        if self._n % self._flush_every == 0:
+            self._fh.flush()
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def offset(self) -> int:
+        """Bytes on disk after a flush (a checkpoint stores it; a resume cuts the file back to it)."""
+        self._fh.flush()
+        return os.fstat(self._fh.fileno()).st_size
+
+    def close(self) -> None:
+        self._fh.close()

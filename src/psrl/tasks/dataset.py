@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from psrl.config import ConfigError
+from psrl.errors import ConfigError
 from psrl.models.tokenizer import CharTokenizer
 from psrl.tasks.base import Demo, Episode, GenerateFn, Prompt, Task
 from psrl.tasks.rewards import build_reward

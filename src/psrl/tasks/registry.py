@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from psrl.config_rules import resolve_target
+from psrl.errors import resolve_target
 from psrl.errors import ConfigError
 
 __all__ = ["get_task", "register_task", "resolve_task", "TASKS"]

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from psrl.config import ConfigError
+from psrl.errors import ConfigError
 
 __all__ = ["RewardError", "RewardFn", "build_reward", "math_score", "exact_score"]
 

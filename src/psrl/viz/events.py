@@ -1,55 +1,14 @@
-"""Record the core's transitions to ``events.jsonl`` and rebuild buffer counts from them.
-
-``EventLog`` is an ``on_event`` callback for :class:`psrl.staleness.StalenessManager`: one JSON line
-per transition with a timestamp from an injected clock (``loop.time`` in the coordinator, simulated
-time in the simulator), so the buffer timeline of the seed's animation can be drawn from a real run.
+"""Read ``events.jsonl`` (the core's transitions, written by :class:`psrl.runtime.recorder.EventLog`) and
+rebuild buffer counts from them, so the buffer timeline of the seed's animation can be drawn from a real run.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable, Iterable, Optional
-
-from psrl.staleness import Event
-
-
-class EventLog:
-    """Append each :class:`Event` as a JSON line ``{"t", "kind", "entry", "buffer", ...}``.
-
-    Lines are buffered and flushed every ``flush_every`` events and on :meth:`flush`; ``psrl train``
-    flushes after every training step, so a run that is killed keeps its log up to the last step.
-    """
-
-    def __init__(self, path: str | Path, clock: Optional[Callable[[], float]] = None, flush_every: int = 256):
-        self.path = Path(path)
-        self._fh = self.path.open("a", buffering=1 << 16)
-        self._clock = clock or time.monotonic
-        self._t0 = self._clock()
-        self._n = 0
-        self._flush_every = flush_every
-
-    def __call__(self, ev: Event) -> None:
-        rec = {"t": round(self._clock() - self._t0, 6), **ev._asdict()}
-        self._fh.write(json.dumps(rec, default=str) + "\n")
-        self._n += 1
-        if self._n % self._flush_every == 0:
-            self._fh.flush()
-
-    def flush(self) -> None:
-        self._fh.flush()
-
-    def offset(self) -> int:
-        """Bytes on disk after a flush (a checkpoint stores it; a resume cuts the file back to it)."""
-        self._fh.flush()
-        return os.fstat(self._fh.fileno()).st_size
-
-    def close(self) -> None:
-        self._fh.close()
+from typing import Iterable
 
 
 def read_events(path: str | Path) -> list[dict]:
