@@ -23,6 +23,9 @@ CTX = [1, 5, 6, 7]
 LONG = {"fake": 120, "hf": 120, "vllm": 1000}
 """Budget of the requests a test pauses or aborts mid-flight: long enough that a pause or an abort lands
 while they run (vLLM serves the tiny model at thousands of tokens a second)."""
+MANY = {"fake": 6, "hf": 6, "vllm": 32}
+"""Requests such a test runs at once: on vLLM enough that they share the batch and each one is slow enough
+for a pause sent over HTTP to land while most still run (6 finished first on a loaded 2-core machine)."""
 
 
 async def until(cond, timeout: float = 120.0) -> None:
@@ -182,7 +185,7 @@ def test_abort_all_returns_every_request_with_its_tokens(kind, tiny, request, tm
 
     async def main():
         async with rig:
-            reqs = [GenRequest(list(CTX), LONG[kind]) for _ in range(6)]
+            reqs = [GenRequest(list(CTX), LONG[kind]) for _ in range(MANY[kind])]
             tasks = [asyncio.ensure_future(rig.engine.generate(r)) for r in reqs]
             await until(lambda: all(r.tokens for r in reqs))
             await rig.engine.pause()
@@ -210,7 +213,7 @@ def test_pause_update_resume_keeps_requests_and_new_tokens_carry_the_new_version
 
     async def main():
         async with rig:
-            reqs = [GenRequest(list(CTX), LONG[kind]) for _ in range(6)]
+            reqs = [GenRequest(list(CTX), LONG[kind]) for _ in range(MANY[kind])]
             tasks = [asyncio.ensure_future(rig.engine.generate(r)) for r in reqs]
             await until(lambda: all(len(r.tokens) >= 2 for r in reqs))
             await rig.engine.pause()
@@ -269,7 +272,7 @@ def test_a_rollout_instance_syncs_mid_request_and_counts_it(kind, migration, tin
     from psrl.rollout.sync import GreedySync
 
     rig = Rig(kind, tiny, request, tmp_path)
-    n = 32 if kind == "vllm" else 4
+    n = MANY[kind]
 
     async def main():
         inst = RolloutInstance(0, rig.engine, rig.store, GreedySync(), partial_rollout=True,

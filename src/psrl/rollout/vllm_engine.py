@@ -82,7 +82,8 @@ class VLLMEngine:
         import httpx
 
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=10.0),
+            # connect too: a busy server may take long to accept; a dead one refuses at once
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s),
                                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
                                              trust_env=False)
         if self.server is not None and not self.server.alive():
