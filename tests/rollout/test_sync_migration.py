@@ -21,17 +21,7 @@ from psrl.rollout.sync import GreedySync, Migration, StatusBasedSync, build_sync
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 from psrl.types import EngineLoad
-
-CTX = [1, 2, 3]
-
-
-def reference_tokens(engine, context, n):
-    seq, out = list(context), []
-    for _ in range(n):
-        tok = engine.token_for(seq)
-        seq.append(tok)
-        out.append(tok)
-    return out
+from tests.rollout.test_rollout_instance import CTX, reference_tokens
 
 
 def store_at(version=0):
