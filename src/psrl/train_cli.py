@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated is a KeyboardInterrupt)
         what, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
-        print(f"\n{what}; resume with: psrl train {' '.join(ns.args)} trainer.run_dir={run_dir}".replace("  ", " "),
+        args = [a for a in ns.args if not a.startswith("trainer.run_dir=")]  # said once, as the resolved path
+        print(f"\n{what}; resume with: psrl train {' '.join(args)} trainer.run_dir={run_dir}".replace("  ", " "),
               file=sys.stderr)
         return code
     return 0

@@ -91,6 +91,7 @@ def test_ctrl_c_during_a_training_step_finishes_it_checkpoints_and_resumes(tmp_p
     assert psrl_main(args + ["trainer.total_steps=6"]) == 130
     out = capsys.readouterr()
     assert "finishing training step 2" in out.out and "interrupted; resume with" in out.err
+    assert out.err.count("trainer.run_dir=") == 1  # the run directory is named once in the resume hint
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
 
     undo()
