@@ -66,7 +66,7 @@ class _Member:
 class _Group:
     """A reserved group entry and the members generating for it. What the entry holds (its completed
     trajectories) and whether it occupies a buffer is the staleness manager's: ``entry_members``,
-    ``entry_buffer``, and the ``ended`` trajectories ``complete`` returns."""
+    ``entry_buffer``, ``drain_aborted_groups``."""
 
     __slots__ = ("eid", "uid", "prompt", "version", "members", "next_idx", "proactive")
 
@@ -217,35 +217,33 @@ class AgentManager:
                     err.__cause__ = exc
                 self.failure.set_exception(err)
 
-    async def _episode(self, g: _Group, m: _Member, rng: random.Random) -> Any:
-        """Run the episode, retrying a raising agent loop; None once reported as failed."""
+    async def _retried(self, g: _Group, m: _Member, stage: str, attempt: Any, episode: Any = None) -> Any:
+        """``await attempt()``, retried ``task.reward_retries`` times when it raises; None once reported failed."""
         err: Optional[BaseException] = None
-        for attempt in range(1 + self.retries):
+        for n in range(1 + self.retries):
             try:
-                return await self.task.run_episode(g.prompt, m.session.generate, rng)
+                return await attempt()
             except Exception as e:  # CancelledError is a BaseException: it passes through
                 err = e
-                if attempt < self.retries:
+                if n < self.retries:
                     self.counts.error_retries += 1
-        self._fail(g, m, "episode", err)
+        self._fail(g, m, stage, err, episode)
         return None
+
+    async def _episode(self, g: _Group, m: _Member, rng: random.Random) -> Any:
+        """Run the episode, retrying a raising agent loop; None once reported as failed."""
+        return await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, m.session.generate, rng))
 
     async def _reward(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
         """The task's reward (sync or async), retrying a raising, hanging or non-finite reward; None once
         reported as failed."""
-        err: Optional[BaseException] = None
-        for attempt in range(1 + self.retries):
-            try:
-                out = self.task.reward(g.prompt, episode)
-                if inspect.isawaitable(out):
-                    out = await self._bounded(out)
-                return finite_reward(out)
-            except Exception as e:  # CancelledError is a BaseException: it passes through
-                err = e
-                if attempt < self.retries:
-                    self.counts.error_retries += 1
-        self._fail(g, m, "reward", err, episode)
-        return None
+        async def attempt() -> dict:
+            out = self.task.reward(g.prompt, episode)
+            if inspect.isawaitable(out):
+                out = await self._bounded(out)
+            return finite_reward(out)
+
+        return await self._retried(g, m, "reward", attempt, episode)
 
     async def _bounded(self, awaitable: Any) -> Any:
         """``awaitable`` within ``task.reward_timeout`` seconds; a hang becomes a RewardTimeout (a failure)."""

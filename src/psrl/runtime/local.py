@@ -23,13 +23,12 @@ from psrl.algo.filters import build_group_filter
 from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.engines import build_engines
-from psrl.runtime.recorder import RunRecorder
+from psrl.runtime.recorder import EventLog, RunRecorder
 from psrl.runtime.watch import RunWatch
 from psrl.staleness import StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
 from psrl.types import Sink, StepTrainer
-from psrl.runtime.recorder import EventLog
 
 __all__ = ["build", "train", "progress_line"]
 

@@ -92,10 +92,10 @@ class Trainer:
             loss, m = policy_loss(logp, old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg)
             where = f" (minibatch {k + 1}/{len(chunks)})" if len(chunks) > 1 else ""
             if not math.isfinite(float(loss.detach())):
-                return self._skip(batch, f"loss is {float(loss.detach())!r}{where}", before)
+                return self._skip(f"loss is {float(loss.detach())!r}{where}", before)
             norm = self._optimise(loss)
             if norm is None:
-                return self._skip(batch, f"gradient norm is not finite{where}", before)
+                return self._skip(f"gradient norm is not finite{where}", before)
             m["train/grad_norm"] = norm
             m["train/loss"] = float(loss.detach())
             per_mb.append(m)
@@ -103,7 +103,7 @@ class Trainer:
         return {**_mean_metrics(per_mb), **mismatch, "train/adv_abs_mean": float(adv.abs().mean()),
                 "train/skipped_steps": self.skipped_steps}
 
-    def _skip(self, batch, reason: str, before: Optional[tuple]) -> dict[str, float]:
+    def _skip(self, reason: str, before: Optional[tuple]) -> dict[str, float]:
         """Leave the weights as they were before ``batch`` and report why; the coordinator still moves the version
         on (the buffer was consumed), publishing the same weights, so the rollout side never waits for it."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -154,15 +154,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def checkpoint_state(self) -> dict:
-        """What :meth:`save` writes, with every tensor copied: the caller may write it while training goes on."""
+    def checkpoint_state(self, copied: bool = True) -> dict:
+        """What :meth:`save` writes. ``copied``: the optimiser state is a deep copy, so the caller may write it
+        while training goes on (a synchronous save writes the live state and skips that copy)."""
         state = {
             "model": self.policy.export_state(), "version": self.policy.version, "rng": self.rng.getstate(),
             "sampler": self.policy.generator.get_state().clone(), "torch_rng": torch.get_rng_state(),
             "skipped": (self.skipped_steps, self.skipped_in_a_row),
         }
         if self.cfg.save_optimizer:
-            state["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+            opt = self.optimizer.state_dict()
+            state["optimizer"] = copy.deepcopy(opt) if copied else opt
         return state
 
     def save(self, directory: str | Path, state: Optional[dict] = None) -> Path:
@@ -170,7 +172,7 @@ class Trainer:
         and generator states (``state``, else taken now) to ``directory/trainer.pt``."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(state if state is not None else self.checkpoint_state(), path / "trainer.pt")
+        torch.save(state if state is not None else self.checkpoint_state(copied=False), path / "trainer.pt")
         return path / "trainer.pt"
 
     def load(self, directory: str | Path) -> int:
