@@ -73,9 +73,10 @@ async def run_raw(url: str, ctxs: list[list[int]], budget: int) -> tuple[float, 
 
     async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None), trust_env=False) as client:
         async def one(ctx):
-            body = {"model": "psrl", "prompt": ctx, "max_tokens": budget, "temperature": 1.0, "logprobs": 0,
-                    "return_token_ids": True, "ignore_eos": True}
-            resp = await client.post(f"{url}/v1/completions", json=body)
+            params = {"max_tokens": budget, "temperature": 1.0, "logprobs": 0, "ignore_eos": True,
+                      "detokenize": False}
+            body = {"model": "psrl", "token_ids": ctx, "sampling_params": params}  # the endpoint psrl uses
+            resp = await client.post(f"{url}/inference/v1/generate", json=body)
             resp.raise_for_status()
             return len(resp.json()["choices"][0]["token_ids"])
 

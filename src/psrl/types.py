@@ -125,7 +125,8 @@ class Engine(Protocol):
         """Generate for ``req`` until it finishes or is aborted; returns ``req`` with ``finish`` set."""
 
     def abort(self, req: GenRequest) -> None:
-        """Stop ``req`` now; its ``generate`` returns with ``finish == "abort"`` and the tokens so far."""
+        """Stop ``req`` now; its ``generate`` returns with ``finish == "abort"`` and the tokens so far (or, had it
+        finished before the abort reached the engine, as finished)."""
 
     async def abort_all(self) -> None:
         """Abort every request in flight (each keeps its tokens so far)."""

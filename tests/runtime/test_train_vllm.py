@@ -64,7 +64,8 @@ def test_a_skipped_weight_update_makes_the_mismatch_jump(tmp_path, vllm_servers,
                                                          "kwargs": {"weights_path": str(model_dir)}}, timeout=120)
         assert resp.status_code == 200
 
-    async def skip(self, version, store):
+    async def skip(self, version, store):  # the server is told the version number, the weights never arrive
+        await self._label(int(version))
         self.version = self._token_version = int(version)
 
     monkeypatch.setattr(VLLMEngine, "update_weights", skip)

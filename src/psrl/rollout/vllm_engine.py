@@ -1,9 +1,17 @@
 """``rollout.engine: vllm``: each rollout instance is a vLLM OpenAI-compatible server.
 
-Requests go to ``POST /v1/completions`` with token ids in (``"prompt": [ids]``) and token ids and
-the log-prob of each sampled token out (``return_token_ids``, ``logprobs: 0``, vLLM's
-``processed_logprobs``: the tempered distribution the trainer recomputes), streamed, so the
-tokens of a request are readable while it runs. No text crosses: nothing is re-tokenised.
+Requests go to vLLM's token-in/token-out endpoint ``POST /inference/v1/generate`` (servers run
+with ``--enable-scale-out``): token ids in, token ids and the log-prob of each sampled token out
+(``logprobs: 0``, vLLM's ``processed_logprobs``: the tempered distribution the trainer
+recomputes), streamed, so the tokens of a request are readable while it runs. No text crosses:
+nothing is re-tokenised, nothing is detokenised.
+
+* **Versions, exact**: after every reload psrl sets the server's weight version
+  (``POST /update_weight_version``); vLLM's engine labels each batch of outputs with the version
+  it ran under, and the final chunk of a request carries those labels as spans over its tokens
+  (``weight_versions``). Those spans replace the provisional labels psrl gives tokens as they
+  arrive (the version loaded at the last resume), so a token produced before a pause but
+  delivered after the resume still carries the version that produced it.
 
 * **Weights**: the parameter store writes each version once as safetensors (atomically, in a
   versioned directory, old versions pruned: :meth:`psrl.train.ParameterStore.path`) and every
@@ -13,9 +21,11 @@ tokens of a request are readable while it runs. No text crosses: nothing is re-t
 * **Partial rollout**: ``POST /pause?mode=keep`` (in-flight requests kept, with their KV cache:
   the stale KV of PSRL's partial rollout), reload, ``POST /resume``. Tokens that arrive before
   the resume are labelled with the old version, tokens after it with the new one.
-* **Abort one request** (passive abort, surplus members, migration): its streamed HTTP call is
-  cancelled; vLLM aborts a request whose client went away, and the tokens streamed so far are
-  kept. (vLLM 0.32's abort-by-id endpoint did not stop the request here: ``shared/notes``.)
+* **Abort one request** (passive abort, surplus members, migration): ``POST /abort_requests``
+  with the id the server gave it (``generate-tokens-<ours>``, as its first chunk reports); its
+  stream ends with ``finish_reason: abort``, its tokens so far and their version spans. Should
+  that fail (the server does not know the request yet, no answer in time), the stream is
+  cancelled instead (vLLM aborts a request whose client went away; provisional labels stay).
 * **Faults**: a request that gets no chunk within ``rollout.request_timeout_s``, a refused
   connection or a server error fails the request (``finish == "error"``) with the tokens it
   got; the rollout instance hands it back and restarts the server (:meth:`restart`).
@@ -27,6 +37,7 @@ import asyncio
 import itertools
 import json
 import re
+import secrets
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -69,8 +80,16 @@ class VLLMEngine:
         self.reloads = 0
         self._client = None
         self._ids = itertools.count()
+        self._tag = secrets.token_hex(4)
+        """Our request ids on the server: ``psrl-<tag>-<n>``, unique across engines sharing a server."""
         self._inflight: dict[int, asyncio.Task] = {}
         self._reqs: dict[int, GenRequest] = {}
+        self._sids: dict[int, str] = {}
+        self._server_ids: dict[int, str] = {}
+        """The id the server reports for each request (what ``/abort_requests`` takes)."""
+        self._aborting: set[int] = set()
+        self._aborted: set[int] = set()
+        self._aborts: set[asyncio.Task] = set()
         self._rate = TokenRate()
         self._kv: Optional[float] = None
         self._waiting = 0
@@ -104,13 +123,20 @@ class VLLMEngine:
         if not ok:
             raise EngineSetupError(f"{self.url}/health answered {resp.status_code}", "check the server's log",
                                    source="rollout.vllm.urls")
+        probe = {"model": self.model_name, "token_ids": [0], "sampling_params": {"max_tokens": 1, "detokenize": False}}
+        resp = await self._client.post(f"{self.url}/inference/v1/generate", json=probe, timeout=self.request_timeout_s)
+        if resp.status_code in (403, 404):  # 403: scale-out endpoints disabled; 404: a vLLM without them
+            raise EngineSetupError(f"{self.url} does not serve vLLM's token-in/token-out endpoint "
+                                   f"/inference/v1/generate (HTTP {resp.status_code})",
+                                   "start it with --enable-scale-out and VLLM_SERVER_DEV_MODE=1 (vLLM >= 0.32; "
+                                   "docs/engines.md)", source="rollout.vllm.urls")
 
     async def restart(self) -> None:
         """After a failure: a server psrl owns is stopped and started again (an attached one cannot be)."""
         if self.server is None:
             raise EngineSetupError(f"the vLLM server at {self.url} failed and psrl did not start it, so it cannot "
                                    "restart it")
-        await self.abort_all()
+        await self._cancel_all()
         await asyncio.to_thread(self.server.stop)
         self.version = self._token_version = -1
         self.url = await self.server.start(self._client)
@@ -138,73 +164,108 @@ class VLLMEngine:
         if req.max_new_tokens <= 0:
             req.finish = "length"
             return req
-        req.rid = req.rid or f"psrl-{next(self._ids)}"
+        key = id(req)
+        self._sids[key] = f"psrl-{self._tag}-{next(self._ids)}"
         task = asyncio.get_running_loop().create_task(self._stream(req))
-        self._inflight[id(req)] = task
-        self._reqs[id(req)] = req
+        self._inflight[key] = task
+        self._reqs[key] = req
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
-            if task.cancelled() and req.finish == "abort":
-                pass  # aborted by abort(): keep the tokens streamed so far
-            else:
+            if not (task.cancelled() and key in self._aborting):  # not our own fallback: the caller cancelled us
                 self.abort(req)
                 raise
         finally:
-            self._inflight.pop(id(req), None)
-            self._reqs.pop(id(req), None)
+            for d in (self._inflight, self._reqs, self._sids, self._server_ids):
+                d.pop(key, None)
+            self._aborting.discard(key)
+            aborted = key in self._aborted
+            self._aborted.discard(key)
+        if not req.finish:  # the stream ended without a finish reason: cut by abort(), or by the server
+            req.finish = "abort" if aborted else "length" if len(req.tokens) >= req.max_new_tokens else "stop"
         return req
 
     def abort(self, req: GenRequest) -> None:
-        if req.finish:
+        key = id(req)
+        task = self._inflight.get(key)
+        if req.finish or key in self._aborting:
             return
-        req.finish = "abort"
-        task = self._inflight.get(id(req))
-        if task is not None:
-            task.cancel()  # closes the HTTP stream: vLLM aborts a request whose client went away
+        if task is None:
+            req.finish = "abort"
+            return
+        self._aborting.add(key)
+        self._aborted.add(key)
+        # the id the server reported in the request's first chunk; before that, the one vLLM 0.32 gives it
+        sid = self._server_ids.get(key) or f"generate-tokens-{self._sids[key]}"
+        self._aborts.add(asyncio.get_running_loop().create_task(self._abort_on_server(sid, task)))
+
+    async def _abort_on_server(self, sid: str, task: asyncio.Task) -> None:
+        """Abort one request by its server id ``sid`` (its stream then ends with its tokens and version spans);
+        if that cannot be done (the server does not know the id yet, no answer in time), cancel its stream
+        (vLLM aborts a request whose client went away; the tokens' provisional labels stay)."""
+        bound = min(self.request_timeout_s, 30.0)
+        try:
+            out = await self._post("/abort_requests", json={"request_ids": [sid]}, timeout=bound)
+            if isinstance(out, dict) and out.get("aborted"):
+                await asyncio.wait_for(asyncio.shield(task), bound)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        except Exception:  # noqa: BLE001 -- no answer: the fallback below
+            pass
+        finally:
+            self._aborts.discard(asyncio.current_task())
+        task.cancel()  # no-op once the stream ended; otherwise the fallback
 
     async def abort_all(self) -> None:
         for req in list(self._reqs.values()):
             self.abort(req)
-        tasks = list(self._inflight.values())
+        tasks = list(self._inflight.values()) + list(self._aborts)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _cancel_all(self) -> None:
+        """Drop every stream at once, without asking the server (it failed): the fallback of :meth:`abort`."""
+        for key, task in list(self._inflight.items()):
+            self._aborting.add(key)
+            self._aborted.add(key)
+            task.cancel()
+        await self.abort_all()
+
     async def _stream(self, req: GenRequest) -> None:
-        body = {
-            "model": self.model_name, "prompt": list(req.context), "max_tokens": int(req.max_new_tokens),
-            "temperature": self.temperature, "top_p": self.top_p, "logprobs": 0, "return_token_ids": True,
-            "stop_token_ids": self.stop_ids, "ignore_eos": True, "skip_special_tokens": False, "stream": True,
-        }
+        key, base = id(req), len(req.tokens)
+        params = {"max_tokens": int(req.max_new_tokens), "temperature": self.temperature, "top_p": self.top_p,
+                  "logprobs": 0, "stop_token_ids": self.stop_ids, "ignore_eos": True, "detokenize": False}
+        body = {"model": self.model_name, "request_id": self._sids[key], "token_ids": list(req.context),
+                "sampling_params": params, "stream": True}
         try:
-            async with self._client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
+            async with self._client.stream("POST", f"{self.url}/inference/v1/generate", json=body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")[:500]
                     raise RuntimeError(f"HTTP {resp.status_code}: {text}")
                 async for line in resp.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    self._take(req, json.loads(line[6:]))
+                    self._take(req, json.loads(line[6:]), base)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 -- timeout, refused, dropped connection, server error
-            if not req.finish:
+            if not req.finish and key not in self._aborting:
                 req.error = f"vLLM server {self.url}: {type(exc).__name__}: {exc}"
                 req.finish = "error"
             return
-        if not req.finish:
-            req.finish = "length" if len(req.tokens) >= req.max_new_tokens else "stop"
 
-    def _take(self, req: GenRequest, chunk: dict) -> None:
+    def _take(self, req: GenRequest, chunk: dict, base: int) -> None:
+        """One streamed chunk into ``req`` (whose first ``base`` tokens came before this call)."""
         if "error" in chunk:
             raise RuntimeError(str(chunk["error"])[:500])
+        if chunk.get("request_id"):
+            self._server_ids.setdefault(id(req), chunk["request_id"])
         choice = chunk["choices"][0]
         toks = choice.get("token_ids") or []
-        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        lps = [x["logprob"] for x in (choice.get("logprobs") or {}).get("content") or []]
         if len(lps) != len(toks):
             raise RuntimeError(f"a chunk with {len(toks)} token ids and {len(lps)} log-probs")
-        if req.finish:  # aborted meanwhile: what arrives now is discarded
-            return
         v = self._token_version
         req.tokens += [int(t) for t in toks]
         req.logprobs += [float(x) for x in lps]
@@ -212,11 +273,14 @@ class VLLMEngine:
         self.tokens += len(toks)
         self.steps += 1
         self._rate.add(len(toks))
+        spans = choice.get("weight_versions")
+        if spans:  # the final chunk: the engine's own labels replace the provisional ones
+            req.versions[base:] = _versions(spans, len(req.tokens) - base)
         reason = choice.get("finish_reason")
-        if reason == "abort":
-            req.finish = "abort"
-        elif reason is not None:
-            req.finish = "length" if reason == "length" else "stop"
+        if reason == "error":
+            raise RuntimeError("the engine failed the request (finish_reason: error)")
+        if reason is not None:
+            req.finish = {"length": "length", "abort": "abort"}.get(reason, "stop")
 
     # ------------------------------------------------------------------ weights and partial rollout
 
@@ -231,11 +295,16 @@ class VLLMEngine:
         path = await asyncio.to_thread(store.path, int(version), self.weights_root, self.config_dir)
         out = await self._post("/collective_rpc", json={"method": "reload_weights",
                                                        "kwargs": {"weights_path": str(path)}})
+        await self._label(int(version))
         self.version = int(version)
         self.reloads += 1
         if not self._inflight:
             self._token_version = self.version
         return out
+
+    async def _label(self, version: int) -> None:
+        """Name the server's weights ``version``: vLLM labels every output produced from now on with it."""
+        await self._post("/update_weight_version", json={"new_version": str(int(version))})
 
     async def _post(self, path: str, **kw: Any) -> Any:
         resp = await self._client.post(f"{self.url}{path}", **kw)
@@ -260,6 +329,19 @@ class VLLMEngine:
             except Exception:  # noqa: BLE001 -- figures only; a dead server is noticed by its requests
                 pass
             await asyncio.sleep(every_s)
+
+
+def _versions(spans: list[dict], n: int) -> list[int]:
+    """Per-token versions from vLLM's ``weight_versions`` spans over a request's ``n`` output tokens (a label
+    that is not one of psrl's version numbers, such as vLLM's ``default`` before psrl's first load: -1)."""
+    out: list[int] = []
+    for span in spans:
+        label = str(span["version"])
+        v = int(label) if label.lstrip("-").isdigit() else -1
+        out += [v] * (int(span["end"]) - int(span["start"]))
+    if len(out) != n:
+        raise RuntimeError(f"vLLM's version spans cover {len(out)} tokens of {n}")
+    return out
 
 
 def _gauge(text: str, name: str) -> Optional[float]:

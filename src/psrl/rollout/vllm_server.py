@@ -139,7 +139,12 @@ class VLLMServer:
         return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
                 "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype,
                 "--max-model-len", str(self.max_model_len), "--enforce-eager",
-                "--logprobs-mode", "processed_logprobs", *self.extra_args]
+                "--logprobs-mode", "processed_logprobs", "--enable-scale-out",
+                # a chunk per 16 tokens, not per token: the server's one Python event loop streams every chunk
+                # of every request, and at one a token it fell behind on a loaded 2-core machine (requests
+                # admitted only as others finished); psrl takes each request's exact token versions and any
+                # tokens not yet streamed from the final chunk, so nothing is lost by streaming less often
+                "--stream-interval", "16", *self.extra_args]
 
     async def start(self, client) -> str:
         """Spawn the server and wait (bounded) until ``/health`` answers; returns its URL."""

@@ -1,0 +1,114 @@
+"""psrl's vLLM client against a scripted server (httpx's MockTransport): no vLLM needed.
+
+What is checked here is the client's own logic: the server's version spans replace the labels tokens get
+on arrival, an abort goes to the server by the id the server reported, and a server without the
+token-in/token-out endpoint is refused at start, naming the flag.
+"""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from psrl.rollout.vllm_engine import VLLMEngine, _versions
+from psrl.rollout.vllm_server import EngineSetupError
+from psrl.types import GenRequest
+
+
+def sse(*chunks) -> bytes:
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+
+
+def chunk(rid, toks, finish=None, spans=None) -> dict:
+    return {"request_id": rid, "choices": [{"token_ids": toks, "finish_reason": finish, "weight_versions": spans,
+                                            "logprobs": {"content": [{"logprob": -1.0} for _ in toks]}}]}
+
+
+def engine(handler, tmp_path) -> VLLMEngine:
+    eng = VLLMEngine(url="http://127.0.0.1:9", weights_root=tmp_path)
+    eng._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return eng
+
+
+def test_spans_become_per_token_versions():
+    spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]
+    assert _versions(spans, 5) == [3, 3, 4, 4, 4]
+    assert _versions([{"version": "default", "start": 0, "end": 2}], 2) == [-1, -1]
+    with pytest.raises(RuntimeError, match="cover 5 tokens of 6"):
+        _versions(spans, 6)
+
+
+def test_the_servers_spans_replace_the_arrival_labels(tmp_path):
+    """Tokens that arrive after the resume but were produced before the pause keep the old version."""
+    def handler(request):
+        assert request.url.path == "/inference/v1/generate"
+        body = json.loads(request.content)
+        assert body["token_ids"] == [1, 2] and body["sampling_params"]["max_tokens"] == 5
+        rid = "generate-tokens-" + body["request_id"]
+        return httpx.Response(200, content=sse(chunk(rid, [7, 8, 9]), chunk(rid, [10, 11], "length", [
+            {"version": "1", "start": 0, "end": 4}, {"version": "2", "start": 4, "end": 5}])))
+
+    async def main():
+        eng = engine(handler, tmp_path)
+        eng._token_version = 2  # as after a resume: everything arriving now would be labelled 2
+        req = GenRequest([1, 2], 5)
+        await eng.generate(req)
+        await eng._client.aclose()
+        return req
+
+    req = asyncio.run(main())
+    assert req.tokens == [7, 8, 9, 10, 11] and req.finish == "length"
+    assert req.versions == [1, 1, 1, 1, 2] and len(req.logprobs) == 5
+
+
+def test_abort_goes_to_the_server_by_the_id_it_reported(tmp_path):
+    """abort(): POST /abort_requests with the server's id; the stream's final chunk (finish 'abort', spans)
+    ends the request with every token the server produced."""
+    aborted = asyncio.Event()
+    seen = []
+
+    async def stream(rid):
+        yield f"data: {json.dumps(chunk(rid, [5, 6]))}\n\n".encode()
+        await aborted.wait()
+        yield f"data: {json.dumps(chunk(rid, [7], 'abort', [{'version': '1', 'start': 0, 'end': 3}]))}\n\n".encode()
+
+    async def handler(request):
+        if request.url.path == "/abort_requests":
+            seen.append(json.loads(request.content)["request_ids"])
+            aborted.set()
+            return httpx.Response(200, json={"status": "aborted", "aborted": 1})
+        rid = "generate-tokens-" + json.loads(request.content)["request_id"]
+        return httpx.Response(200, content=stream(rid))
+
+    async def main():
+        eng = engine(handler, tmp_path)
+        req = GenRequest([1], 100)
+        task = asyncio.ensure_future(eng.generate(req))
+        while len(req.tokens) < 2:
+            await asyncio.sleep(0)
+        eng.abort(req)
+        await asyncio.wait_for(task, 10)
+        await eng._client.aclose()
+        return req
+
+    req = asyncio.run(main())
+    assert len(seen) == 1 and seen[0][0].startswith("generate-tokens-psrl-")
+    assert req.finish == "abort" and req.tokens == [5, 6, 7] and req.versions == [1, 1, 1]
+
+
+def test_an_attached_server_without_the_generate_endpoint_is_refused(tmp_path):
+    def handler(request):
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        return httpx.Response(403, json={"error": "Scale-out endpoints are disabled."})
+
+    async def main():
+        eng = engine(handler, tmp_path)
+        try:
+            await eng._check_attached()
+        finally:
+            await eng._client.aclose()
+
+    with pytest.raises(EngineSetupError, match="--enable-scale-out"):
+        asyncio.run(main())
