@@ -18,14 +18,16 @@ from psrl.config import load_config  # noqa: E402
 from psrl.train import build_task_and_policy  # noqa: E402
 
 
-TINY_MODEL = ["model.n_positions=1024"]
-"""The session's vLLM servers serve this shape; runs that attach to them build the same (long requests make
-the races of pause and abort against a fast server land mid-request)."""
+CONTEXT = 4096
+TINY_MODEL = [f"model.n_positions={CONTEXT}"]
+"""The session's vLLM servers serve this shape; runs that attach to them build the same. The context is long
+so that a request can run for many seconds: a pause or an abort sent to a fast server, from a test process
+that may get little CPU, still reaches it mid-request."""
 
 
 @pytest.fixture(scope="session")
 def tiny():
-    """The default task and its built-in model (the shape vLLM serves) with a 1024-token context, and the config."""
+    """The default task and its built-in model (the shape vLLM serves) with a 4096-token context, and the config."""
     cfg = load_config(None, TINY_MODEL)
     task, policy = build_task_and_policy(cfg)
     return cfg, task, policy
@@ -58,7 +60,7 @@ def vllm_servers(tiny, tmp_path_factory):
     _, _, policy = tiny
     root = tmp_path_factory.mktemp("vllm")
     policy.save_pretrained(root / "model")
-    servers = [VLLMServer(python, root / "model", root / f"server-{i}.log", max_model_len=1024) for i in range(2)]
+    servers = [VLLMServer(python, root / "model", root / f"server-{i}.log", max_model_len=CONTEXT) for i in range(2)]
 
     async def start_all():
         async with httpx.AsyncClient(trust_env=False) as client:

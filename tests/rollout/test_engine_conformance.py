@@ -20,12 +20,12 @@ from psrl.types import Engine, EngineLoad, GenRequest
 
 ENGINES = ["fake", "hf", pytest.param("vllm", marks=pytest.mark.vllm)]
 CTX = [1, 5, 6, 7]
-LONG = {"fake": 120, "hf": 120, "vllm": 1000}
+LONG = {"fake": 120, "hf": 120, "vllm": 4000}
 """Budget of the requests a test pauses or aborts mid-flight: long enough that a pause or an abort lands
-while they run (vLLM serves the tiny model at thousands of tokens a second)."""
-MANY = {"fake": 6, "hf": 6, "vllm": 32}
-"""Requests such a test runs at once: on vLLM enough that they share the batch and each one is slow enough
-for a pause sent over HTTP to land while most still run (6 finished first on a loaded 2-core machine)."""
+while they run (vLLM serves the tiny model at up to ~2000 tokens a second; on a loaded machine a 1000-token
+request ended before the test process had polled the server twice)."""
+MANY = {"fake": 6, "hf": 6, "vllm": 8}
+"""Requests such a test runs at once (on vLLM, see :func:`generating` for what is waited for)."""
 
 
 async def until(cond, timeout: float = 120.0) -> None:
@@ -35,6 +35,28 @@ async def until(cond, timeout: float = 120.0) -> None:
     while not cond():
         assert loop.time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.005)
+
+
+async def generating(rig, reqs) -> None:
+    """Return once the engine is generating ``reqs``. In-process (exact): each has 2 tokens. On vLLM: the
+    server runs at least one of them, by its own count (``vllm:num_requests_running`` of ``/metrics``), not
+    by the tokens streamed to us. On a loaded 2-core machine the server's one Python event loop admits
+    requests seconds apart and its stream lags by seconds, so a request seen with its first tokens may be
+    about to finish there, and waiting for all of them to run may never end; a request the server has just
+    begun has its whole budget (4000 tokens) still to go when a pause or an abort reaches it."""
+    if rig.kind != "vllm":
+        await until(lambda: all(len(r.tokens) >= 2 for r in reqs))
+        return
+    from psrl.rollout.vllm_engine import _gauge
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120.0
+    while True:
+        text = (await rig.engine._client.get(f"{rig.engine.url}/metrics")).text
+        if (_gauge(text, "vllm:num_requests_running") or 0) >= 1:
+            return
+        assert loop.time() < deadline, "the server ran none of the requests in time"
+        await asyncio.sleep(0.1)  # /metrics is rendered by the server's one event loop: polled faster, it starves
 
 
 class Rig:
@@ -80,10 +102,10 @@ class Rig:
         self.policy.version = version
         self.store.publish(version, self.policy.export_state())
 
-    def recompute(self, req: GenRequest) -> list[float]:
-        """The trainer's log-probs of ``req``'s tokens under the rig's current policy weights."""
+    def recompute(self, req: GenRequest, policy=None) -> list[float]:
+        """The trainer's log-probs of ``req``'s tokens under ``policy`` (default: the rig's current weights)."""
         with torch.no_grad():
-            return self.policy.sequence_logprobs([req.context], [req.tokens])[0].tolist()
+            return (policy or self.policy).sequence_logprobs([req.context], [req.tokens])[0].tolist()
 
 
 def run(coro):
@@ -158,21 +180,23 @@ def test_behaviour_logprobs_equal_the_trainers_recomputation(kind, tiny, request
 
 @pytest.mark.parametrize("kind", ENGINES)
 def test_abort_one_request_returns_its_tokens_so_far_and_spares_the_others(kind, tiny, request, tmp_path):
-    """Passive abort: the aborted request keeps what it generated (finish 'abort'); the other one finishes."""
+    """Passive abort: the aborted request keeps what it generated (finish 'abort'); the other one, running
+    beside it, finishes."""
     rig = Rig(kind, tiny, request, tmp_path)
 
     async def main():
         async with rig:
             victim, other = GenRequest(list(CTX), LONG[kind]), GenRequest(list(CTX), 30)
             tv = asyncio.ensure_future(rig.engine.generate(victim))
+            await generating(rig, [victim])
             to = asyncio.ensure_future(rig.engine.generate(other))
-            await until(lambda: len(victim.tokens) >= 2)
             rig.engine.abort(victim)
             await asyncio.gather(tv, to)
             return victim, other
 
     victim, other = run(main())
-    assert victim.finish == "abort" and 2 <= len(victim.tokens) < LONG[kind]
+    # on vLLM the server's first step of a request already samples its first token
+    assert victim.finish == "abort" and (2 if kind != "vllm" else 1) <= len(victim.tokens) < LONG[kind]
     assert len(victim.logprobs) == len(victim.versions) == len(victim.tokens)
     assert other.finish == "length" and len(other.tokens) == 30
 
@@ -180,14 +204,16 @@ def test_abort_one_request_returns_its_tokens_so_far_and_spares_the_others(kind,
 @pytest.mark.parametrize("kind", ENGINES)
 def test_abort_all_returns_every_request_with_its_tokens(kind, tiny, request, tmp_path):
     """Migration: paused, then abort_all; every request still in flight comes back aborted with its partial
-    output. (A vLLM request may finish between the check and the pause lands: at least one must be aborted.)"""
+    output. On vLLM a request may finish on the server before the pause lands (it comes back finished
+    although it still counted as in flight), or not have reached the server yet (it comes back aborted with
+    no tokens); at least one the server was running comes back aborted with its tokens."""
     rig = Rig(kind, tiny, request, tmp_path)
 
     async def main():
         async with rig:
             reqs = [GenRequest(list(CTX), LONG[kind]) for _ in range(MANY[kind])]
             tasks = [asyncio.ensure_future(rig.engine.generate(r)) for r in reqs]
-            await until(lambda: all(r.tokens for r in reqs))
+            await generating(rig, reqs)
             await rig.engine.pause()
             running = rig.engine.load().running
             await rig.engine.abort_all()
@@ -197,49 +223,54 @@ def test_abort_all_returns_every_request_with_its_tokens(kind, tiny, request, tm
 
     reqs, running, load = run(main())
     aborted = [r for r in reqs if r.finish == "abort"]
-    assert running == len(aborted) and load.running == 0
-    assert all(1 <= len(r.tokens) < LONG[kind] and len(r.logprobs) == len(r.tokens) for r in aborted)
+    assert load.running == 0 and 1 <= len(aborted) <= running and any(r.tokens for r in aborted)
+    assert all(len(r.tokens) < LONG[kind] and len(r.logprobs) == len(r.versions) == len(r.tokens) for r in aborted)
     assert all(r.finish == "length" and len(r.tokens) == LONG[kind] for r in reqs if r not in aborted)
-    assert len(aborted) == (len(reqs) if kind != "vllm" else len(aborted)) and aborted
+    if kind != "vllm":  # in-process the pause is exact: every request is still in flight and is aborted
+        assert len(aborted) == running == len(reqs)
 
 
 @pytest.mark.parametrize("kind", ENGINES)
 def test_pause_update_resume_keeps_requests_and_new_tokens_carry_the_new_version(kind, tiny, request, tmp_path):
     """Partial rollout: paused with requests kept, weights updated to v2, resumed; every request completes and
-    its versions step from 1 to 2 at most once, never back. In-process the pause is exact (every request
-    spans both versions, nothing produced while paused); on vLLM the tokens that arrived before the resume
-    carry version 1 (a request may finish before the resume)."""
+    its versions step from 1 to 2 at most once, never back, and each label names the weights that produced
+    the token. In-process the pause is exact (every request spans both versions, nothing produced while
+    paused). On vLLM the labels are the server's own (a token produced before the pause but streamed to us
+    after the resume still says 1); the requests the server was running when the pause reached it go on
+    after the resume with version-2 tokens."""
     rig = Rig(kind, tiny, request, tmp_path)
 
     async def main():
         async with rig:
             reqs = [GenRequest(list(CTX), LONG[kind]) for _ in range(MANY[kind])]
             tasks = [asyncio.ensure_future(rig.engine.generate(r)) for r in reqs]
-            await until(lambda: all(len(r.tokens) >= 2 for r in reqs))
+            await generating(rig, reqs)
             await rig.engine.pause()
             before = [len(r.tokens) for r in reqs]
-            rig.publish_perturbed(2)
+            v1 = copy.deepcopy(rig.policy)
+            rig.publish_perturbed(2, scale=0.2)
             await rig.engine.update_weights(2, rig.store)
             during = [len(r.tokens) for r in reqs]
             await rig.engine.resume()
             await asyncio.gather(*tasks)
-            return reqs, before, during
+            return reqs, before, during, v1
 
-    reqs, before, during = run(main())
+    reqs, before, during, v1 = run(main())
     assert rig.engine.version == 2
     spans = 0
     for req, b, d in zip(reqs, before, during):
         assert req.finish == "length" and len(req.tokens) == LONG[kind]
         assert req.versions == sorted(req.versions) and set(req.versions) <= {1, 2}
-        assert req.versions.count(1) >= 2
-        spans += req.versions[-1] == 2
+        assert req.versions.count(1) >= (2 if kind != "vllm" else d)  # vLLM: one may not have started
+        spans += req.versions[0] == 1 and req.versions[-1] == 2
         if kind != "vllm":  # in-process: the pause is exact, nothing is produced while paused
             assert b == d == req.versions.count(1) and req.versions[-1] == 2
-        else:  # tokens that arrived before the resume carry version 1
-            assert req.versions.count(1) >= d
-    # vLLM: usually some request spans both versions; in one CI run all 32 had finished before the resume
-    # (vLLM's pause?mode=keep did not hold them there), so that is not asserted on vLLM.
-    assert spans >= 1 or kind == "vllm"
+    assert spans >= 1
+    if kind != "fake":  # v1's tokens have v1's log-probs, those labelled 2 do not
+        diffs = [(v, abs(a - b)) for req in reqs for v, a, b in zip(req.versions, req.logprobs, rig.recompute(req, v1))]
+        assert max(d for v, d in diffs if v == 1) < (1e-5 if kind == "hf" else 1e-4)
+        v2 = [d for v, d in diffs if v == 2]
+        assert sum(v2) / len(v2) > 1e-2
 
 
 @pytest.mark.parametrize("kind", ENGINES)
@@ -268,10 +299,10 @@ def test_a_rollout_instance_syncs_mid_request_and_counts_it(kind, migration, tin
     """The instance's partial-rollout sync on every engine, with requests provably in flight when the new
     version is published: without migration they continue across pause/update/resume (versions step 1 -> 2,
     counted in ``continued``); with migration they are handed back unfinished with their tokens and V_traj
-    (``interrupted``) while the instance loads. In-process every request is caught by the pause; a vLLM server
-    serves the tiny model at thousands of tokens a second, so there many requests share the batch and at least
-    one is caught. The end-to-end runs on vLLM cannot force an update to land mid-request, so this is where
-    both counts are checked."""
+    (``interrupted``) while the instance loads. In-process every request is caught by the pause; on vLLM v2 is
+    published once the server runs one of them (:func:`generating`), and at least one is caught. The
+    end-to-end runs on vLLM cannot force an update to land mid-request, so this is where both counts are
+    checked."""
     from psrl.rollout.instance import RolloutInstance
     from psrl.rollout.sync import GreedySync
 
@@ -285,7 +316,7 @@ def test_a_rollout_instance_syncs_mid_request_and_counts_it(kind, migration, tin
         try:
             await asyncio.wait_for(inst.ready.wait(), 300)
             reqs = [inst.submit(list(CTX), LONG[kind], v_min=1) for _ in range(n)]
-            await until(lambda: all(len(r.tokens) >= 2 for r in reqs))
+            await generating(rig, reqs)
             rig.publish_perturbed(2)
             inst.wake()
             await asyncio.wait_for(asyncio.gather(*[r.future for r in reqs]), 300)
@@ -297,18 +328,18 @@ def test_a_rollout_instance_syncs_mid_request_and_counts_it(kind, migration, tin
     inst, reqs = run(main())
     assert inst.version == 2
     caught = [r for r in reqs if r.versions[-1] == 2 or r.interrupted]
-    # In-process the pause is exact: every request is caught. On vLLM the requests in flight at the pause are
-    # counted (continued / interrupted >= 1), but whether any still produces tokens after the resume is timing:
-    # in one CI run all 32 finished before the resume (vLLM's pause?mode=keep did not hold them there).
-    assert kind == "vllm" or len(caught) == n
+    # In-process the pause is exact: every request is caught. On vLLM a request may finish on the server
+    # before the pause reaches it.
+    assert len(caught) == n if kind != "vllm" else len(caught) >= 1
     for req in reqs:
-        assert req.v_min == 1 and req.versions[:2] == [1, 1] and req.versions == sorted(req.versions)
+        assert req.v_min == 1 and req.versions == sorted(req.versions)
+        assert req.versions[:2] == [1, 1] or kind == "vllm"  # on vLLM one may not have started by the pause
         assert len(req.versions) == len(req.tokens) == len(req.logprobs)
         assert req.finish == ("abort" if req.interrupted else "length")
         assert len(req.tokens) == LONG[kind] or req.interrupted
     if migration:
         assert inst.continued == 0 and inst.interrupted == len(caught) >= 1
-        assert all(set(r.versions) == {1} for r in caught)
+        assert all(set(r.versions) <= {1} for r in caught) and any(r.versions for r in caught)
     else:
         assert inst.interrupted == 0 and inst.continued >= max(len(caught), 1)  # counted at the pause
         assert not any(r.interrupted for r in reqs)
