@@ -97,9 +97,37 @@ def test_abort_goes_to_the_server_by_the_id_it_reported(tmp_path):
     assert req.finish == "abort" and req.tokens == [5, 6, 7] and req.versions == [1, 1, 1]
 
 
+def test_an_attached_server_left_paused_is_resumed_before_anything_is_sent(tmp_path):
+    """A run that stopped mid-update can leave the server paused (its last pause may even land after its
+    closing resume); a paused server holds every request, so the next run resumes it first."""
+    paused = asyncio.Event()  # set: the server is paused
+    order = []
+
+    async def handler(request):
+        order.append(request.url.path)
+        if request.url.path == "/resume":
+            paused.clear()
+            return httpx.Response(200, json={"status": "resumed"})
+        if request.url.path == "/inference/v1/generate":
+            assert not paused.is_set(), "a request reached a paused server"
+            return httpx.Response(200, json={"choices": [{"token_ids": [3]}]})
+        return httpx.Response(200)
+
+    async def main():
+        paused.set()
+        eng = engine(handler, tmp_path)
+        try:
+            await asyncio.wait_for(eng._check_attached(), 10)
+        finally:
+            await eng._client.aclose()
+
+    asyncio.run(main())
+    assert order == ["/health", "/resume", "/inference/v1/generate"]
+
+
 def test_an_attached_server_without_the_generate_endpoint_is_refused(tmp_path):
     def handler(request):
-        if request.url.path == "/health":
+        if request.url.path in ("/health", "/resume"):
             return httpx.Response(200)
         return httpx.Response(403, json={"error": "Scale-out endpoints are disabled."})
 

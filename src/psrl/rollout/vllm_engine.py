@@ -109,7 +109,6 @@ class VLLMEngine:
             self.url = await self.server.start(self._client)
         elif self.server is None:
             await self._check_attached()
-            await self._post("/resume")  # a server left paused (by a run that stopped mid-update) would hang us
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
 
@@ -123,8 +122,16 @@ class VLLMEngine:
         if not ok:
             raise EngineSetupError(f"{self.url}/health answered {resp.status_code}", "check the server's log",
                                    source="rollout.vllm.urls")
+        # a server left paused (a run stopped mid-update; a pause sent as that run stopped may even land after
+        # its closing resume) would hold every request, the probe below included
+        resp = await self._client.post(f"{self.url}/resume", timeout=min(self.request_timeout_s, 60.0))
+        if resp.status_code != 200:
+            raise EngineSetupError(f"{self.url}/resume answered {resp.status_code}",
+                                   "start the server with VLLM_SERVER_DEV_MODE=1 (docs/engines.md)",
+                                   source="rollout.vllm.urls")
         probe = {"model": self.model_name, "token_ids": [0], "sampling_params": {"max_tokens": 1, "detokenize": False}}
-        resp = await self._client.post(f"{self.url}/inference/v1/generate", json=probe, timeout=self.request_timeout_s)
+        resp = await self._client.post(f"{self.url}/inference/v1/generate", json=probe,
+                                       timeout=min(self.request_timeout_s, 60.0))
         if resp.status_code in (403, 404):  # 403: scale-out endpoints disabled; 404: a vLLM without them
             raise EngineSetupError(f"{self.url} does not serve vLLM's token-in/token-out endpoint "
                                    f"/inference/v1/generate (HTTP {resp.status_code})",
