@@ -19,8 +19,9 @@ nothing is re-tokenised, nothing is detokenised.
   restart. On GPUs vLLM's NCCL weight-transfer API is the faster path (docs/engines.md says what
   was run).
 * **Partial rollout**: ``POST /pause?mode=keep`` (in-flight requests kept, with their KV cache:
-  the stale KV of PSRL's partial rollout), reload, ``POST /resume``. Tokens that arrive before
-  the resume are labelled with the old version, tokens after it with the new one.
+  the stale KV of PSRL's partial rollout), reload, ``POST /resume``. Until a request's final
+  chunk, its tokens carry provisional labels (the version loaded at the last resume before they
+  arrived); the final chunk's spans then give each token the version that produced it.
 * **Abort one request** (passive abort, surplus members, migration): ``POST /abort_requests``
   with the id the server gave it (``generate-tokens-<ours>``, as its first chunk reports); its
   stream ends with ``finish_reason: abort``, its tokens so far and their version spans. Should
@@ -88,7 +89,7 @@ class VLLMEngine:
         self._server_ids: dict[int, str] = {}
         """The id the server reports for each request (what ``/abort_requests`` takes)."""
         self._aborting: set[int] = set()
-        self._aborted: set[int] = set()
+        """Requests :meth:`abort` was called on (by ``id``): they end as ``abort`` unless they finished first."""
         self._aborts: set[asyncio.Task] = set()
         self._rate = TokenRate()
         self._kv: Optional[float] = None
@@ -124,14 +125,14 @@ class VLLMEngine:
                                    source="rollout.vllm.urls")
         # a server left paused (a run stopped mid-update; a pause sent as that run stopped may even land after
         # its closing resume) would hold every request, the probe below included
-        resp = await self._client.post(f"{self.url}/resume", timeout=min(self.request_timeout_s, 60.0))
+        bound = min(self.request_timeout_s, 60.0)
+        resp = await self._client.post(f"{self.url}/resume", timeout=bound)
         if resp.status_code != 200:
             raise EngineSetupError(f"{self.url}/resume answered {resp.status_code}",
                                    "start the server with VLLM_SERVER_DEV_MODE=1 (docs/engines.md)",
                                    source="rollout.vllm.urls")
         probe = {"model": self.model_name, "token_ids": [0], "sampling_params": {"max_tokens": 1, "detokenize": False}}
-        resp = await self._client.post(f"{self.url}/inference/v1/generate", json=probe,
-                                       timeout=min(self.request_timeout_s, 60.0))
+        resp = await self._client.post(f"{self.url}/inference/v1/generate", json=probe, timeout=bound)
         if resp.status_code in (403, 404):  # 403: scale-out endpoints disabled; 404: a vLLM without them
             raise EngineSetupError(f"{self.url} does not serve vLLM's token-in/token-out endpoint "
                                    f"/inference/v1/generate (HTTP {resp.status_code})",
@@ -185,9 +186,8 @@ class VLLMEngine:
         finally:
             for d in (self._inflight, self._reqs, self._sids, self._server_ids):
                 d.pop(key, None)
+            aborted = key in self._aborting
             self._aborting.discard(key)
-            aborted = key in self._aborted
-            self._aborted.discard(key)
         if not req.finish:  # the stream ended without a finish reason: cut by abort(), or by the server
             req.finish = "abort" if aborted else "length" if len(req.tokens) >= req.max_new_tokens else "stop"
         return req
@@ -201,7 +201,6 @@ class VLLMEngine:
             req.finish = "abort"
             return
         self._aborting.add(key)
-        self._aborted.add(key)
         # the id the server reported in the request's first chunk; before that, the one vLLM 0.32 gives it
         sid = self._server_ids.get(key) or f"generate-tokens-{self._sids[key]}"
         self._aborts.add(asyncio.get_running_loop().create_task(self._abort_on_server(sid, task)))
@@ -235,7 +234,6 @@ class VLLMEngine:
         """Drop every stream at once, without asking the server (it failed): the fallback of :meth:`abort`."""
         for key, task in list(self._inflight.items()):
             self._aborting.add(key)
-            self._aborted.add(key)
             task.cancel()
         await self.abort_all()
 
