@@ -140,3 +140,76 @@ def test_an_attached_server_without_the_generate_endpoint_is_refused(tmp_path):
 
     with pytest.raises(EngineSetupError, match="--enable-scale-out"):
         asyncio.run(main())
+
+
+DROPPED = httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+
+def test_a_control_call_whose_connection_drops_unanswered_is_sent_again(tmp_path):
+    """The server closed an idle keep-alive connection as the pause went out on it (what failed a weight
+    update in CI): no answer came, so the call is sent again; pausing twice is harmless. A connection that
+    keeps failing fails the call after SEND_ATTEMPTS tries, and a timeout is not sent again."""
+    from psrl.rollout.vllm_engine import SEND_ATTEMPTS
+
+    calls = []
+    fail = {"/pause": 1, "/resume": SEND_ATTEMPTS}
+
+    def handler(request):
+        calls.append(request.url.path)
+        if fail.get(request.url.path, 0) > 0:
+            fail[request.url.path] -= 1
+            raise DROPPED
+        if request.url.path == "/update_weight_version":
+            raise httpx.ReadTimeout("no answer in time")
+        return httpx.Response(200, json={"status": "paused"})
+
+    async def main():
+        eng = engine(handler, tmp_path)
+        try:
+            await eng.pause()
+            with pytest.raises(httpx.RemoteProtocolError):
+                await eng.resume()
+            with pytest.raises(httpx.ReadTimeout):
+                await eng._label(3)
+        finally:
+            await eng._client.aclose()
+
+    asyncio.run(main())
+    assert calls == ["/pause"] * 2 + ["/resume"] * SEND_ATTEMPTS + ["/update_weight_version"]
+
+
+def test_a_request_is_sent_again_only_if_the_server_never_answered_it(tmp_path):
+    """A generate request whose connection drops before any answer goes out again with the same id (the
+    server never saw it); one whose stream breaks after tokens arrived fails with those tokens, sent once."""
+    sent = []
+
+    async def broken(rid):
+        yield f"data: {json.dumps(chunk(rid, [5, 6]))}\n\n".encode()
+        raise DROPPED
+
+    def handler(request):
+        body = json.loads(request.content)
+        sent.append(body["request_id"])
+        rid = "generate-tokens-" + body["request_id"]
+        if body["token_ids"] == [1] and len(sent) == 1:
+            raise DROPPED
+        if body["token_ids"] == [1]:
+            return httpx.Response(200, content=sse(chunk(rid, [7, 8], "length", [{"version": "1", "start": 0,
+                                                                                   "end": 2}])))
+        return httpx.Response(200, content=broken(rid))
+
+    async def main():
+        eng = engine(handler, tmp_path)
+        try:
+            first = await eng.generate(GenRequest([1], 2))
+            n = len(sent)
+            second = await eng.generate(GenRequest([2], 4))
+            return first, n, second
+        finally:
+            await eng._client.aclose()
+
+    first, n, second = asyncio.run(main())
+    assert n == 2 and sent[0] == sent[1]
+    assert first.finish == "length" and first.tokens == [7, 8] and first.versions == [1, 1]
+    assert len(sent) == 3
+    assert second.finish == "error" and second.tokens == [5, 6] and "RemoteProtocolError" in second.error

@@ -29,7 +29,9 @@ nothing is re-tokenised, nothing is detokenised.
   cancelled instead (vLLM aborts a request whose client went away; provisional labels stay).
 * **Faults**: a request that gets no chunk within ``rollout.request_timeout_s``, a refused
   connection or a server error fails the request (``finish == "error"``) with the tokens it
-  got; the rollout instance hands it back and restarts the server (:meth:`restart`).
+  got; the rollout instance hands it back and restarts the server (:meth:`restart`). A connection that
+  fails before the server answered is first tried again (:data:`SEND_ATTEMPTS`): control calls always (they
+  are idempotent), a generate request only if no response had begun.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ from psrl.rollout.vllm_server import EngineSetupError, VLLMServer, find_vllm_pyt
 from psrl.types import EngineLoad, GenRequest
 
 __all__ = ["VLLMEngine", "build_vllm_engines"]
+
+KEEPALIVE_S = 2.0
+"""How long the client keeps an idle connection: below the server's (vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``,
+5 s, as httpx's own default), so the client drops an idle connection before the server closes it under a
+request. With both at 5 s, one CI run lost a weight update that way."""
+SEND_ATTEMPTS = 3
+"""Tries for a request whose connection fails before any answer (:func:`_unanswered`), 0.2 s then 0.4 s apart."""
 
 
 class VLLMEngine:
@@ -104,7 +113,8 @@ class VLLMEngine:
         if self._client is None:
             # connect too: a busy server may take long to accept; a dead one refuses at once
             self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s),
-                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
+                                                                 keepalive_expiry=KEEPALIVE_S),
                                              trust_env=False)
         if self.server is not None and not self.server.alive():
             self.url = await self.server.start(self._client)
@@ -243,22 +253,29 @@ class VLLMEngine:
                   "logprobs": 0, "stop_token_ids": self.stop_ids, "ignore_eos": True, "detokenize": False}
         body = {"model": self.model_name, "request_id": self._sids[key], "token_ids": list(req.context),
                 "sampling_params": params, "stream": True}
-        try:
-            async with self._client.stream("POST", f"{self.url}/inference/v1/generate", json=body) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")[:500]
-                    raise RuntimeError(f"HTTP {resp.status_code}: {text}")
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    self._take(req, json.loads(line[6:]), base)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 -- timeout, refused, dropped connection, server error
-            if not req.finish and key not in self._aborting:
-                req.error = f"vLLM server {self.url}: {type(exc).__name__}: {exc}"
-                req.finish = "error"
-            return
+        for attempt in range(SEND_ATTEMPTS):
+            answered = False
+            try:
+                async with self._client.stream("POST", f"{self.url}/inference/v1/generate", json=body) as resp:
+                    answered = True
+                    if resp.status_code != 200:
+                        text = (await resp.aread()).decode(errors="replace")[:500]
+                        raise RuntimeError(f"HTTP {resp.status_code}: {text}")
+                    async for line in resp.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        self._take(req, json.loads(line[6:]), base)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- timeout, refused, dropped connection, server error
+                if not answered and _unanswered(exc) and attempt < SEND_ATTEMPTS - 1 and key not in self._aborting:
+                    await asyncio.sleep(0.2 * 2 ** attempt)  # never reached the server: send it again
+                    continue
+                if not req.finish and key not in self._aborting:
+                    req.error = f"vLLM server {self.url}: {type(exc).__name__}: {exc}"
+                    req.finish = "error"
+                return
 
     def _take(self, req: GenRequest, chunk: dict, base: int) -> None:
         """One streamed chunk into ``req`` (whose first ``base`` tokens came before this call)."""
@@ -312,7 +329,16 @@ class VLLMEngine:
         await self._post("/update_weight_version", json={"new_version": str(int(version))})
 
     async def _post(self, path: str, **kw: Any) -> Any:
-        resp = await self._client.post(f"{self.url}{path}", **kw)
+        """POST a control call (pause, resume, reload, version, abort: all idempotent), sent again up to
+        ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`_unanswered`)."""
+        for attempt in range(SEND_ATTEMPTS):
+            try:
+                resp = await self._client.post(f"{self.url}{path}", **kw)
+                break
+            except Exception as exc:
+                if attempt == SEND_ATTEMPTS - 1 or not _unanswered(exc):
+                    raise
+                await asyncio.sleep(0.2 * 2 ** attempt)
         if resp.status_code != 200:
             raise RuntimeError(f"vLLM server {self.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
         return resp.json() if resp.content else None
@@ -334,6 +360,16 @@ class VLLMEngine:
             except Exception:  # noqa: BLE001 -- figures only; a dead server is noticed by its requests
                 pass
             await asyncio.sleep(every_s)
+
+
+def _unanswered(exc: BaseException) -> bool:
+    """The connection failed before the server answered: refused, reset, or closed by the server (an idle
+    keep-alive connection the server closes just as a request goes out on it: ``RemoteProtocolError:
+    Server disconnected without sending a response``). A request that got no answer is safe to send again;
+    a timeout is not one of these (the server may still be working on it)."""
+    import httpx
+
+    return isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
 
 
 def _versions(spans: list[dict], n: int) -> list[int]:
