@@ -24,6 +24,7 @@ import typing
 from pathlib import Path
 
 from psrl.config import Config, leaf_keys
+from tests.source_ast import parse
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "psrl"
 SKIP = {"config.py", "config_rules.py"}
@@ -136,27 +137,15 @@ class _Scan:
 def _property_reads() -> dict[str, set[str]]:
     """``{property name: attribute names its body reads}`` for the config dataclasses' properties."""
     out: dict[str, set[str]] = {}
-    tree = _parse(SRC / "config.py")
+    tree = parse(SRC / "config.py")
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef) and any(getattr(d, "id", "") == "property" for d in fn.decorator_list):
             out[fn.name] = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
     return out
 
 
-def _parse(path) -> ast.Module:
-    """``ast.parse``, again on CPython 3.11's spurious ``SystemError: AST constructor recursion depth mismatch``
-    (python/cpython#106905: the AST builder's depth counter is shared, and a thread an earlier test left
-    running -- a hung reward in its worker -- can disturb it; seen once in a fresh-clone CI run)."""
-    for attempt in range(3):
-        try:
-            return ast.parse(path.read_text())
-        except SystemError:
-            if attempt == 2:
-                raise
-
-
 def read_attributes() -> set[str]:
-    trees = {str(p): _parse(p) for p in sorted(SRC.rglob("*.py")) if p.name not in SKIP}
+    trees = {str(p): parse(p) for p in sorted(SRC.rglob("*.py")) if p.name not in SKIP}
     props = _property_reads()
     read = _Scan(trees, section_attrs(), set(props)).run()
     for _ in range(3):  # a property read counts as reading what the property reads

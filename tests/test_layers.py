@@ -4,6 +4,8 @@ inside a function, and there is no cycle between the substrate packages (``model
 import ast
 from pathlib import Path
 
+from tests.source_ast import parse
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "psrl"
 RANK = {
     "staleness": 0, "types": 0, "errors": 0, "metrics": 0,
@@ -20,7 +22,7 @@ configuration schema above ``tasks`` (it resolves ``task.name`` at load), below 
 
 def _imports(path: Path) -> set[str]:
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.add(node.module)
         elif isinstance(node, ast.Import):
