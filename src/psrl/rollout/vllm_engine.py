@@ -55,7 +55,7 @@ KEEPALIVE_S = 2.0
 5 s, as httpx's own default), so the client drops an idle connection before the server closes it under a
 request. With both at 5 s, one CI run lost a weight update that way."""
 SEND_ATTEMPTS = 3
-"""Tries for a request whose connection fails before any answer (:func:`_unanswered`), 0.2 s then 0.4 s apart."""
+"""Tries for a request whose connection fails before any answer, 0.2 s then 0.4 s apart (:func:`_resend_delay`)."""
 
 
 class VLLMEngine:
@@ -269,8 +269,9 @@ class VLLMEngine:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 -- timeout, refused, dropped connection, server error
-                if not answered and _unanswered(exc) and attempt < SEND_ATTEMPTS - 1 and key not in self._aborting:
-                    await asyncio.sleep(0.2 * 2 ** attempt)  # never reached the server: send it again
+                delay = None if answered or key in self._aborting else _resend_delay(attempt, exc)
+                if delay is not None:  # never reached the server: send it again
+                    await asyncio.sleep(delay)
                     continue
                 if not req.finish and key not in self._aborting:
                     req.error = f"vLLM server {self.url}: {type(exc).__name__}: {exc}"
@@ -330,15 +331,16 @@ class VLLMEngine:
 
     async def _post(self, path: str, **kw: Any) -> Any:
         """POST a control call (pause, resume, reload, version, abort: all idempotent), sent again up to
-        ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`_unanswered`)."""
+        ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`_resend_delay`)."""
         for attempt in range(SEND_ATTEMPTS):
             try:
                 resp = await self._client.post(f"{self.url}{path}", **kw)
                 break
             except Exception as exc:
-                if attempt == SEND_ATTEMPTS - 1 or not _unanswered(exc):
+                delay = _resend_delay(attempt, exc)
+                if delay is None:
                     raise
-                await asyncio.sleep(0.2 * 2 ** attempt)
+                await asyncio.sleep(delay)
         if resp.status_code != 200:
             raise RuntimeError(f"vLLM server {self.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
         return resp.json() if resp.content else None
@@ -362,14 +364,17 @@ class VLLMEngine:
             await asyncio.sleep(every_s)
 
 
-def _unanswered(exc: BaseException) -> bool:
-    """The connection failed before the server answered: refused, reset, or closed by the server (an idle
+def _resend_delay(attempt: int, exc: BaseException) -> Optional[float]:
+    """Seconds to wait before sending a request again whose try number ``attempt`` (from 0) failed with
+    ``exc``: 0.2, then 0.4; None once ``SEND_ATTEMPTS`` tries are spent, or when ``exc`` is not a connection
+    that failed before the server answered. Those are refused, reset, or closed by the server (an idle
     keep-alive connection the server closes just as a request goes out on it: ``RemoteProtocolError:
-    Server disconnected without sending a response``). A request that got no answer is safe to send again;
-    a timeout is not one of these (the server may still be working on it)."""
+    Server disconnected without sending a response``), and a request that got no answer is safe to send
+    again; a timeout is not one of them (the server may still be working on it)."""
     import httpx
 
-    return isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
+    unanswered = isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
+    return 0.2 * 2 ** attempt if unanswered and attempt < SEND_ATTEMPTS - 1 else None
 
 
 def _versions(spans: list[dict], n: int) -> list[int]:
