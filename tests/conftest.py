@@ -34,7 +34,7 @@ def tiny():
 
 
 def vllm_python_or_skip() -> str:
-    from psrl.rollout.vllm_server import EngineSetupError, find_vllm_python
+    from psrl.rollout.engines.vllm_server import EngineSetupError, find_vllm_python
 
     try:
         return find_vllm_python(os.environ.get("PSRL_VLLM_PYTHON"))
@@ -54,7 +54,7 @@ def vllm_servers(tiny, tmp_path_factory):
     ``(urls, model_dir)``, the directory they started from (the untrained default model)."""
     import httpx
 
-    from psrl.rollout.vllm_server import VLLMServer
+    from psrl.rollout.engines.vllm_server import VLLMServer
 
     python = vllm_python_or_skip()
     _, _, policy = tiny

@@ -36,9 +36,9 @@ _C = "psrl.runtime.coordinator"
 _T = "psrl.train.trainer"
 _L = "psrl.algo.losses"
 _X = "psrl.algo.corrections"
-_A = "psrl.rollout.records"
-_P = "psrl.rollout.pool"
-_E = "psrl.rollout.pool"
+_A = "psrl.rollout.client.records"
+_P = "psrl.rollout.serving.pool"
+_E = "psrl.rollout.serving.pool"
 _V = "psrl.runtime.validate"
 
 METRICS: tuple[Metric, ...] = (

@@ -14,8 +14,8 @@ import random
 import pytest
 import torch
 
-from psrl.rollout.engine import turns
-from psrl.rollout.hf_engine import HFEngine
+from psrl.rollout.engines.base import turns
+from psrl.rollout.engines.hf import HFEngine
 from tests.models.helpers import masked_max_diff, tiny_policy
 
 TOL = 1e-4

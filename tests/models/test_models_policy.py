@@ -140,8 +140,8 @@ def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatc
     adds its marker tokens (embeddings resized), and one synchronous RL step changes the weights."""
     import asyncio
 
-    from psrl.rollout.engine import turns
-    from psrl.rollout.hf_engine import HFEngine
+    from psrl.rollout.engines.base import turns
+    from psrl.rollout.engines.hf import HFEngine
     from psrl.staleness import Batch
     from psrl.tasks.base import episode_to_trajectory
     from psrl.train import Trainer, build_task_and_policy

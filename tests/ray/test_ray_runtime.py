@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     import asyncio, torch
     torch.set_num_threads(1)
     from psrl.config import load_config
-    from psrl.rollout.hf_engine import HFEngine
+    from psrl.rollout.engines.hf import HFEngine
     from psrl.runtime.ray_runtime import build_ray_engines
     from psrl.train import build_task_and_policy
     from psrl.train.store import ParameterStore

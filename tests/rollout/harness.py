@@ -6,9 +6,9 @@ from collections import Counter
 from typing import Any, Optional
 
 from psrl.config import load_config
-from psrl.rollout.engine import FakeEngine
+from psrl.rollout.engines.base import FakeEngine
 from psrl.rollout.fakes import FakeTask, FakeTrainer
-from psrl.rollout.records import MemorySink
+from psrl.rollout.client.records import MemorySink
 from psrl.runtime.coordinator import Coordinator
 from psrl.runtime.local import build
 from psrl.runtime.vloop import run_virtual

@@ -13,8 +13,8 @@ import copy
 import pytest
 import torch
 
-from psrl.rollout.engine import FakeEngine, NoCacheEngine
-from psrl.rollout.hf_engine import HFEngine
+from psrl.rollout.engines.base import FakeEngine, NoCacheEngine
+from psrl.rollout.engines.hf import HFEngine
 from psrl.train.store import ParameterStore
 from psrl.types import Engine, EngineLoad, GenRequest
 
@@ -47,7 +47,7 @@ async def generating(rig, reqs) -> None:
     if rig.kind != "vllm":
         await until(lambda: all(len(r.tokens) >= 2 for r in reqs))
         return
-    from psrl.rollout.vllm_engine import _gauge
+    from psrl.rollout.engines.vllm import _gauge
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 120.0
@@ -76,7 +76,7 @@ class Rig:
             self.engine = HFEngine(self.policy.replica(seed=3), **sampling)
             self.store.publish(1, self.policy.export_state())
         else:
-            from psrl.rollout.vllm_engine import VLLMEngine
+            from psrl.rollout.engines.vllm import VLLMEngine
 
             url = request.getfixturevalue("vllm_urls")[0]
             self.engine = VLLMEngine(url=url, weights_root=tmp_path / "weights", **sampling)
@@ -303,8 +303,8 @@ def test_a_rollout_instance_syncs_mid_request_and_counts_it(kind, migration, tin
     published once the server runs one of them (:func:`generating`), and at least one is caught. The
     end-to-end runs on vLLM cannot force an update to land mid-request, so this is where both counts are
     checked."""
-    from psrl.rollout.instance import RolloutInstance
-    from psrl.rollout.sync import GreedySync
+    from psrl.rollout.serving.instance import RolloutInstance
+    from psrl.rollout.serving.sync import GreedySync
 
     rig = Rig(kind, tiny, request, tmp_path)
     n = MANY[kind]

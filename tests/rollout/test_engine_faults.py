@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from psrl.rollout.engine import FakeEngine, NoCacheEngine
+from psrl.rollout.engines.base import FakeEngine, NoCacheEngine
 from psrl.rollout.fakes import FakeTask, FakeTrainer
-from psrl.rollout.records import MemorySink
+from psrl.rollout.client.records import MemorySink
 from psrl.runtime.coordinator import Coordinator
 from tests.rollout.harness import check_bound, config, run, statuses
 
@@ -71,7 +71,7 @@ def test_an_engine_failing_past_max_restarts_is_given_up_and_the_others_carry_th
 
 NO_INSTANCE_LEFT = """
 from psrl.errors import RunError
-from psrl.rollout.records import MemorySink
+from psrl.rollout.client.records import MemorySink
 from tests.rollout.harness import config, run
 from tests.rollout.test_engine_faults import FlakyEngine, _coord
 coord = _coord(config(rollout__max_restarts=1), [FlakyEngine(always=True), FlakyEngine(always=True)], MemorySink())

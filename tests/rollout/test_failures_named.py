@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from psrl.errors import RunError
-from psrl.rollout.agents import AgentManager
+from psrl.rollout.client.agents import AgentManager
 from psrl.rollout.fakes import FakeTask
 from tests.rollout.harness import config, coordinator, run
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from psrl.rollout.engine import NoCacheEngine
-from psrl.rollout.hf_engine import HFEngine
+from psrl.rollout.engines.base import NoCacheEngine
+from psrl.rollout.engines.hf import HFEngine
 from psrl.train.store import ParameterStore
 from psrl.train.trainer import logprob_mismatch
 from psrl.types import GenRequest

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from psrl.rollout.engine import FakeEngine
-from psrl.rollout.instance import RolloutInstance
-from psrl.rollout.pool import InstancePool
-from psrl.rollout.router import RequestNumBalanceRouter, RoundRobinRouter
-from psrl.rollout.sync import GreedySync, StatusBasedSync
-from psrl.rollout.session import Session
+from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.serving.instance import RolloutInstance
+from psrl.rollout.serving.pool import InstancePool
+from psrl.rollout.serving.router import RequestNumBalanceRouter, RoundRobinRouter
+from psrl.rollout.serving.sync import GreedySync, StatusBasedSync
+from psrl.rollout.serving.session import Session
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 

@@ -13,15 +13,15 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from psrl.rollout.engine import FakeEngine
-from psrl.rollout.instance import RolloutInstance
-from psrl.rollout.pool import InstancePool
+from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.serving.instance import RolloutInstance
+from psrl.rollout.serving.pool import InstancePool
 from psrl.runtime.profile import profile_engine
-from psrl.rollout.router import (CostModel, RandomRouter, RequestNumBalanceRouter, RoundRobinRouter,
+from psrl.rollout.serving.router import (CostModel, RandomRouter, RequestNumBalanceRouter, RoundRobinRouter,
                                  ThroughputOptimalRouter, build_router, fit_cost_model, load_cost_model,
                                  save_cost_model)
-from psrl.rollout.session import Session
-from psrl.rollout.sync import GreedySync
+from psrl.rollout.serving.session import Session
+from psrl.rollout.serving.sync import GreedySync
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 from psrl.types import EngineLoad

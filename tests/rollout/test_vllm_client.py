@@ -11,8 +11,8 @@ import json
 import httpx
 import pytest
 
-from psrl.rollout.vllm_engine import VLLMEngine, _versions
-from psrl.rollout.vllm_server import EngineSetupError
+from psrl.rollout.engines.vllm import VLLMEngine, _versions
+from psrl.rollout.engines.vllm_server import EngineSetupError
 from psrl.types import GenRequest
 
 
@@ -149,7 +149,7 @@ def test_a_control_call_whose_connection_drops_unanswered_is_sent_again(tmp_path
     """The server closed an idle keep-alive connection as the pause went out on it (what failed a weight
     update in CI): no answer came, so the call is sent again; pausing twice is harmless. A connection that
     keeps failing fails the call after SEND_ATTEMPTS tries, and a timeout is not sent again."""
-    from psrl.rollout.vllm_engine import SEND_ATTEMPTS
+    from psrl.rollout.engines.vllm import SEND_ATTEMPTS
 
     calls = []
     fail = {"/pause": 1, "/resume": SEND_ATTEMPTS}

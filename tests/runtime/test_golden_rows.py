@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from psrl.rollout.fakes import FakeTask
-from psrl.rollout.records import MemorySink
+from psrl.rollout.client.records import MemorySink
 from tests.rollout.harness import config, coordinator, run
 
 GOLDEN = Path(__file__).parent / "golden"

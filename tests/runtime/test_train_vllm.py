@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from psrl.rollout.vllm_engine import VLLMEngine
+from psrl.rollout.engines.vllm import VLLMEngine
 from psrl.runtime.recorder import read_jsonl
 from psrl.train_cli import main
 from tests.conftest import TINY_MODEL

@@ -14,7 +14,7 @@ of RL frameworks and keeps recorded and recomputed log-probs comparable.
 ``temperature <= 0`` means greedy decoding; log-probs are then those of temperature 1.
 
 ``next_token`` has no KV cache: every call runs the whole (left-padded) batch. It is the slow,
-obviously-correct twin of the cached engine (:class:`psrl.rollout.hf_engine.HFEngine`), which the
+obviously-correct twin of the cached engine (:class:`psrl.rollout.engines.hf.HFEngine`), which the
 tests check against it.
 """
 

@@ -1,4 +1,4 @@
-"""A fake task and a fake trainer that pair with :class:`~psrl.rollout.engine.FakeEngine`.
+"""A fake task and a fake trainer that pair with :class:`~psrl.rollout.engines.base.FakeEngine`.
 
 They implement the real interfaces (:class:`psrl.tasks.Task`'s methods, ``Trainer.step``), so
 tests and the simulator run the *real* coordinator on them, in virtual time, with every
@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from psrl.rollout.engine import FakeEngine
+from psrl.rollout.engines.base import FakeEngine
 from psrl.tasks.base import Episode, Prompt
 
 __all__ = ["FakeTask", "FakeTrainer"]

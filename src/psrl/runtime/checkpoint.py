@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from psrl.errors import RunError, describe
-from psrl.rollout.records import trajectory_record
+from psrl.rollout.client.records import trajectory_record
 from psrl.runtime.recorder import _FILES
 from psrl.staleness import StalenessManager
 

@@ -29,10 +29,10 @@ from typing import Any, Callable, Optional, Sequence
 
 from psrl.algo.filters import build_group_filter
 from psrl.errors import RunError
-from psrl.rollout.agents import AgentManager
-from psrl.rollout.instance import RolloutInstance
-from psrl.rollout.pool import build_pool
-from psrl.rollout.sync import build_sync
+from psrl.rollout.client.agents import AgentManager
+from psrl.rollout.serving.instance import RolloutInstance
+from psrl.rollout.serving.pool import build_pool
+from psrl.rollout.serving.sync import build_sync
 from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import StalenessManager
 from psrl.train.store import ParameterStore

@@ -2,7 +2,7 @@
 
 ``hf``: a KV-cached in-process engine over a copy of the policy (its own sampling seed).
 ``vllm``: one vLLM server per instance, started and owned by psrl (or attached to with
-``rollout.vllm.urls``), driven through :class:`psrl.rollout.vllm_engine.VLLMEngine`.
+``rollout.vllm.urls``), driven through :class:`psrl.rollout.engines.vllm.VLLMEngine`.
 With ``runtime.backend=ray`` each engine lives in a Ray actor (:mod:`psrl.runtime.ray_runtime`).
 """
 
@@ -23,10 +23,10 @@ def build_engines(cfg: Any, policy: Any, task: Any, run_dir: Optional[Path] = No
 
         return build_ray_engines(cfg, n, seed, policy, task, run_dir)
     if r.engine == "vllm":
-        from psrl.rollout.vllm_engine import build_vllm_engines
+        from psrl.rollout.engines.vllm import build_vllm_engines
 
         return build_vllm_engines(cfg, policy, run_dir, **sampling)
-    from psrl.rollout.hf_engine import HFEngine
+    from psrl.rollout.engines.hf import HFEngine
 
     return [HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, **sampling)
             for i in range(n)]

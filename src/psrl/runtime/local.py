@@ -77,7 +77,7 @@ def build(cfg: Any, recorder: Optional[RunRecorder] = None, log: Callable[[str],
     real :class:`~psrl.train.Trainer`.
     """
     if engines is None and cfg.rollout.engine == "vllm" and not cfg.rollout.vllm.urls:
-        from psrl.rollout.vllm_server import find_vllm_python
+        from psrl.rollout.engines.vllm_server import find_vllm_python
 
         find_vllm_python(cfg.rollout.vllm.python)  # before the warm start: a missing environment is said at once
     seed_everything(cfg.trainer.seed)

@@ -2,7 +2,7 @@
 
 For each instance's engine and each batch size ``n`` in ``sizes``, ``n`` requests of ``tokens``
 tokens are generated together; ``n * tokens / elapsed`` is the engine's decode throughput at ``n``
-running requests (KV use from ``load()`` where the engine reports it). :func:`psrl.rollout.router.fit_cost_model`
+running requests (KV use from ``load()`` where the engine reports it). :func:`psrl.rollout.serving.router.fit_cost_model`
 turns the figures into the coefficients ``psrl.routing_strategy.cost_model_path`` reads::
 
     psrl profile [CONFIG] [key=value ...] --out cost_model.json
@@ -16,8 +16,8 @@ import asyncio
 import sys
 from typing import Any, Sequence
 
-from psrl.rollout.engine import as_engine
-from psrl.rollout.router import CostModel, fit_cost_model, save_cost_model
+from psrl.rollout.engines.base import as_engine
+from psrl.rollout.serving.router import CostModel, fit_cost_model, save_cost_model
 from psrl.types import GenRequest
 
 __all__ = ["profile_engine", "main"]

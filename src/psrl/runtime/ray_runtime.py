@@ -35,7 +35,7 @@ class EngineWorker:
         torch.set_num_threads(threads)
         from psrl.config import Config, _build
         from psrl.models import build_policy, load_tokenizer
-        from psrl.rollout.hf_engine import HFEngine
+        from psrl.rollout.engines.hf import HFEngine
         from psrl.tasks import get_task
 
         cfg = _build(Config, cfg_data)

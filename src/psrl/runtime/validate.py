@@ -3,7 +3,7 @@
 Writes ``val/accuracy`` (greedy answers' ``acc``), ``val/reward`` (their ``score``) and
 ``val/pass@k`` (a prompt counts when any of its ``k = val_n`` sampled answers is correct).
 Episodes run batched through the rollout engine of ``rollout.engine: hf``
-(:class:`~psrl.rollout.hf_engine.HFEngine`, over the trainer's own weights) and
+(:class:`~psrl.rollout.engines.hf.HFEngine`, over the trainer's own weights) and
 :func:`~psrl.tasks.base.compute_reward`, as in training, with tool latencies off (they measure the
 tool, not the policy). The sampler is seeded the same at every validation and the
 policy's own generator is put back afterwards, so validating does not change training.
@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Any, Iterator
 
-from psrl.rollout.engine import turns
-from psrl.rollout.hf_engine import HFEngine
+from psrl.rollout.engines.base import turns
+from psrl.rollout.engines.hf import HFEngine
 from psrl.tasks.base import compute_reward
 
 __all__ = ["validate", "validate_blocking"]

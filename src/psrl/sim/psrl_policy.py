@@ -133,7 +133,7 @@ class PsrlPolicy(Engine):
 
     def _proactive(self) -> None:
         """Retry or truncate the running members of STUCK buffers in ``[T, T + eta]`` that are down to
-        ``threshold`` RESERVED entries, each group at most once (as ``psrl.rollout.proactive`` does)."""
+        ``threshold`` RESERVED entries, each group at most once (as ``psrl.rollout.client.proactive`` does)."""
         method = self.wl.proactive_method
         if method is None or self._in_proactive:
             return

@@ -1,7 +1,7 @@
 """The task interface: prompts, an (async, possibly multi-turn) episode, a verifiable reward, demos.
 
 A task never samples tokens itself: :meth:`Task.run_episode` receives ``generate``, an async
-callable supplied by whoever runs the episode (the rollout coordinator's sessions, or `psrl.rollout.engine.turns`),
+callable supplied by whoever runs the episode (the rollout coordinator's sessions, or `psrl.rollout.engines.base.turns`),
 so the same task code runs batched, distributed or under a virtual clock. Tool latency is an
 ``await asyncio.sleep(...)``: the event loop's clock *is* the injected clock, so a test on a
 virtual-time loop never waits, and a task must never call ``time.time`` / ``time.sleep``.

@@ -2,7 +2,7 @@
 
 Each decode step feeds one new token per running request and reuses the keys/values of
 everything before it, so a sequence of L tokens costs O(L) instead of the O(L^2) of the no-cache
-twin (:class:`psrl.rollout.engine.NoCacheEngine`). Requests join and leave at any token
+twin (:class:`psrl.rollout.engines.base.NoCacheEngine`). Requests join and leave at any token
 boundary: a joining request is prefilled on its own (its whole context, left-padded among the
 other joiners) and its cache rows are merged into the batch's; a leaving request's rows are
 dropped. The batch cache is left-padded: an attention mask marks the real positions and each
@@ -34,7 +34,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from psrl.models.policy import _left_pad, sample
-from psrl.rollout.engine import BatchingEngine
+from psrl.rollout.engines.base import BatchingEngine
 from psrl.types import GenRequest
 
 __all__ = ["HFEngine", "KV_MODES"]

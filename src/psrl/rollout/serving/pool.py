@@ -11,7 +11,7 @@ none has), sorted by ``candidate_sort_indicator``. With group stickiness a group
 where its first one went while that instance is a candidate; otherwise the router picks.
 
 Migration: each instance reports every round of its loop in which it did not pull
-(``on_round``); the pool asks the :class:`~psrl.rollout.sync.Migration` plan only when no instance is
+(``on_round``); the pool asks the :class:`~psrl.rollout.serving.sync.Migration` plan only when no instance is
 syncing or wants to -- sync is considered first, migration only when no sync fired.
 """
 
@@ -21,7 +21,7 @@ import asyncio
 from collections import OrderedDict
 from typing import Any, Hashable, Optional, Sequence
 
-from psrl.rollout.instance import RolloutInstance
+from psrl.rollout.serving.instance import RolloutInstance
 
 __all__ = ["InstancePool", "build_pool"]
 
@@ -34,12 +34,12 @@ class InstancePool:
 
     Args:
         instances: the rollout instances.
-        router: ``pick(candidates, n_instances)`` (:mod:`psrl.rollout.router`).
+        router: ``pick(candidates, n_instances)`` (:mod:`psrl.rollout.serving.router`).
         capacity: trajectories an instance takes while another has room (None: no cap).
         candidate_sort: ``version`` (newest first) | ``reserve_capability`` (most room first).
         group_sticky: later members of a group go to the instance of its first member.
         trajectory_sticky: read by the sessions: later turns stay on the trajectory's instance.
-        migration: a :class:`~psrl.rollout.sync.Migration`, or None.
+        migration: a :class:`~psrl.rollout.serving.sync.Migration`, or None.
     """
 
     def __init__(self, instances: Sequence[RolloutInstance], router: Any, *, capacity: Optional[int] = None,
@@ -170,8 +170,8 @@ class InstancePool:
 
 def build_pool(instances: Sequence[RolloutInstance], p: Any, seed: int = 0) -> InstancePool:
     """The pool of ``psrl.*`` (``p``): its router, cap, stickiness and migration."""
-    from psrl.rollout.router import build_router
-    from psrl.rollout.sync import build_migration
+    from psrl.rollout.serving.router import build_router
+    from psrl.rollout.serving.sync import build_migration
 
     rs = p.routing_strategy
     return InstancePool(instances, build_router(rs, seed), capacity=rs.max_concurrent_seqs_per_instance,

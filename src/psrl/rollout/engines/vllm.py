@@ -44,8 +44,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from psrl.rollout.engine import TokenRate
-from psrl.rollout.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
+from psrl.rollout.engines.base import TokenRate
+from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
 from psrl.types import EngineLoad, GenRequest
 
 __all__ = ["VLLMEngine", "build_vllm_engines"]

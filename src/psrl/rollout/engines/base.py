@@ -9,7 +9,7 @@ step is computed:
   ``load_state(state, version)`` and ``version`` (:class:`psrl.models.Policy`, :class:`FakeEngine`):
   every step re-runs whole sequences. It is the slow, obvious twin the cached engine is tested
   against, and the engine of the virtual-time tests.
-* :class:`psrl.rollout.hf_engine.HFEngine` keeps a KV cache (``rollout.engine: hf``).
+* :class:`psrl.rollout.engines.hf.HFEngine` keeps a KV cache (``rollout.engine: hf``).
 
 Models are synchronous and CPU/GPU heavy, so their calls run in a worker thread
 (``asyncio.to_thread``). A model may instead offer ``anext_token`` / ``aload_state`` coroutines,

@@ -6,7 +6,7 @@ request joins or leaves at any token boundary) and records, for each generated t
 of the weights that produced it, so a trajectory's ``token_versions`` say exactly which policy
 wrote what.
 
-Weight sync (when to pull is the sync strategy's call, :mod:`psrl.rollout.router`):
+Weight sync (when to pull is the sync strategy's call, :mod:`psrl.rollout.serving.router`):
 
 * **partial rollout on**: the instance pauses the engine at the next token boundary (in-flight
   requests kept), loads, resumes: requests continue under the new weights. With
@@ -16,7 +16,7 @@ Weight sync (when to pull is the sync strategy's call, :mod:`psrl.rollout.router
 * **partial rollout off**: the instance stops admitting requests, lets the running ones finish
   under the old weights, then loads. A request never mixes versions.
 
-**Migration** (load balancing, :mod:`psrl.rollout.sync`) interrupts single requests the same way
+**Migration** (load balancing, :mod:`psrl.rollout.serving.sync`) interrupts single requests the same way
 (:meth:`RolloutInstance.migrate`); their sessions re-route them away from this instance.
 
 Requests beyond ``max_batch`` (``routing_strategy.max_concurrent_seqs_per_instance``) wait here and
@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Iterable, Optional
 
-from psrl.rollout.engine import as_engine
+from psrl.rollout.engines.base import as_engine
 from psrl.types import EngineLoad, GenRequest
 
 __all__ = ["GenRequest", "RolloutInstance"]

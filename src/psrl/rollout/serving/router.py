@@ -2,7 +2,7 @@
 
 Routers only choose among *eligible* instances, those whose version is ``>= V_traj`` of the
 trajectory and that have room (fewer than ``max_concurrent_seqs_per_instance`` trajectories; the
-pool filters them, :mod:`psrl.rollout.pool`), so routing can never make a segment older than its
+pool filters them, :mod:`psrl.rollout.serving.pool`), so routing can never make a segment older than its
 trajectory. The pool hands candidates over sorted by ``candidate_sort_indicator``; a router that
 sees a tie keeps the first.
 

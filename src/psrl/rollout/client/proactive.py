@@ -26,7 +26,7 @@ __all__ = ["ProactiveFilter"]
 
 
 class ProactiveFilter:
-    """Watches STUCK buffers for an :class:`~psrl.rollout.agents.AgentManager`."""
+    """Watches STUCK buffers for an :class:`~psrl.rollout.client.agents.AgentManager`."""
 
     def __init__(self, agents: Any, cfg: Any, staleness: int):
         self.agents = agents

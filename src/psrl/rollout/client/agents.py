@@ -8,7 +8,7 @@ One dispatcher loop, written so the staleness window is spent on generation only
 own ``V_traj`` (its instance's version when it starts) is ``>= v`` as ``complete`` requires.
 Back-pressure comes from the protocol alone (``reserve`` waits), never from a queue limit.
 
-Each member plays one episode of the task through a :class:`~psrl.rollout.session.Session`,
+Each member plays one episode of the task through a :class:`~psrl.rollout.serving.session.Session`,
 computes its reward and calls ``complete``. Every status is acted on at once:
 
 * ``occupied`` -- the group has its N members: the remaining ``N' - N`` are cancelled;
@@ -21,7 +21,7 @@ A raising episode or reward function is retried ``task.reward_retries`` times, t
 longer reach N members its entry is aborted, so the slot refills instead of blocking a buffer.
 A reward that hangs (an awaitable reward still running after ``task.reward_timeout`` seconds) or
 returns a NaN / infinite score takes the same path: it is one more way for a reward to fail. The proactive filter
-(:mod:`psrl.rollout.proactive`) runs after every change of the protocol state.
+(:mod:`psrl.rollout.client.proactive`) runs after every change of the protocol state.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import random
 from typing import Any, Hashable, Optional, Sequence
 
 from psrl.errors import PsrlError, RunError, describe
-from psrl.rollout.proactive import ProactiveFilter
-from psrl.rollout.records import Counts, WorkerSlots, trajectory_record
-from psrl.rollout.session import Session
+from psrl.rollout.client.proactive import ProactiveFilter
+from psrl.rollout.client.records import Counts, WorkerSlots, trajectory_record
+from psrl.rollout.serving.session import Session
 from psrl.staleness import StalenessManager, StaleVersionError, Status
 from psrl.tasks.base import Task, episode_to_trajectory
 from psrl.types import Sink
@@ -90,7 +90,7 @@ class AgentManager:
     Args:
         task: a :class:`psrl.tasks.Task` (``sample_prompt``, ``run_episode``, ``reward``).
         manager: the :class:`psrl.staleness.StalenessManager`.
-        pool: the :class:`psrl.rollout.pool.InstancePool`.
+        pool: the :class:`psrl.rollout.serving.pool.InstancePool`.
         psrl_cfg: ``psrl.*`` (group sizes, proactive filter).
         workers: agent workers (trajectories generated at once).
         sink: gets one ``trajectory(record)`` call per trajectory that reached the manager.
