@@ -5,7 +5,7 @@ import pickle
 import pytest
 
 from psrl.algo import DynamicSamplingFilter, build_group_filter
-from psrl.config import AlgorithmConfig, ConfigError, PsrlConfig
+from psrl.config import AlgorithmConfig, ConfigError, FilterGroupsConfig, GroupPostProcessConfig, PsrlConfig
 from psrl.types import Trajectory
 
 
@@ -64,10 +64,8 @@ def test_pickle_round_trip():
 
 
 def _cfgs(enable=True, name="dynamic_sampling_filter", metric="score"):
-    p, a = PsrlConfig(), AlgorithmConfig()
-    p.group_post_process.enable, p.group_post_process.name = enable, name
-    a.filter_groups.metric = metric
-    return p, a
+    p = PsrlConfig(group_post_process=GroupPostProcessConfig(enable=enable, name=name))
+    return p, AlgorithmConfig(filter_groups=FilterGroupsConfig(metric=metric))
 
 
 def keep_long_groups(group):

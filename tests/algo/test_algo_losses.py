@@ -15,7 +15,7 @@ from algo_reference import (
     torch_loop_loss,
 )
 from psrl.algo import aggregate, policy_loss
-from psrl.config import AlgorithmConfig
+from psrl.config import AlgorithmConfig, RolloutCorrectionConfig
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 CLIPS = {"ppo": (0.2, 0.28), "gspo": (0.03, 0.04)}  # GSPO runs with much tighter clips
@@ -39,11 +39,10 @@ def _batch(seed, B=6, T=7, spread=0.3):
 
 
 def _cfg(kind, mode, is_mode=None, rs_mode=None):
-    cfg = AlgorithmConfig(policy_loss=kind, loss_agg_mode=mode)
-    cfg.clip_ratio_low, cfg.clip_ratio_high = CLIPS[kind]
-    rc = cfg.rollout_correction
-    rc.is_, rc.is_threshold, rc.rs, rc.rs_threshold = is_mode, 1.2, rs_mode, 1.5
-    return cfg
+    low, high = CLIPS[kind]
+    rc = RolloutCorrectionConfig(is_=is_mode, is_threshold=1.2, rs=rs_mode, rs_threshold=1.5)
+    return AlgorithmConfig(policy_loss=kind, loss_agg_mode=mode, clip_ratio_low=low, clip_ratio_high=high,
+                           rollout_correction=rc)
 
 
 # ------------------------------------------------------------------ aggregate
