@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from psrl.config import Config, ConfigError, config_to_dict, load_config, reference_markdown
+from psrl.config import ConfigError, config_from_dict, config_to_dict, load_config, reference_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,9 +61,7 @@ def test_round_trip_through_yaml_dict():
     cfg = load_config(None, ["algorithm.rollout_correction.is=sequence", "psrl.staleness=4"])
     data = yaml.safe_load(yaml.safe_dump(config_to_dict(cfg)))
     assert data["algorithm"]["rollout_correction"]["is"] == "sequence"
-    from psrl.config import _build
-
-    assert _build(Config, data) == cfg
+    assert config_from_dict(data) == cfg
     assert pickle.loads(pickle.dumps(cfg)) == cfg
 
 

@@ -2,8 +2,8 @@
 
 A key nothing reads is silently accepted and silently ignored -- worse than an unknown key, which is
 rejected. This is a static scan (fast, and it sees every mode: Ray, GGUF, trace replay, ...): a key
-``section.sub.name`` counts as read when ``src/psrl`` (outside ``config.py`` and ``config_rules.py``,
-whose validation reads everything) holds an attribute access ``X.name`` where ``X`` is a config object:
+``section.sub.name`` counts as read when ``src/psrl`` (outside the ``psrl.config`` package, whose
+validation reads everything) holds an attribute access ``X.name`` where ``X`` is a config object:
 
 * a parameter or variable named like a config (``cfg``, ``model_cfg``, ``psrl_config``, annotated ``...Config``);
 * an attribute named after a section (``cfg.trainer``, ``p.redundant_rollout``, ``anything.gen_time``);
@@ -11,7 +11,7 @@ whose validation reads everything) holds an attribute access ``X.name`` where ``
 * a parameter of a function or class that some call site passes a config object to (``Foo(cfg.task)``
   marks ``Foo.__init__``'s parameter), propagated until nothing changes.
 
-The derived sizes (``PsrlConfig.batch_size`` ...) are properties in config.py: what they read counts as
+The derived sizes (``PsrlConfig.batch_size`` ...) are properties of the config package's sections: what they read counts as
 read when the property itself is read.
 """
 
@@ -27,7 +27,8 @@ from psrl.config import Config, leaf_keys
 from tests.source_ast import parse
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "psrl"
-SKIP = {"config.py", "config_rules.py"}
+CONFIG = SRC / "config"
+"""The config package: skipped by the scan (its validation reads every key)."""
 
 UNREAD_ALLOWLIST: set[str] = set()
 """Keys allowed to be read by nothing (none today); each entry needs a comment saying why."""
@@ -137,15 +138,15 @@ class _Scan:
 def _property_reads() -> dict[str, set[str]]:
     """``{property name: attribute names its body reads}`` for the config dataclasses' properties."""
     out: dict[str, set[str]] = {}
-    tree = parse(SRC / "config.py")
-    for fn in ast.walk(tree):
+    trees = [parse(p) for p in sorted(CONFIG.rglob("*.py"))]
+    for fn in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(fn, ast.FunctionDef) and any(getattr(d, "id", "") == "property" for d in fn.decorator_list):
             out[fn.name] = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
     return out
 
 
 def read_attributes() -> set[str]:
-    trees = {str(p): parse(p) for p in sorted(SRC.rglob("*.py")) if p.name not in SKIP}
+    trees = {str(p): parse(p) for p in sorted(SRC.rglob("*.py")) if CONFIG not in p.parents}
     props = _property_reads()
     read = _Scan(trees, section_attrs(), set(props)).run()
     for _ in range(3):  # a property read counts as reading what the property reads

@@ -35,8 +35,7 @@ def _parser() -> argparse.ArgumentParser:
 def prepare(args: list[str]) -> tuple[Any, Path]:
     """``(config, run directory)`` of ``psrl train [CONFIG] [key=value ...]``: everything that is checked
     before anything is written or started. A :class:`~psrl.errors.ConfigError` names the key."""
-    from psrl.config import load_config
-    from psrl.config_rules import check_out_dir
+    from psrl.config import check_out_dir, load_config
     from psrl.runtime.recorder import default_run_dir
 
     args = list(args)

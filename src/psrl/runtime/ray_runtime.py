@@ -33,12 +33,12 @@ class EngineWorker:
         import torch
 
         torch.set_num_threads(threads)
-        from psrl.config import Config, _build
+        from psrl.config import config_from_dict
         from psrl.models import build_policy, load_tokenizer
         from psrl.rollout.engines.hf import HFEngine
         from psrl.tasks import get_task
 
-        cfg = _build(Config, cfg_data)
+        cfg = config_from_dict(cfg_data)
         tok = load_tokenizer(cfg.model)
         task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
         policy = build_policy(cfg.model, task, seed=seed)

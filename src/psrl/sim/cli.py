@@ -113,7 +113,7 @@ def prepare(ns: argparse.Namespace) -> tuple[list[str], list[Workload], list[Wor
     if ns.plot:
         from pathlib import Path
 
-        from psrl.config_rules import check_out_dir
+        from psrl.config import check_out_dir
 
         if Path(ns.plot).is_dir():
             raise ConfigError("--plot", f"{ns.plot} is a directory", "give a PNG file name, e.g. --plot frontier.png")

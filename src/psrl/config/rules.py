@@ -1,11 +1,10 @@
-"""What each configuration key may hold: the one owner of ranges, choices and path kinds.
+"""The checks a key's :class:`~psrl.config.fields.Rule` and the sections' ``check()`` methods call.
 
-Every field of :mod:`psrl.config` carries a :class:`Rule` in its metadata. ``Config.validate()``
-checks each value against it, and the generated reference (``docs/configuration.md``) prints
-:meth:`Rule.describe` in its "allowed" column, so the documented range is the checked range.
-Rules that relate two keys stay in ``validate()``; this module holds the one-key rules and the
-file-system checks they use (nothing is written: an output directory is probed with a temporary
-directory that is removed at once, because ``os.access`` says yes to root on ``/proc``).
+Each raises :class:`ConfigError` naming the key and the fix: a value among the allowed ones, a
+finite number, an existing file, a writable output directory (nothing is written: it is probed with
+a temporary directory that is removed at once, because ``os.access`` says yes to root on ``/proc``),
+a model directory transformers can load offline, a task class whose constructor takes
+``task.kwargs``.
 
 Stdlib only, so loading a config never pulls torch in.
 """
@@ -13,98 +12,25 @@ Stdlib only, so loading a config never pulls torch in.
 from __future__ import annotations
 
 import difflib
-import importlib
 import importlib.util
 import math
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from psrl.errors import ConfigError, resolve_target
+from psrl.errors import ConfigError
 
-__all__ = ["Rule", "check_out_dir", "check_file", "check_model", "check_task", "resolve_target", "one_of", "show"]
+__all__ = ["require", "one_of", "finite", "show", "check_file", "check_out_dir", "check_model", "check_task"]
 
 INT_MAX = 2**63 - 1
 """Integers are handed to torch and numpy: anything beyond int64 cannot be a sensible setting."""
 
 
-@dataclass(frozen=True)
-class Rule:
-    """The values one key accepts. ``None`` (null) is accepted exactly when the key's type is Optional."""
-
-    ge: Optional[float] = None
-    gt: Optional[float] = None
-    le: Optional[float] = None
-    lt: Optional[float] = None
-    choices: tuple = ()
-    """Allowed values; with ``target`` set, a value outside them is resolved as module:attr."""
-    target: str = ""
-    """``class`` or ``callable``: a ``module:attr`` value is imported at load."""
-    path: str = ""
-    """``file`` (an existing readable file), ``out_dir`` (created at run start; nearest existing parent
-    writable), ``model_dir`` (checked with model.gguf_file in ``validate()``)."""
-    fix: str = ""
-    """How to fix an out-of-range value, when more helpful than restating the range."""
-    note: str = ""
-    """What the docs say for a key with no range (free strings, mappings)."""
-
-    def check(self, key: str, value: Any) -> None:
-        """Raise :class:`ConfigError` naming ``key`` when ``value`` breaks this rule (null is the type's business)."""
-        if value is None:
-            return
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            self._check_number(key, value)
-        if self.choices or self.target:
-            if value in self.choices:
-                return
-            if self.target and isinstance(value, str) and ":" in value:
-                resolve_target(key, value, self.target)
-                return
-            one_of(key, value, list(self.choices), extra="module:Class" if self.target == "class" else
-                   "module:function" if self.target else "")
-        if self.path == "file":
-            check_file(key, value)
-        elif self.path == "out_dir":
-            check_out_dir(key, value)
-
-    def _check_number(self, key: str, v: float) -> None:
-        bad = ((self.ge is not None and v < self.ge) or (self.gt is not None and v <= self.gt)
-               or (self.le is not None and v > self.le) or (self.lt is not None and v >= self.lt))
-        if bad:
-            fix = self.fix or f"set {key} to a value {self.describe()}"
-            raise ConfigError(key, f"must be {self.describe()}, got {v}", fix)
-
-    def describe(self) -> str:
-        """The allowed values in words, for the reference and for messages: ``>= 1``, ``(0, 1]``, ``a | b``."""
-        lo = ("[", self.ge) if self.ge is not None else ("(", self.gt) if self.gt is not None else None
-        hi = ("]", self.le) if self.le is not None else (")", self.lt) if self.lt is not None else None
-        parts = []
-        if lo and hi:
-            parts.append(f"in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}")
-        elif lo:
-            parts.append(f"{'>=' if lo[0] == '[' else '>'} {_num(lo[1])}")
-        elif hi:
-            parts.append(f"{'<=' if hi[0] == ']' else '<'} {_num(hi[1])}")
-        if self.choices or self.target:
-            names = ["null" if c is None else str(c) for c in self.choices]
-            if self.target:
-                names.append("module:Class" if self.target == "class" else "module:function")
-            parts.append(" | ".join(names))
-        if self.path == "file":
-            parts.append("an existing, readable file")
-        elif self.path == "out_dir":
-            parts.append("a directory, created when the run starts (its nearest existing parent must be writable)")
-        elif self.path == "model_dir":
-            parts.append("a local model directory (config.json, weights, tokenizer; or a GGUF file in it)")
-        if self.note:
-            parts.append(self.note)
-        return "; ".join(parts)
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(x)
+def require(ok: bool, key: str, problem: str, fix: str = "") -> None:
+    """Raise :class:`ConfigError` naming ``key`` unless ``ok``: the form of every rule between keys."""
+    if not ok:
+        raise ConfigError(key, problem, fix)
 
 
 def show(value: Any) -> str:
