@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Any, Optional
 
 from psrl.config import load_config
-from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.fakes import FakeTask, FakeTrainer
 from psrl.rollout.client.records import MemorySink
 from psrl.runtime.coordinator import Coordinator

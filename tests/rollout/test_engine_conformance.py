@@ -13,7 +13,8 @@ import copy
 import pytest
 import torch
 
-from psrl.rollout.engines.base import FakeEngine, NoCacheEngine
+from psrl.rollout.engines.base import NoCacheEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.engines.hf import HFEngine
 from psrl.train.store import ParameterStore
 from psrl.types import Engine, EngineLoad, GenRequest

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.serving.instance import RolloutInstance
 from psrl.rollout.serving.pool import InstancePool
 from psrl.rollout.serving.router import RoundRobinRouter

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from psrl.errors import RunError
-from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.fakes import FakeTrainer
 from psrl.runtime.checkpoint import CheckpointWriteError, resume, save_checkpoint
 from psrl.runtime.coordinator import Coordinator

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.fakes import FakeTrainer
 from psrl.runtime.checkpoint import resume, save_checkpoint
 from psrl.runtime.coordinator import Coordinator

@@ -137,7 +137,7 @@ class _SimTrainer:
     """``step`` takes the workload's training time in virtual seconds and records the step."""
 
     def __init__(self, meter: _Meter):
-        from psrl.rollout.engines.base import FakeEngine
+        from psrl.rollout.fakes import FakeEngine
 
         self.meter = meter
         self.policy = FakeEngine(token_cost=0.0)
@@ -185,7 +185,7 @@ class _Sink:
 
 def _engines(wl: Workload) -> list:
     """One fake engine per rollout instance: free decoding, or the ``sim.decode`` speed model."""
-    from psrl.rollout.engines.base import FakeEngine
+    from psrl.rollout.fakes import FakeEngine
 
     if not wl.decode:
         return [FakeEngine(token_cost=0.0, sync_cost=wl.sync_time)]
