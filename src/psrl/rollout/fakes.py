@@ -11,9 +11,13 @@ import asyncio
 import json
 import random
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from psrl.tasks.base import Episode, Prompt
+from psrl.tasks.base import Episode, GenerateFn, Prompt
+from psrl.types import WeightState
+
+if TYPE_CHECKING:
+    from psrl.staleness import Batch
 
 __all__ = ["FakeEngine", "FakeTask", "FakeTrainer"]
 
@@ -53,7 +57,7 @@ class FakeEngine:
         self.stop_id = stop_id
         self.stop_at = stop_at
         self.version = int(version)
-        self.state: Any = None
+        self.state: Optional[WeightState] = None
         self.calls = 0
         self.rows = 0
         self.loads = 0
@@ -88,12 +92,12 @@ class FakeEngine:
             await asyncio.sleep(cost)
         return self.next_token(seqs, temperature, top_p)
 
-    def load_state(self, state: Any, version: int) -> None:
+    def load_state(self, state: WeightState, version: int) -> None:
         self.loads += 1
         self.state = state
         self.version = int(version)
 
-    async def aload_state(self, state: Any, version: int) -> None:
+    async def aload_state(self, state: WeightState, version: int) -> None:
         """``load_state`` after ``sync_cost`` seconds; the version changes only at the end."""
         if self.sync_cost > 0:
             await asyncio.sleep(self.sync_cost)
@@ -142,7 +146,7 @@ class FakeTask:
         self.prompts += 1
         return Prompt(uid=f"p{n}", ids=[1, 2, 3 + n % 50], answer=n, text=f"prompt {n}")
 
-    async def run_episode(self, prompt: Prompt, generate: Any, rng: random.Random) -> Episode:
+    async def run_episode(self, prompt: Prompt, generate: GenerateFn, rng: random.Random) -> Episode:
         episode_no = self.episodes_started
         self.episodes_started += 1
         if self.episode_fn is not None:
@@ -178,20 +182,23 @@ class FakeTrainer:
     """``step`` takes ``train_time`` (virtual) seconds and bumps the version.
 
     ``batches`` keeps every batch; ``intervals`` the (start, end) loop time of every step, so a
-    test can check what generation did while training ran. ``save`` / ``load`` write the version.
+    test can check what generation did while training ran. ``save`` / ``load`` write the version. It never
+    skips a step.
     """
 
-    def __init__(self, policy: Optional[Any] = None, train_time: float = 0.1):
+    def __init__(self, policy: Optional[FakeEngine] = None, train_time: float = 0.1):
         self.policy = policy if policy is not None else FakeEngine()
         self.train_time = float(train_time)
         self.batches: list = []
         self.intervals: list[tuple[float, float]] = []
+        self.last_skip: Optional[str] = None
+        self.skipped_in_a_row = 0
 
     @property
     def version(self) -> int:
         return int(self.policy.version)
 
-    async def step(self, batch: Any) -> dict:
+    async def step(self, batch: Batch) -> dict:
         start = asyncio.get_running_loop().time()
         if self.train_time > 0:
             await asyncio.sleep(self.train_time)
@@ -200,12 +207,12 @@ class FakeTrainer:
         self.policy.version = int(batch.version) + 1
         return {"train/loss": 0.0}
 
-    def save(self, directory: Any) -> Path:
+    def save(self, directory: str | Path) -> Path:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         (path / "trainer.json").write_text(json.dumps({"version": self.version}))
         return path / "trainer.json"
 
-    def load(self, directory: Any) -> int:
+    def load(self, directory: str | Path) -> int:
         self.policy.version = int(json.loads((Path(directory) / "trainer.json").read_text())["version"])
         return self.version
