@@ -143,9 +143,9 @@ def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatc
     from psrl.rollout.engines.base import turns
     from psrl.rollout.engines.hf import HFEngine
     from psrl.staleness import Batch
-    from psrl.types import Sampling
     from psrl.tasks.base import episode_to_trajectory
     from psrl.train import Trainer, build_task_and_policy
+    from psrl.types import Sampling
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     _save_tiny_hf_model(tmp_path, ["<pad>", "<bos>", "<eos>"])

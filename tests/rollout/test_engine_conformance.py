@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from psrl.rollout.engines.base import NoCacheEngine
-from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.engines.hf import HFEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.train.store import ParameterStore
 from psrl.types import Engine, EngineLoad, GenRequest, Sampling
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, U
 import torch
 
 from psrl.algo.filters import build_group_filter
-from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.rollout.engines.base import TokenModel
+from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.runtime.coordinator import Coordinator, build_staleness_manager
 from psrl.runtime.engines import build_engines
 from psrl.runtime.recorder import EventLog, RunRecorder
