@@ -6,7 +6,7 @@ request joins or leaves at any token boundary) and records, for each generated t
 of the weights that produced it, so a trajectory's ``token_versions`` say exactly which policy
 wrote what.
 
-Weight sync (when to pull is the sync strategy's call, :mod:`psrl.rollout.serving.router`):
+Weight sync (when to pull is the sync strategy's call, :mod:`psrl.rollout.serving.sync`):
 
 * **partial rollout on**: the instance pauses the engine at the next token boundary (in-flight
   requests kept), loads, resumes: requests continue under the new weights. With
