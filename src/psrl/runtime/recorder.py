@@ -40,8 +40,6 @@ class RunRecorder:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._files = {name: open(self.run_dir / name, "a", encoding="utf-8") for name in RUN_FILES}
-        self.trackers: Any = None
-        """TensorBoard / wandb (:class:`psrl.runtime.watch.Trackers`): they get every metrics row too."""
 
     def write_config(self, cfg: Any) -> Path:
         import yaml
@@ -57,8 +55,6 @@ class RunRecorder:
 
     def metric(self, row: dict) -> None:
         self._write("metrics.jsonl", row)
-        if self.trackers is not None:
-            self.trackers.log(row)
 
     def _write(self, name: str, obj: dict) -> None:
         f = self._files[name]
