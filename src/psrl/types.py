@@ -144,8 +144,9 @@ class Engine(Protocol):
     one version: the version the engine held when that token was produced.
     """
 
-    version: int
-    """Weight version held now."""
+    @property
+    def version(self) -> int:
+        """Weight version held now."""
 
     async def start(self) -> None:
         """Start serving (spawn or attach to servers, start the decode loop)."""

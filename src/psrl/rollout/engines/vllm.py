@@ -37,6 +37,7 @@ nothing is re-tokenised, nothing is detokenised.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import re
@@ -423,16 +424,16 @@ def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Optional[Path], sam
     r, n = cfg.rollout, cfg.psrl.deployment.n_rollout_instances
     root = Path(run_dir if run_dir is not None else ".") / "vllm"
     model_dir = root / "model"
-    common = dict(weights_root=root / "weights", config_dir=model_dir, request_timeout_s=r.request_timeout_s,
-                  sampling=sampling)
+    engine = functools.partial(VLLMEngine, weights_root=root / "weights", config_dir=model_dir,
+                               request_timeout_s=r.request_timeout_s, sampling=sampling)
     if not (model_dir / "config.json").exists():
         policy.save_pretrained(model_dir)
     if r.vllm.urls:
-        return [VLLMEngine(url=u, **common) for u in r.vllm.urls]
+        return [engine(url=u) for u in r.vllm.urls]
     python = find_vllm_python(r.vllm.python)
     mcfg = policy.model.config
     max_len = r.vllm.max_model_len or getattr(mcfg, "max_position_embeddings", None) or getattr(mcfg, "n_positions")
-    return [VLLMEngine(server=VLLMServer(python, model_dir, root / f"server-{i}.log", dtype=cfg.model.dtype,
-                                         max_model_len=max_len, kv_cache_gb=r.vllm.kv_cache_gb,
-                                         extra_args=r.vllm.args, startup_timeout_s=r.vllm.startup_timeout_s), **common)
+    return [engine(server=VLLMServer(python, model_dir, root / f"server-{i}.log", dtype=cfg.model.dtype,
+                                     max_model_len=max_len, kv_cache_gb=r.vllm.kv_cache_gb, extra_args=r.vllm.args,
+                                     startup_timeout_s=r.vllm.startup_timeout_s))
             for i in range(n)]
