@@ -10,10 +10,10 @@ Routing (``psrl.routing_strategy``): candidates are the live instances holding a
 none has), sorted by ``candidate_sort_indicator``. With group stickiness a group's later members go
 where its first one went while that instance is a candidate; otherwise the router picks.
 
-The pool builds its instances, one per engine, and hands each its two listeners: ``on_version`` (the
-version waits re-check) and ``on_round``. Migration: each instance reports every round of its loop in which
-it did not pull (``on_round``); the pool asks the :class:`~psrl.rollout.serving.sync.Migration` plan only when no instance is
-syncing or wants to -- sync is considered first, migration only when no sync fired.
+The pool builds its instances, one per engine, and is their listener: ``on_version`` (an instance loaded
+weights: the version waits re-check) and ``on_round``. Migration: each instance reports every round of its loop
+in which it did not pull (``on_round``); the pool asks the :class:`~psrl.rollout.serving.sync.Migration` plan only
+when no instance is syncing or wants to -- sync is considered first, migration only when no sync fired.
 """
 
 from __future__ import annotations
