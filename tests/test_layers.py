@@ -62,8 +62,9 @@ def _modules(tree: ast.Module, package: str) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if node.level:  # relative: up from the package, level - 1 steps
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             out.add(base)
             out.update(f"{base}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):

@@ -87,7 +87,8 @@ def wires_set_from_outside(tree: ast.Module) -> list[str]:
 
 
 def test_no_listener_or_log_is_assigned_onto_another_object():
-    found = [f"{path.relative_to(SRC)}:{w}" for path in sorted(SRC.rglob("*.py")) for w in wires_set_from_outside(parse(path))]
+    found = [f"{path.relative_to(SRC)}:{w}" for path in sorted(SRC.rglob("*.py"))
+             for w in wires_set_from_outside(parse(path))]
     assert found == []
 
 

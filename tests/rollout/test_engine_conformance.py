@@ -71,7 +71,8 @@ class Rig:
         self.vocab = 97 if kind == "fake" else self.policy.model.config.vocab_size
         sampling = Sampling(temperature=temperature, stop_ids=frozenset(stop_ids))
         if kind == "fake":
-            self.engine = NoCacheEngine(FakeEngine(token_cost=0.005), sampling=sampling)  # 5 ms a row: polls see progress
+            # 5 ms a row: polls see progress
+            self.engine = NoCacheEngine(FakeEngine(token_cost=0.005), sampling=sampling)
             self.store.publish(1, {"v": 1})
         elif kind == "hf":
             self.engine = HFEngine(self.policy.replica(seed=3), sampling=sampling)

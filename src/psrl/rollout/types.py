@@ -57,7 +57,8 @@ class Pool(Protocol):
 
     def route(self, v_min: int, group: Optional[Hashable] = None,
               avoid: Optional[RolloutInstance] = None) -> RolloutInstance:
-        """An instance holding a version ``>= v_min`` for a trajectory of ``group``, not ``avoid`` if another will do."""
+        """An instance holding a version ``>= v_min`` for a trajectory of ``group`` (not ``avoid`` if another
+        will do)."""
 
     def landed(self, req: InstanceRequest) -> None:
         """A request migration moved has been submitted again (or given up)."""

@@ -1,19 +1,20 @@
-"""In-process engines: continuous batching in this event loop, and a fake model for tests.
+"""In-process engines: continuous batching in this event loop, and the no-cache twin over a bare model.
 
 An engine implements :class:`psrl.types.Engine`. :class:`BatchingEngine` is the in-process
 skeleton: requests join and leave at any token boundary, one decode step advances every running
 request by one token, ``pause`` takes effect at the next token boundary. Subclasses say how a
 step is computed:
 
-* :class:`NoCacheEngine` wraps any :class:`TokenModel` (:class:`psrl.models.Policy`, :class:`psrl.rollout.fakes.FakeEngine`):
-  every step re-runs whole sequences. It is the slow, obvious twin the cached engine is tested
-  against, and the engine of the virtual-time tests.
+* :class:`NoCacheEngine` wraps any :class:`TokenModel` (:class:`psrl.models.Policy`,
+  :class:`psrl.rollout.fakes.FakeEngine`): every step re-runs whole sequences. It is the slow,
+  obvious twin the cached engine is tested against, and the engine of the virtual-time tests.
 * :class:`psrl.rollout.engines.hf.HFEngine` keeps a KV cache (``rollout.engine: hf``).
 
 Models are synchronous and CPU/GPU heavy, so their calls run in a worker thread
 (``asyncio.to_thread``). A model may instead offer ``anext_token`` / ``aload_state`` coroutines,
-awaited directly: :class:`~psrl.rollout.fakes.FakeEngine` does, so on the virtual-time loop (:mod:`psrl.runtime.vloop`)
-a test controls how long every decode step and every weight load takes, without sleeping.
+awaited directly: :class:`~psrl.rollout.fakes.FakeEngine` does, so on the virtual-time loop
+(:mod:`psrl.runtime.vloop`) a test controls how long every decode step and every weight load
+takes, without sleeping.
 """
 
 from __future__ import annotations
