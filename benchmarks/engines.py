@@ -104,6 +104,7 @@ def main() -> None:
     from psrl.models.tokenizer import HFTokenizer
     from psrl.rollout.engines.base import NoCacheEngine
     from psrl.rollout.engines.hf import HFEngine
+    from psrl.types import Sampling
 
     model_dir = hf_dir()
     hf_tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -120,9 +121,10 @@ def main() -> None:
         tps[name], secs[name] = toks / dt, dt
         print(f"  {name:9s} {toks:6d} tokens in {dt:7.1f} s = {toks / dt:7.1f} tokens/s {note}", flush=True)
 
-    dt, toks = asyncio.run(run_engine(NoCacheEngine(policy, temperature=1.0), ctxs, args.nocache_tokens))
+    dt, toks = asyncio.run(run_engine(NoCacheEngine(policy, sampling=Sampling(temperature=1.0)), ctxs,
+                                      args.nocache_tokens))
     record("nocache", dt, toks, f"(first {args.nocache_tokens} tokens only: O(L^2), slower still at {budget})")
-    dt, toks = asyncio.run(run_engine(HFEngine(policy, temperature=1.0), ctxs, budget))
+    dt, toks = asyncio.run(run_engine(HFEngine(policy, sampling=Sampling(temperature=1.0)), ctxs, budget))
     record("hf", dt, toks)
     if not args.skip_vllm:
         from psrl.rollout.engines.vllm import VLLMEngine
@@ -143,7 +145,7 @@ def main() -> None:
             url = asyncio.run(start())
             print(f"  vLLM server healthy after {time.perf_counter() - t0:.0f} s ({url})", flush=True)
             dt, toks = asyncio.run(run_raw(url, ctxs[:4], 8))  # warm-up, not measured
-            engine = VLLMEngine(url=url, weights_root=tmp / "weights", temperature=1.0)
+            engine = VLLMEngine(url=url, weights_root=tmp / "weights", sampling=Sampling(temperature=1.0))
             dt, toks = asyncio.run(run_engine(engine, ctxs, budget))
             record("vllm", dt, toks, "(psrl's streaming client)")
             dt, toks = asyncio.run(run_raw(url, ctxs, budget))

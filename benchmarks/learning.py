@@ -87,9 +87,8 @@ def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tu
         if row["step"] % val_every == 0 or row["step"] >= steps:
             snaps.append((row["step"], row["time"], {k: v.detach().clone() for k, v in policy.export_state().items()}))
 
-    coord.on_step = on_step
     try:
-        rows = asyncio.run(coord.run(steps))
+        rows = asyncio.run(coord.run(steps, on_step))
     finally:
         recorder.close()
     t = cfg.trainer

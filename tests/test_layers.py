@@ -101,3 +101,60 @@ def test_no_module_is_over_the_line_limit():
     assert over - TOO_LONG_TODAY == set(), {name: lengths[name] for name in over - TOO_LONG_TODAY}
     fits = TOO_LONG_TODAY - over
     assert fits == set(), f"these modules fit in {MAX_LINES} lines now: remove them from TOO_LONG_TODAY: {fits}"
+
+
+ROOMS = {"engines": 1, "serving": 2, "client": 3, "build": 4}
+"""The rooms of ``psrl.rollout``: the inference engines know nothing of the instances, pool and routing that serve
+them (``serving``), which know nothing of the protocol client that fills the staleness buffers (``client``); only
+``build`` wires all three. ``types`` (the Protocols between rooms) and ``fakes`` belong to no room."""
+
+
+def _modules(tree: ast.Module, package: str) -> set[str]:
+    """Every ``psrl.*`` module imported anywhere in ``tree`` (a module of ``package``); ``from psrl.rollout import
+    serving`` names ``psrl.rollout.serving``."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: up from the package, level - 1 steps
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m.startswith("psrl.")}
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "rollout" and parts[2] in ROOMS else None
+
+
+def _climbs(module: str, deps: set[str]) -> list[str]:
+    """The imports of ``module`` that reach a rollout room above its own."""
+    own = _room(module)
+    if own is None:
+        return []
+    return sorted(d for d in deps if _room(d) is not None and ROOMS[_room(d)] > ROOMS[own])
+
+
+def test_a_rollout_room_imports_no_room_above_its_own():
+    """``rollout/engines/`` imports neither serving nor the protocol client; serving does not import the client."""
+    wrong = []
+    for path in sorted((SRC / "rollout").rglob("*.py")):
+        module = ".".join(("psrl",) + path.relative_to(SRC).with_suffix("").parts)
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        wrong += [f"{module} imports {d}" for d in _climbs(module, _modules(parse(path), package))]
+    assert wrong == []
+
+
+def test_the_room_check_catches_imports_inside_functions_and_relative_ones():
+    """Not vacuous: an engine module importing the pool in a function, or the client relatively, is caught."""
+    src = ("def f():\n    from psrl.rollout.serving.pool import InstancePool\n"
+           "from ..client import agents\nfrom psrl.rollout import types\n")
+    deps = _modules(ast.parse(src), "psrl.rollout.engines")
+    assert _climbs("psrl.rollout.engines.probe", deps) == [
+        "psrl.rollout.client", "psrl.rollout.client.agents", "psrl.rollout.serving.pool",
+        "psrl.rollout.serving.pool.InstancePool"]
+    assert _climbs("psrl.rollout.client.probe", deps) == []

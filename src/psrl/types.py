@@ -1,5 +1,7 @@
-"""Data and interfaces that cross layers: one trajectory, as the rollout side hands it to the trainer,
-and the engine seam (:class:`Engine`, :class:`GenRequest`, :class:`EngineLoad`) a rollout instance drives.
+"""Data and interfaces that cross layers: one trajectory, as the rollout side hands it to the trainer;
+the engine seam (:class:`Engine`, :class:`GenRequest`, :class:`EngineLoad`, :class:`Sampling`) a rollout
+instance drives; where published weights are read (:class:`WeightSource`); what the coordinator trains with
+(:class:`StepTrainer`) and writes to (:class:`Sink`).
 
 Standard library only. Every field is plain data (picklable, JSON-able), so trajectories
 cross Ray processes and land in ``trajectories.jsonl`` unchanged.
@@ -8,7 +10,10 @@ cross Ray processes and land in ``trajectories.jsonl`` unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Awaitable, Optional, Protocol, Union, runtime_checkable
+
+if TYPE_CHECKING:
+    from psrl.staleness import Batch
 
 
 @dataclass
@@ -79,17 +84,41 @@ class GenRequest:
     """Weight version that produced each generated token."""
     finish: str = ""
     """Empty while running; then stop | length | abort | error."""
-    interrupted: bool = False
-    """Handed back unfinished (a sync with interrupt_as_prompt, migration, a failed engine): the caller may
-    continue it elsewhere."""
-    rerouted: bool = False
-    """Interrupted by migration (load balancing): the caller continues it on another instance than this one."""
     error: str = ""
     """Why the engine failed this request (finish == "error")."""
     rid: str = ""
     """Engine-side request id (set by engines that need one)."""
-    future: Any = None
-    """The rollout instance's asyncio future for this request (resolves to the request)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How an engine samples (``trainer.temperature``, ``trainer.top_p``, the task's stop ids): built once per run
+    (:func:`psrl.rollout.sampling_of`) and handed to every engine."""
+
+    temperature: float = 1.0
+    """Softmax temperature (0: greedy)."""
+    top_p: float = 1.0
+    """Nucleus mass kept (1: all)."""
+    stop_ids: frozenset[int] = frozenset()
+    """Tokens that end a request; kept in its output."""
+
+
+WeightState = dict[str, Any]
+"""One version's weights as the trainer exports them: parameter name to tensor (torch is not imported here)."""
+
+
+class WeightSource(Protocol):
+    """Where published weights are read, by version (:class:`psrl.train.ParameterStore`): a rollout instance asks
+    which versions exist, an engine loads one."""
+
+    def latest_version(self) -> Optional[int]:
+        """The newest published version (None before the first)."""
+
+    def versions(self) -> list[int]:
+        """The versions that can still be read, oldest first."""
+
+    def get(self, version: Optional[int] = None) -> tuple[int, WeightState]:
+        """``(version, weights)`` of ``version`` (default: the newest)."""
 
 
 @dataclass(frozen=True)
@@ -115,8 +144,9 @@ class Engine(Protocol):
     one version: the version the engine held when that token was produced.
     """
 
-    version: int
-    """Weight version held now."""
+    @property
+    def version(self) -> int:
+        """Weight version held now."""
 
     async def start(self) -> None:
         """Start serving (spawn or attach to servers, start the decode loop)."""
@@ -137,8 +167,8 @@ class Engine(Protocol):
     async def resume(self) -> None:
         """Continue the kept requests (their next tokens carry the current version)."""
 
-    async def update_weights(self, version: int, store: Any) -> None:
-        """Load ``version`` from the parameter store ``store``; only while paused or idle."""
+    async def update_weights(self, version: int, store: WeightSource) -> None:
+        """Load ``version`` from ``store``; only while paused or idle."""
 
     def load(self) -> EngineLoad:
         """Running and queued requests, tokens/s and KV use."""
@@ -158,6 +188,16 @@ class Sink(Protocol):
         """One step's metrics row (names: :mod:`psrl.metrics`)."""
 
 
+class TrainedPolicy(Protocol):
+    """The policy a trainer trains, as the coordinator sees it: its version and its weights to publish."""
+
+    version: int
+    """The version of its weights; the coordinator sets it after each step."""
+
+    def export_state(self) -> WeightState:
+        """Its weights, for :meth:`psrl.train.ParameterStore.publish`."""
+
+
 class StepTrainer(Protocol):
     """What the coordinator trains with (:class:`psrl.train.Trainer`, or a fake in tests and the simulator).
 
@@ -165,8 +205,12 @@ class StepTrainer(Protocol):
     the trainer, sets ``policy.version`` and publishes the weights after a step.
     """
 
-    policy: Any
-    """The trained policy: ``version``, ``export_state()``."""
+    policy: TrainedPolicy
+    """The trained policy."""
+    last_skip: Optional[str]
+    """Why the last step was skipped (a NaN / infinite loss or gradient), None when it trained."""
+    skipped_in_a_row: int
+    """Steps skipped in a row up to the last one (the run stops at ``trainer.max_skipped_steps``)."""
 
-    def step(self, batch: Any) -> dict[str, float]:
-        """Train on a consumed :class:`psrl.staleness.Batch`; returns the ``train/*`` (and loss) metrics."""
+    def step(self, batch: Batch) -> Union[dict[str, float], Awaitable[dict[str, float]]]:
+        """Train on a consumed batch; returns the ``train/*`` (and loss) metrics."""

@@ -16,6 +16,7 @@ import torch
 
 from psrl.rollout.engines.base import turns
 from psrl.rollout.engines.hf import HFEngine
+from psrl.types import Sampling
 from tests.models.helpers import masked_max_diff, tiny_policy
 
 TOL = 1e-4
@@ -74,7 +75,7 @@ def test_agentic_episodes_through_the_hf_engine_match_recompute(tool_task):
     task, policy = tool_task
     rng = random.Random(4)
     prompts = [task.sample_prompt(rng) for _ in range(6)]
-    engine = HFEngine(policy, stop_ids=task.stop_ids)
+    engine = HFEngine(policy, sampling=Sampling(stop_ids=frozenset(task.stop_ids)))
 
     async def run_all():
         try:

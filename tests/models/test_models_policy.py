@@ -145,6 +145,7 @@ def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatc
     from psrl.staleness import Batch
     from psrl.tasks.base import episode_to_trajectory
     from psrl.train import Trainer, build_task_and_policy
+    from psrl.types import Sampling
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     _save_tiny_hf_model(tmp_path, ["<pad>", "<bos>", "<eos>"])
@@ -157,7 +158,7 @@ def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatc
     prompts = [task.sample_prompt(random.Random(i)) for i in range(2)]
 
     async def rollout():
-        engine = HFEngine(policy, stop_ids=task.stop_ids)
+        engine = HFEngine(policy, sampling=Sampling(stop_ids=frozenset(task.stop_ids)))
         eps = [[await task.run_episode(p, turns(engine), random.Random(j)) for j in range(2)] for p in prompts]
         await engine.close()
         return [[episode_to_trajectory(p, e, {"score": 0.0}, uid=f"{p.uid}/{j}", group=p.uid, v_traj=0)

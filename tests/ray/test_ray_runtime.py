@@ -25,14 +25,15 @@ SCRIPT = textwrap.dedent(
     from psrl.runtime.ray_runtime import build_ray_engines
     from psrl.train import build_task_and_policy
     from psrl.train.store import ParameterStore
-    from psrl.types import Engine, GenRequest
+    from psrl.types import Engine, GenRequest, Sampling
 
     cfg = load_config(None, ["trainer.temperature=0"])
     task, policy = build_task_and_policy(cfg)
     store = ParameterStore(keep=2)
     store.publish(4, policy.export_state())
     remote = build_ray_engines(cfg, 2, seed=0)
-    local = [HFEngine(policy.replica(1 + i), temperature=0, stop_ids=task.stop_ids) for i in range(2)]
+    local = [HFEngine(policy.replica(1 + i), sampling=Sampling(temperature=0, stop_ids=frozenset(task.stop_ids)))
+             for i in range(2)]
 
     async def gen(engine):
         await engine.start()

@@ -13,10 +13,11 @@ import copy
 import pytest
 import torch
 
-from psrl.rollout.engines.base import FakeEngine, NoCacheEngine
+from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.engines.hf import HFEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.train.store import ParameterStore
-from psrl.types import Engine, EngineLoad, GenRequest
+from psrl.types import Engine, EngineLoad, GenRequest, Sampling
 
 ENGINES = ["fake", "hf", pytest.param("vllm", marks=pytest.mark.vllm)]
 CTX = [1, 5, 6, 7]
@@ -68,18 +69,19 @@ class Rig:
         self.policy = copy.deepcopy(policy)
         self.store = ParameterStore(keep=4)
         self.vocab = 97 if kind == "fake" else self.policy.model.config.vocab_size
-        sampling = dict(stop_ids=stop_ids, temperature=temperature)
+        sampling = Sampling(temperature=temperature, stop_ids=frozenset(stop_ids))
         if kind == "fake":
-            self.engine = NoCacheEngine(FakeEngine(token_cost=0.005), **sampling)  # 5 ms a row: polls see progress
+            # 5 ms a row: polls see progress
+            self.engine = NoCacheEngine(FakeEngine(token_cost=0.005), sampling=sampling)
             self.store.publish(1, {"v": 1})
         elif kind == "hf":
-            self.engine = HFEngine(self.policy.replica(seed=3), **sampling)
+            self.engine = HFEngine(self.policy.replica(seed=3), sampling=sampling)
             self.store.publish(1, self.policy.export_state())
         else:
             from psrl.rollout.engines.vllm import VLLMEngine
 
             url = request.getfixturevalue("vllm_urls")[0]
-            self.engine = VLLMEngine(url=url, weights_root=tmp_path / "weights", **sampling)
+            self.engine = VLLMEngine(url=url, weights_root=tmp_path / "weights", sampling=sampling)
             self.store.publish(1, self.policy.export_state())
 
     async def __aenter__(self):

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from psrl.rollout.engines.base import FakeEngine, NoCacheEngine
+from psrl.rollout.engines.base import NoCacheEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.fakes import FakeTask, FakeTrainer
 from psrl.rollout.client.records import MemorySink
 from psrl.runtime.coordinator import Coordinator

@@ -19,7 +19,7 @@ from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.engines.hf import HFEngine
 from psrl.train.store import ParameterStore
 from psrl.train.trainer import logprob_mismatch
-from psrl.types import GenRequest
+from psrl.types import GenRequest, Sampling
 
 
 async def _staggered(engine, specs):
@@ -45,8 +45,8 @@ def test_cached_engine_equals_the_no_cache_twin_with_joins_and_leaves(tiny, rnd)
     vocab = policy.model.config.vocab_size
     specs = [([rnd.randrange(3, vocab) for _ in range(rnd.randrange(1, 12))], rnd.randrange(1, 16), rnd.randrange(0, 30))
              for _ in range(rnd.randrange(1, 6))]
-    fast = asyncio.run(_staggered(HFEngine(policy.replica(1), temperature=0), specs))
-    slow = asyncio.run(_staggered(NoCacheEngine(policy.replica(1), temperature=0), specs))
+    fast = asyncio.run(_staggered(HFEngine(policy.replica(1), sampling=Sampling(temperature=0)), specs))
+    slow = asyncio.run(_staggered(NoCacheEngine(policy.replica(1), sampling=Sampling(temperature=0)), specs))
     for f, s in zip(fast, slow):
         assert f.tokens == s.tokens
         assert max(abs(a - b) for a, b in zip(f.logprobs, s.logprobs)) < 1e-5

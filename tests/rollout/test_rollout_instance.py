@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.engines.base import NoCacheEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.serving.instance import RolloutInstance
 from psrl.rollout.serving.pool import InstancePool
 from psrl.rollout.serving.router import RequestNumBalanceRouter, RoundRobinRouter
@@ -18,6 +19,7 @@ from psrl.rollout.serving.sync import GreedySync, StatusBasedSync
 from psrl.rollout.serving.session import Session
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
+from tests.rollout.harness import pool_of, stub_pool
 
 CTX = [1, 2, 3]
 
@@ -38,8 +40,8 @@ def store_at(version: int = 0) -> ParameterStore:
     return store
 
 
-def instance(engine, store, index=0, sync=None, **kw) -> RolloutInstance:
-    return RolloutInstance(index, engine, store, sync or GreedySync(), **kw)
+def instance(model, store, index=0, sync=None, **kw) -> RolloutInstance:
+    return RolloutInstance(index, NoCacheEngine(model), store, sync or GreedySync(), **kw)
 
 
 async def publish_at(t: float, store: ParameterStore, pool: InstancePool, version: int) -> None:
@@ -75,7 +77,7 @@ def test_cancelled_generation_stops_costing_at_the_next_token_boundary():
 
     async def main():
         eng = FakeEngine(token_cost=0.1, record=True)
-        pool = InstancePool([instance(eng, store_at())], RoundRobinRouter())
+        pool = pool_of([eng], store_at())
         pool.start()
         long, short = Session(pool, 0, CTX), Session(pool, 0, CTX)
         t_long = asyncio.create_task(long.generate(CTX, 1000))
@@ -117,8 +119,8 @@ def test_partial_rollout_continues_under_new_weights_keeping_tokens():
     async def main():
         eng = FakeEngine(token_cost=0.1)
         store = store_at()
-        inst = instance(eng, store, partial_rollout=True)
-        pool = InstancePool([inst], RoundRobinRouter())
+        pool = pool_of([eng], store, partial_rollout=True)
+        inst = pool.instances[0]
         pool.start()
         s = Session(pool, 0, CTX)
         seg, _ = await asyncio.gather(s.generate(CTX, 10), publish_at(0.35, store, pool, 1))
@@ -138,8 +140,7 @@ def test_without_partial_rollout_running_requests_finish_on_old_weights():
     async def main():
         eng = FakeEngine(token_cost=0.1)
         store = store_at()
-        inst = instance(eng, store, partial_rollout=False)
-        pool = InstancePool([inst], RoundRobinRouter())
+        pool = pool_of([eng], store, partial_rollout=False)
         pool.start()
         first = Session(pool, 0, CTX)
         t_first = asyncio.create_task(first.generate(CTX, 10))
@@ -165,8 +166,8 @@ def test_migration_moves_an_interrupted_request_to_another_instance():
     async def main():
         store = store_at()
         slow, fast = FakeEngine(token_cost=0.1, sync_cost=5.0), FakeEngine(token_cost=0.1)
-        insts = [instance(e, store, index=i, partial_rollout=True, interrupt_as_prompt=True) for i, e in enumerate((slow, fast))]
-        pool = InstancePool(insts, RoundRobinRouter())
+        pool = pool_of([slow, fast], store, partial_rollout=True, interrupt_as_prompt=True)
+        insts = pool.instances
         pool.start()
         s = Session(pool, 0, CTX)
         assert s.instance.index == 0
@@ -185,21 +186,21 @@ def test_migration_moves_an_interrupted_request_to_another_instance():
 # ---------------------------------------------------------------------------- sync strategies
 
 
-def request_num_sync(threshold, staleness, manager, **kw):
-    return StatusBasedSync("request_num", threshold, staleness, manager, **kw)
+def request_num_sync(threshold, staleness, versions, **kw):
+    return StatusBasedSync("request_num", threshold, staleness, versions, **kw)
 
 
 @pytest.mark.parametrize("running, threshold, pulls", [(2, 2, False), (1, 2, True), (3, 4, True), (4, 4, False)])
 def test_request_num_sync_pulls_only_below_the_threshold(running, threshold, pulls):
     """request_num: an instance with ``in_flight >= threshold`` keeps its weights (boundary: equal keeps)."""
-    sync = request_num_sync(threshold, staleness=3, manager=SimpleNamespace(train_version=1))
+    sync = request_num_sync(threshold, staleness=3, versions=SimpleNamespace(train_version=1))
     assert sync.should_pull(SimpleNamespace(in_flight=running, queued=0, version=0), latest=1) is pulls
 
 
 def test_request_num_sync_forces_a_pull_when_the_instance_is_too_stale():
     """request_num still pulls a busy instance whose version + staleness < train_version (it could only idle)."""
     manager = SimpleNamespace(train_version=2)
-    sync = request_num_sync(1, staleness=1, manager=manager)
+    sync = request_num_sync(1, staleness=1, versions=manager)
     assert sync.should_pull(SimpleNamespace(in_flight=5, queued=0, version=0), latest=2)
     assert not sync.should_pull(SimpleNamespace(in_flight=5, queued=0, version=1), latest=2)
 
@@ -238,7 +239,7 @@ _inst = st.builds(lambda v, r, s: (v, r, s), st.integers(0, 4), st.integers(0, 6
 def test_request_num_balance_picks_the_least_loaded_eligible_instance(specs, v_min):
     """Reference: among instances with version >= v_min (not syncing if possible), min (running, -version, index)."""
     insts = [SimpleNamespace(index=i, version=v, running=r, syncing=s) for i, (v, r, s) in enumerate(specs)]
-    pool = InstancePool(insts, RequestNumBalanceRouter())
+    pool = stub_pool(insts, RequestNumBalanceRouter())
     eligible = [i for i in insts if i.version >= v_min]
     if not eligible:
         with pytest.raises(ValueError):
@@ -252,6 +253,6 @@ def test_request_num_balance_picks_the_least_loaded_eligible_instance(specs, v_m
 def test_round_robin_cycles_and_skips_ineligible_instances():
     """round_robin: 0, 1, 2, 0, ... and an instance older than v_min is skipped."""
     insts = [SimpleNamespace(index=i, version=v, running=0, syncing=False) for i, v in enumerate([1, 0, 1])]
-    pool = InstancePool(insts, RoundRobinRouter())
+    pool = stub_pool(insts, RoundRobinRouter())
     assert [pool.route(0).index for _ in range(4)] == [0, 1, 2, 0]
     assert [pool.route(1).index for _ in range(4)] == [2, 0, 2, 0]

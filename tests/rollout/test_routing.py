@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.engines.base import NoCacheEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.serving.instance import RolloutInstance
-from psrl.rollout.serving.pool import InstancePool
 from psrl.runtime.profile import profile_engine
 from psrl.rollout.serving.router import (CostModel, RandomRouter, RequestNumBalanceRouter, RoundRobinRouter,
                                  ThroughputOptimalRouter, build_router, fit_cost_model, load_cost_model,
@@ -25,6 +25,7 @@ from psrl.rollout.serving.sync import GreedySync
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 from psrl.types import EngineLoad
+from tests.rollout.harness import pool_of, stub_pool
 
 CTX = [1, 2, 3]
 
@@ -32,6 +33,11 @@ CTX = [1, 2, 3]
 def stub(index, running=0, version=0, tps=0.0, kv=None, syncing=False):
     ld = EngineLoad(running, 0, tps, kv)
     return SimpleNamespace(index=index, running=running, version=version, syncing=syncing, load=lambda: ld)
+
+
+def on(rs):
+    """A config holding ``rs`` as ``psrl.routing_strategy``."""
+    return SimpleNamespace(psrl=SimpleNamespace(routing_strategy=rs))
 
 
 def store_at(version=0):
@@ -58,7 +64,7 @@ def test_build_router_reads_every_method():
     for method, cls in [("random", RandomRouter), ("round_robin", RoundRobinRouter),
                         ("request_num_balance", RequestNumBalanceRouter), ("throughput_optimal", ThroughputOptimalRouter)]:
         rs.method = method
-        assert isinstance(build_router(rs), cls)
+        assert isinstance(build_router(on(rs)), cls)
 
 
 # ---------------------------------------------------------------------------- throughput_optimal
@@ -145,7 +151,7 @@ def test_profile_fits_a_fake_engine_and_the_file_round_trips(tmp_path):
     loaded = load_cost_model(path)
     assert loaded[0].as_dict() == pytest.approx(m.as_dict()) and loaded[1].k3 == 2.0
     rs = SimpleNamespace(method="throughput_optimal", cost_model_path=str(path), delta_throughput_threshold=0.5)
-    assert build_router(rs).fixed[1].k3 == 2.0
+    assert build_router(on(rs)).fixed[1].k3 == 2.0
     (tmp_path / "bad.json").write_text(json.dumps({"instances": [{"k3": "x"}]}))
     from psrl.errors import ConfigError
 
@@ -158,19 +164,19 @@ def test_profile_fits_a_fake_engine_and_the_file_round_trips(tmp_path):
 
 def test_group_stickiness_keeps_a_group_on_its_first_instance_while_it_has_room():
     insts = [stub(0), stub(1)]
-    pool = InstancePool(insts, RoundRobinRouter(), capacity=2, group_sticky=True)
+    pool = stub_pool(insts, RoundRobinRouter(), capacity=2, group_sticky=True)
     first = pool.route(0, group="g0")
     insts[first.index].running = 1
     assert pool.route(0, group="g0") is first  # round_robin alone would move on
     insts[first.index].running = 2  # full: the next member goes elsewhere
     assert pool.route(0, group="g0") is not first
-    plain = InstancePool([stub(0), stub(1)], RoundRobinRouter(), group_sticky=False)
+    plain = stub_pool([stub(0), stub(1)], RoundRobinRouter(), group_sticky=False)
     assert [plain.route(0, group="g").index for _ in range(2)] == [0, 1]
 
 
 def test_capacity_keeps_trajectories_off_a_full_instance_unless_all_are_full():
     insts = [stub(0, running=4), stub(1, running=3)]
-    pool = InstancePool(insts, RoundRobinRouter(), capacity=4)
+    pool = stub_pool(insts, RoundRobinRouter(), capacity=4)
     assert pool.route(0).index == 1
     insts[1].running = 4
     assert pool.route(0).index in (0, 1)  # none has room: the router still picks
@@ -183,8 +189,8 @@ def test_candidate_sort_indicator_breaks_ties(sort, expected):
     router = ThroughputOptimalRouter([CostModel(k3=1.0)] * 2, delta_threshold=0.0)  # equal gains: a tie
     insts[1].running = 2 if sort == "reserve_capability" else 1
     insts[0].running = 1
-    pool = InstancePool(insts, router if sort == "reserve_capability" else RequestNumBalanceRouter(),
-                        candidate_sort=sort)
+    pool = stub_pool(insts, router if sort == "reserve_capability" else RequestNumBalanceRouter(),
+                     candidate_sort=sort)
     assert pool.route(0).index == expected
 
 
@@ -193,8 +199,7 @@ def test_without_trajectory_stickiness_every_turn_is_routed_again():
 
     async def main(sticky):
         store = store_at()
-        insts = [RolloutInstance(i, FakeEngine(token_cost=0.1), store, GreedySync()) for i in range(2)]
-        pool = InstancePool(insts, RoundRobinRouter(), trajectory_sticky=sticky)
+        pool = pool_of([FakeEngine(token_cost=0.1) for _ in range(2)], store, pool=dict(trajectory_sticky=sticky))
         pool.start()
         s = Session(pool, 0, CTX)
         seg1 = await s.generate(CTX, 3)
@@ -214,7 +219,7 @@ def admission_order(**kw):
 
     async def main():
         eng = FakeEngine(token_cost=0.1, record=True)
-        inst = RolloutInstance(0, eng, store_at(2), GreedySync(), max_batch=1, **kw)
+        inst = RolloutInstance(0, NoCacheEngine(eng), store_at(2), GreedySync(), max_batch=1, **kw)
         inst.start()
         await asyncio.sleep(0)
         first = inst.submit(CTX, 2, 0)

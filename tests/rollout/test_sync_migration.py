@@ -12,15 +12,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.engines.base import NoCacheEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.serving.instance import RolloutInstance
-from psrl.rollout.serving.pool import InstancePool
 from psrl.rollout.serving.router import RoundRobinRouter
 from psrl.rollout.serving.session import Session
 from psrl.rollout.serving.sync import GreedySync, Migration, StatusBasedSync, build_sync
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 from psrl.types import EngineLoad
+from tests.rollout.harness import pool_of, stub_pool
 from tests.rollout.test_rollout_instance import CTX, reference_tokens
 
 
@@ -52,14 +53,14 @@ def test_greedy_pulls_as_soon_as_a_version_exists():
 ])
 def test_status_based_pulls_only_below_its_threshold(indicator, threshold, below, at):
     """Each indicator reads its own figure of the instance; equal to the threshold keeps the weights."""
-    sync = StatusBasedSync(indicator, threshold, staleness=3, manager=TRAIN_AT_1)
+    sync = StatusBasedSync(indicator, threshold, staleness=3, versions=TRAIN_AT_1)
     assert sync.should_pull(below, latest=1) and not sync.should_pull(at, latest=1)
 
 
 @pytest.mark.parametrize("indicator", ["request_num", "throughput", "kv_cache"])
 def test_status_based_never_holds_back_an_instance_too_old_to_reserve_at(indicator):
     """version + staleness < train_version: the instance could only idle, so it pulls whatever its status."""
-    sync = StatusBasedSync(indicator, 0.0, staleness=1, manager=SimpleNamespace(train_version=2))
+    sync = StatusBasedSync(indicator, 0.0, staleness=1, versions=SimpleNamespace(train_version=2))
     busy = dict(in_flight=9, tps=1e6, kv=1.0, queued=3)
     assert sync.should_pull(stub(version=0, **busy), latest=2)
     assert not sync.should_pull(stub(version=1, **busy), latest=2)
@@ -82,10 +83,11 @@ def test_seamless_train_version_holds_pulls_up_to_it(latest, pulls):
 def test_build_sync_reads_the_config_section():
     sm = SimpleNamespace(method="status_based", sync=SimpleNamespace(
         indicator="throughput", threshold=7.0, check_req_before_sync=False, seamless_train_version=1))
-    s = build_sync(sm, 2, TRAIN_AT_1)
+    cfg = SimpleNamespace(psrl=SimpleNamespace(sync_and_mig_strategy=sm, staleness=2))
+    s = build_sync(cfg, TRAIN_AT_1)
     assert (s.indicator, s.threshold, s.check_req, s.seamless, s.staleness) == ("throughput", 7.0, False, 1, 2)
     sm.method = "greedy"
-    assert isinstance(build_sync(sm, 2, TRAIN_AT_1), GreedySync)
+    assert isinstance(build_sync(cfg, TRAIN_AT_1), GreedySync)
 
 
 def test_throughput_sync_on_a_real_instance_waits_for_its_rate_to_drop():
@@ -94,8 +96,8 @@ def test_throughput_sync_on_a_real_instance_waits_for_its_rate_to_drop():
 
     async def main():
         store = store_at()
-        inst = RolloutInstance(0, FakeEngine(token_cost=0.025), store, StatusBasedSync("throughput", 5.0, 5, TRAIN_AT_1),
-                               partial_rollout=True)
+        inst = RolloutInstance(0, NoCacheEngine(FakeEngine(token_cost=0.025)), store,
+                               StatusBasedSync("throughput", 5.0, 5, TRAIN_AT_1), partial_rollout=True)
         inst.start()
         reqs = [inst.submit(CTX, 40, 0) for _ in range(4)]
         await asyncio.sleep(0.5)
@@ -160,7 +162,7 @@ def test_sync_is_considered_first_then_migration():
     moved = []
     for inst in insts:
         inst.migrate = lambda n, inst=inst: moved.append((inst.index, n)) or []
-    pool = InstancePool(insts, RoundRobinRouter(), migration=Migration("request_num", 2.0, "request_num", 1.2))
+    pool = stub_pool(insts, RoundRobinRouter(), migration=Migration("request_num", 2.0, "request_num", 1.2))
     sync.on = True
     pool._on_round(insts[1])
     assert moved == []
@@ -182,8 +184,8 @@ def test_migration_moves_requests_keeping_tokens_and_v_traj():
     async def main():
         store = store_at()
         engines = [FakeEngine(token_cost=0.01), FakeEngine(token_cost=0.01)]
-        insts = [RolloutInstance(i, e, store, GreedySync(), partial_rollout=True) for i, e in enumerate(engines)]
-        pool = InstancePool(insts, First(), candidate_sort="version")
+        pool = pool_of(engines, store, router=First(), pool=dict(candidate_sort="version"), partial_rollout=True)
+        insts = pool.instances
         pool.start()
         await pool.ready()
         sessions = [Session(pool, 0, CTX) for _ in range(6)]
@@ -220,7 +222,8 @@ def test_interrupt_as_prompt_both_ways(as_prompt):
     async def main():
         eng = FakeEngine(token_cost=0.1, record=True)
         store = store_at()
-        inst = RolloutInstance(0, eng, store, GreedySync(), partial_rollout=True, interrupt_as_prompt=as_prompt)
+        pool = pool_of([eng], store, partial_rollout=True, interrupt_as_prompt=as_prompt)
+        inst = pool.instances[0]
         contexts = []
         generate = inst.engine.generate
 
@@ -229,7 +232,6 @@ def test_interrupt_as_prompt_both_ways(as_prompt):
             return await generate(req)
 
         inst.engine.generate = counting
-        pool = InstancePool([inst], RoundRobinRouter())
         pool.start()
         s = Session(pool, 0, CTX)
 

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from psrl.errors import RunError
-from psrl.rollout.engines.base import FakeEngine
-from psrl.rollout.fakes import FakeTrainer
+from psrl.rollout.fakes import FakeEngine, FakeTrainer
 from psrl.runtime.checkpoint import CheckpointWriteError, resume, save_checkpoint
-from psrl.runtime.coordinator import Coordinator
+from psrl.runtime.coordinator import Coordinator, build_staleness_manager
 from psrl.runtime.recorder import RunRecorder, read_jsonl
 from psrl.runtime.vloop import run_virtual
 from psrl.runtime.recorder import EventLog
@@ -39,23 +38,21 @@ class SaveEvery:
 
 
 def build(cfg, run_dir, log=None, events=False):
+    """As psrl train wires it: the event log (if any) opened first, then the resume, which cuts it back."""
     rec = RunRecorder(run_dir)
+    ev = EventLog(run_dir / "events.jsonl", clock=lambda: 0.0, flush_every=1 << 30) if events else None
     trainer = FakeTrainer(train_time=0.5)
-    ck = resume(run_dir, trainer, rec, log=log)
+    ck = resume(run_dir, trainer, rec, log=log, on_event=ev)
+    manager = ck["manager"] if ck else build_staleness_manager(cfg, trainer.version, ev)
     engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.deployment.n_rollout_instances)]
-    coord = Coordinator(cfg, task(), trainer, engines, sink=rec, manager=ck["manager"] if ck else None)
+    coord = Coordinator(cfg, task(), trainer, engines, sink=rec, manager=manager)
     if ck:
         coord.agents.load_state(ck["agents"])
-    ev = None
-    if events:
-        ev = EventLog(run_dir / "events.jsonl", clock=lambda: 0.0, flush_every=1 << 30)
-        coord.manager.on_event = ev
     return coord, rec, ck, ev
 
 
 def run_to(coord, rec, ev, steps, save_at, run_dir):
-    coord.on_step = SaveEvery(save_at, run_dir, rec, coord, ev)
-    run_virtual(coord.run(steps))
+    run_virtual(coord.run(steps, SaveEvery(save_at, run_dir, rec, coord, ev)))
     if ev is not None:
         ev.close()
     rec.close()

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from psrl.rollout.engines.base import FakeEngine
+from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.fakes import FakeTrainer
 from psrl.runtime.checkpoint import resume, save_checkpoint
 from psrl.runtime.coordinator import Coordinator
@@ -26,11 +26,11 @@ class SaveAt:
             save_checkpoint(self.run_dir, self.coord, self.recorder)
 
 
-def build(cfg, run_dir, trainer):
+def build(cfg, run_dir, trainer, log=None):
     rec = RunRecorder(run_dir)
     ck = resume(run_dir, trainer, rec)
     engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.deployment.n_rollout_instances)]
-    coord = Coordinator(cfg, task(), trainer, engines, sink=rec, manager=ck["manager"] if ck else None)
+    coord = Coordinator(cfg, task(), trainer, engines, sink=rec, manager=ck["manager"] if ck else None, log=log)
     if ck:
         coord.agents.load_state(ck["agents"])
     return coord, rec, ck
@@ -41,8 +41,7 @@ def test_resume_from_checkpoint_has_each_step_once_and_no_duplicate_trajectory(t
     cfg = config(psrl__staleness=2)
     coord, rec, ck = build(cfg, tmp_path, FakeTrainer(train_time=0.5))
     assert ck is None
-    coord.on_step = SaveAt(3, tmp_path, rec, coord)
-    run(coord, 5)
+    run(coord, 5, SaveAt(3, tmp_path, rec, coord))
     rec.close()
 
     coord, rec, ck = build(cfg, tmp_path, FakeTrainer(train_time=0.5))
@@ -64,8 +63,7 @@ def test_a_finished_run_resumes_to_more_steps_without_duplicates(tmp_path):
     a larger total continues; trajectories recorded ``held`` at the end are not recorded twice."""
     cfg = config(psrl__staleness=2, psrl__rollout_n=4)
     coord, rec, _ = build(cfg, tmp_path, FakeTrainer(train_time=3.0))
-    coord.on_step = SaveAt(3, tmp_path, rec, coord)
-    run(coord, 3)
+    run(coord, 3, SaveAt(3, tmp_path, rec, coord))
     rec.close()
     assert any(t["status"] == "held" for t in read_jsonl(tmp_path / "trajectories.jsonl"))
     coord, rec, _ = build(cfg, tmp_path, FakeTrainer())
@@ -114,9 +112,8 @@ def test_ctrl_c_during_a_step_finishes_it_and_leaves_a_resumable_run(tmp_path):
     half-done (psrl train then checkpoints); resuming trains 4.. with no step or trajectory twice."""
     cfg = config(psrl__staleness=2)
     trainer = _StartsStep(at=3, train_time=2.0)
-    coord, rec, _ = build(cfg, tmp_path, trainer)
     said = []
-    coord.log = said.append
+    coord, rec, _ = build(cfg, tmp_path, trainer, log=said.append)
     _interrupt_during_step(coord, trainer, 10, cancels=1)
     assert coord.version == 3 and not coord.in_step and [r["step"] for r in coord.rows] == [1, 2, 3]
     assert said and "finishing training step 3" in said[0]
@@ -138,8 +135,7 @@ def test_a_second_interrupt_stops_at_once(tmp_path):
     and the coordinator still reports being in a step (psrl train then keeps the last periodic checkpoint)."""
     cfg = config(psrl__staleness=2)
     trainer = _StartsStep(at=3, train_time=100.0)
-    coord, rec, _ = build(cfg, tmp_path, trainer)
-    coord.log = lambda _: None
+    coord, rec, _ = build(cfg, tmp_path, trainer, log=lambda _: None)
     t_end = _interrupt_during_step(coord, trainer, 10, cancels=2)
     rec.close()
     assert coord.version == 2 and [r["step"] for r in coord.rows] == [1, 2] and coord.in_step

@@ -36,8 +36,7 @@ def _template() -> Path:
     d = Path(tempfile.mkdtemp(prefix="psrl-ck-")) / "run"
     d.mkdir()
     coord, rec, _ = build(CFG, d, FakeTrainer(train_time=0.5))
-    coord.on_step = SaveAt(2, d, rec, coord)
-    run(coord, 2)
+    run(coord, 2, SaveAt(2, d, rec, coord))
     rec.close()
     assert (d / "checkpoint" / "coordinator.pkl").exists()
     return d

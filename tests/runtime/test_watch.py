@@ -91,7 +91,7 @@ def test_a_terminal_gets_a_progress_bar_instead_of_lines(tmp_path):
 
     cfg = load_config(None, ["trainer.total_steps=4"])
     lines = []
-    recorder = SimpleNamespace(trackers=None)
+    recorder = SimpleNamespace()
     watch = RunWatch(cfg, tmp_path, SimpleNamespace(version=1), recorder, lines.append, lambda r, t: "line", tty=True)
     watch.after_step({"step": 2, "reward/mean": 0.5, "staleness/mean": 1.0, "staleness/max": 2})
     assert watch.bar.bar.n == 2 and watch.bar.bar.total == 4 and lines == []

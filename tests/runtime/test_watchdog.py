@@ -30,10 +30,9 @@ def test_a_hung_run_is_reported_then_stopped(tmp_path):
     stops with a RunError saying it stalled, which names the key."""
     said = []
     rec = RunRecorder(tmp_path)
-    coord = coordinator(config(trainer__stall_timeout_s=100), FakeTask(latency_fn=hang_after(4)), sink=rec)
-    coord.log = said.append
     events = EventLog(tmp_path / "events.jsonl", clock=lambda: 0.0)
-    coord.manager.on_event = events
+    coord = coordinator(config(trainer__stall_timeout_s=100), FakeTask(latency_fn=hang_after(4)), sink=rec,
+                        log=said.append, on_event=events)
     with pytest.raises(RunError) as e:
         run(coord, 5)
     assert "stalled" in str(e.value) and "trainer.stall_timeout_s=100" in str(e.value) and "\n" not in str(e.value)
@@ -54,8 +53,7 @@ def test_a_hung_run_is_reported_then_stopped(tmp_path):
 def test_slow_but_moving_generation_is_not_a_stall():
     """Each tool call takes 80 s with a 100 s timeout: trajectories keep completing, so no report and no stop."""
     said = []
-    coord = coordinator(config(trainer__stall_timeout_s=100), FakeTask(tool_latency=80.0))
-    coord.log = said.append
+    coord = coordinator(config(trainer__stall_timeout_s=100), FakeTask(tool_latency=80.0), log=said.append)
     rows = run(coord, 8)
     assert len(rows) == 8 and rows[-1]["time"] > 300 and not [s for s in said if "stall" in s]
 
@@ -63,8 +61,7 @@ def test_slow_but_moving_generation_is_not_a_stall():
 def test_a_long_training_step_is_not_a_stall():
     """Synchronous (staleness 0): generation waits for a 1000 s training step, 10 periods; the step is progress."""
     said = []
-    coord = coordinator(config(psrl__staleness=0, trainer__stall_timeout_s=100), train_time=1000.0)
-    coord.log = said.append
+    coord = coordinator(config(psrl__staleness=0, trainer__stall_timeout_s=100), train_time=1000.0, log=said.append)
     rows = run(coord, 3)
     assert len(rows) == 3 and not [s for s in said if "stall" in s]
 

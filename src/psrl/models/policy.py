@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Policy", "build_policy", "resolve_device", "sample"]
+__all__ = ["Policy", "build_policy", "resolve_device", "sample", "left_pad"]
 
 
 class Policy:
@@ -54,7 +54,7 @@ class Policy:
         """
         if not seqs:
             return [], []
-        ids, mask = _left_pad(seqs, self.pad_id, self.device)
+        ids, mask = left_pad(seqs, self.pad_id, self.device)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         logits = self._forward(ids, mask, pos, last_only=True)[:, -1, :]
         return sample(logits, temperature, top_p, self.generator)
@@ -182,7 +182,8 @@ def _nucleus(probs: Tensor, top_p: float) -> Tensor:
     return torch.zeros_like(probs).scatter(-1, order, sorted_p)
 
 
-def _left_pad(seqs: list[list[int]], pad: int, device) -> tuple[Tensor, Tensor]:
+def left_pad(seqs: list[list[int]], pad: int, device) -> tuple[Tensor, Tensor]:
+    """``(ids, mask)`` of ``seqs`` padded on the left to the longest (the batch KV cache of the ``hf`` engine too)."""
     n = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), n), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), n), dtype=torch.long)

@@ -1,8 +1,8 @@
-"""A fake task and a fake trainer that pair with :class:`~psrl.rollout.engines.base.FakeEngine`.
+"""Fakes of the real interfaces: a model (:class:`FakeEngine`), a task and a trainer.
 
-They implement the real interfaces (:class:`psrl.tasks.Task`'s methods, ``Trainer.step``), so
-tests and the simulator run the *real* coordinator on them, in virtual time, with every
-latency and reward chosen by the test. Everything here is deterministic given the seeds.
+They implement the real interfaces (the no-cache engine's model, :class:`psrl.tasks.Task`'s methods,
+``Trainer.step``), so tests and the simulator run the *real* coordinator on them, in virtual time, with
+every latency and reward chosen by the test. Everything here is deterministic given the seeds.
 """
 
 from __future__ import annotations
@@ -11,15 +11,100 @@ import asyncio
 import json
 import random
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from psrl.rollout.engines.base import FakeEngine
-from psrl.tasks.base import Episode, Prompt
+from psrl.tasks.base import Episode, GenerateFn, Prompt
+from psrl.types import WeightState
 
-__all__ = ["FakeTask", "FakeTrainer"]
+if TYPE_CHECKING:
+    from psrl.staleness import Batch
+
+__all__ = ["FakeEngine", "FakeTask", "FakeTrainer"]
 
 LatencyFn = Callable[[Prompt, int, int], float]
 ScoreFn = Callable[[Prompt, Episode], float]
+
+
+class FakeEngine:
+    """A deterministic stand-in for a policy whose costs are virtual-time sleeps.
+
+    The token of a row is a pure function of the row (``(len(seq) + salt) % vocab``, shifted so
+    it never hits a stop id unless ``stop_at`` says so), so continuing a generation on another
+    instance or after a weight load gives the same tokens as uninterrupted generation.
+
+    Args:
+        token_cost: seconds per row of a decode step (a batch of ``n`` rows costs
+            ``step_cost + n * token_cost``).
+        step_cost: fixed seconds per decode step.
+        sync_cost: seconds one ``load_state`` takes.
+        vocab: token range.
+        stop_id: token emitted when a row reaches length ``stop_at`` (None: never).
+        stop_at: sequence length at which ``stop_id`` is emitted.
+        version: initial weight version.
+
+    Counters (for tests): ``calls`` decode steps, ``rows`` rows decoded, ``loads`` weight loads;
+    with ``record`` True also ``seen`` (row lengths of every batch) and ``times`` (loop time at the
+    start of every async decode step).
+    """
+
+    def __init__(self, token_cost: float = 0.01, step_cost: float = 0.0, sync_cost: float = 0.0,
+                 vocab: int = 97, stop_id: Optional[int] = None, stop_at: Optional[int] = None,
+                 version: int = 0, record: bool = False):
+        self.token_cost = float(token_cost)
+        self.step_cost = float(step_cost)
+        self.sync_cost = float(sync_cost)
+        self.vocab = int(vocab)
+        self.stop_id = stop_id
+        self.stop_at = stop_at
+        self.version = int(version)
+        self.state: Optional[WeightState] = None
+        self.calls = 0
+        self.rows = 0
+        self.loads = 0
+        self.record = record
+        self.seen: list[list[int]] = []
+        self.times: list[float] = []
+
+    def token_for(self, seq: Sequence[int]) -> int:
+        """The deterministic next token of ``seq``."""
+        if self.stop_id is not None and self.stop_at is not None and len(seq) + 1 >= self.stop_at:
+            return int(self.stop_id)
+        tok = (len(seq) * 7 + 3) % self.vocab
+        if self.stop_id is not None and tok == self.stop_id:
+            tok = (tok + 1) % self.vocab
+        return tok
+
+    def next_token(self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[int], list[float]]:
+        """Tokens of every row; the log-prob encodes the version (``-1 - version / 100``) for tests."""
+        self.calls += 1
+        self.rows += len(seqs)
+        if self.record:
+            self.seen.append([len(s) for s in seqs])
+        toks = [self.token_for(s) for s in seqs]
+        return toks, [-1.0 - self.version / 100.0] * len(seqs)
+
+    async def anext_token(self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[int], list[float]]:
+        """``next_token`` after ``step_cost + len(seqs) * token_cost`` seconds of (virtual) time."""
+        cost = self.step_cost + self.token_cost * len(seqs)
+        if self.record:
+            self.times.append(asyncio.get_running_loop().time())
+        if cost > 0:
+            await asyncio.sleep(cost)
+        return self.next_token(seqs, temperature, top_p)
+
+    def load_state(self, state: WeightState, version: int) -> None:
+        self.loads += 1
+        self.state = state
+        self.version = int(version)
+
+    async def aload_state(self, state: WeightState, version: int) -> None:
+        """``load_state`` after ``sync_cost`` seconds; the version changes only at the end."""
+        if self.sync_cost > 0:
+            await asyncio.sleep(self.sync_cost)
+        self.load_state(state, version)
+
+    def export_state(self) -> dict:
+        return {"version": self.version}
 
 
 class FakeTask:
@@ -61,7 +146,7 @@ class FakeTask:
         self.prompts += 1
         return Prompt(uid=f"p{n}", ids=[1, 2, 3 + n % 50], answer=n, text=f"prompt {n}")
 
-    async def run_episode(self, prompt: Prompt, generate: Any, rng: random.Random) -> Episode:
+    async def run_episode(self, prompt: Prompt, generate: GenerateFn, rng: random.Random) -> Episode:
         episode_no = self.episodes_started
         self.episodes_started += 1
         if self.episode_fn is not None:
@@ -97,20 +182,23 @@ class FakeTrainer:
     """``step`` takes ``train_time`` (virtual) seconds and bumps the version.
 
     ``batches`` keeps every batch; ``intervals`` the (start, end) loop time of every step, so a
-    test can check what generation did while training ran. ``save`` / ``load`` write the version.
+    test can check what generation did while training ran. ``save`` / ``load`` write the version. It never
+    skips a step.
     """
 
-    def __init__(self, policy: Optional[Any] = None, train_time: float = 0.1):
+    def __init__(self, policy: Optional[FakeEngine] = None, train_time: float = 0.1):
         self.policy = policy if policy is not None else FakeEngine()
         self.train_time = float(train_time)
         self.batches: list = []
         self.intervals: list[tuple[float, float]] = []
+        self.last_skip: Optional[str] = None
+        self.skipped_in_a_row = 0
 
     @property
     def version(self) -> int:
         return int(self.policy.version)
 
-    async def step(self, batch: Any) -> dict:
+    async def step(self, batch: Batch) -> dict:
         start = asyncio.get_running_loop().time()
         if self.train_time > 0:
             await asyncio.sleep(self.train_time)
@@ -119,12 +207,12 @@ class FakeTrainer:
         self.policy.version = int(batch.version) + 1
         return {"train/loss": 0.0}
 
-    def save(self, directory: Any) -> Path:
+    def save(self, directory: str | Path) -> Path:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         (path / "trainer.json").write_text(json.dumps({"version": self.version}))
         return path / "trainer.json"
 
-    def load(self, directory: Any) -> int:
+    def load(self, directory: str | Path) -> int:
         self.policy.version = int(json.loads((Path(directory) / "trainer.json").read_text())["version"])
         return self.version

@@ -35,8 +35,8 @@ from typing import Any, Callable, Optional
 
 from psrl.errors import RunError, describe
 from psrl.rollout.client.records import trajectory_record
-from psrl.runtime.recorder import _FILES
-from psrl.staleness import StalenessManager
+from psrl.runtime.recorder import RUN_FILES
+from psrl.staleness import Event, StalenessManager
 
 __all__ = ["save_checkpoint", "CheckpointSaver", "load_checkpoint", "restore_manager", "resume", "CheckpointWriteError"]
 
@@ -193,8 +193,10 @@ def load_checkpoint(run_dir: str | Path) -> Optional[dict]:
     return None
 
 
-def restore_manager(snapshot: dict, group_filter: Any = None, sink: Any = None) -> StalenessManager:
-    """The staleness manager of a checkpoint, with every RESERVED entry aborted and its trajectories reported."""
+def restore_manager(snapshot: dict, group_filter: Any = None, sink: Any = None,
+                    on_event: Optional[Callable[[Event], Any]] = None) -> StalenessManager:
+    """The staleness manager of a checkpoint, with every RESERVED entry aborted and its trajectories reported;
+    ``on_event`` hears it from then on (the aborts belong to the process that died, not to the event log)."""
     m = StalenessManager.restore(snapshot, group_filter=group_filter)
     m.drain_aborted()  # their generations died with the old process
     T = m.train_version
@@ -205,17 +207,20 @@ def restore_manager(snapshot: dict, group_filter: Any = None, sink: Any = None) 
             for traj in held:
                 if sink is not None:
                     sink.trajectory(trajectory_record(traj, "aborted", reason="resume"))
-    return m
+    if on_event is None:
+        return m
+    return StalenessManager.restore(m.snapshot(), group_filter=group_filter, on_event=on_event)
 
 
 def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any = None,
-           log: Optional[Callable[[str], None]] = None) -> Optional[dict]:
+           log: Optional[Callable[[str], None]] = None,
+           on_event: Optional[Callable[[Event], Any]] = None) -> Optional[dict]:
     """Restore the newest intact checkpoint of ``run_dir`` into ``trainer`` and ``recorder``; None when there
     is none (then the logs a run killed before its first checkpoint left are cut to empty).
 
     A damaged newer checkpoint is reported through ``log``, renamed ``<name>.damaged`` and skipped.
-    Returns the checkpoint state with ``manager`` (the restored staleness manager); the caller builds
-    its coordinator with it and hands ``state["agents"]`` to ``agents.load_state``.
+    Returns the checkpoint state with ``manager`` (the restored staleness manager, ``on_event`` its listener); the
+    caller builds its coordinator with it and hands ``state["agents"]`` to ``agents.load_state``.
     """
     run_dir = Path(run_dir)
     damaged: list[tuple[Path, Exception, str]] = []
@@ -229,10 +234,10 @@ def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any =
         try:
             trainer.load(path)
             offsets = {str(k): int(v) for k, v in dict(ck["offsets"]).items()}
-            if any(k not in _FILES + (_EVENTS,) or v < 0 for k, v in offsets.items()):
+            if any(k not in RUN_FILES + (_EVENTS,) or v < 0 for k, v in offsets.items()):
                 raise ValueError(f"bad JSONL offsets {offsets}")
             _cut(run_dir, offsets, recorder)  # before the manager reports the aborted trajectories into those files
-            ck["manager"] = restore_manager(ck["staleness"], group_filter, recorder)
+            ck["manager"] = restore_manager(ck["staleness"], group_filter, recorder, on_event)
         except Exception as e:  # a damaged trainer.pt, or a state from another model / config
             damaged.append((path, e, "cannot be restored"))
             continue
@@ -246,7 +251,7 @@ def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any =
     if damaged:
         path, e, what = damaged[0]
         raise RunError(f"checkpoint {path}", f"{what}: {describe(e)}", _FIX) from e
-    _cut(run_dir, {**{name: 0 for name in _FILES}, _EVENTS: 0}, recorder)  # no checkpoint: the run starts over
+    _cut(run_dir, {**{name: 0 for name in RUN_FILES}, _EVENTS: 0}, recorder)  # no checkpoint: the run starts over
     return None
 
 
@@ -254,7 +259,7 @@ def _cut(run_dir: Path, offsets: dict[str, int], recorder: Any) -> None:
     """The JSONL logs back to ``offsets`` (the recorder's files through it, ``events.jsonl`` directly: its
     writer opens it after the resume)."""
     if recorder is not None:
-        recorder.truncate({k: v for k, v in offsets.items() if k in _FILES})
+        recorder.truncate({k: v for k, v in offsets.items() if k in RUN_FILES})
     events = run_dir / _EVENTS
     if _EVENTS in offsets and events.exists() and events.stat().st_size > offsets[_EVENTS]:
         os.truncate(events, offsets[_EVENTS])

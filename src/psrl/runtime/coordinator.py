@@ -25,41 +25,46 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from psrl.algo.filters import build_group_filter
 from psrl.errors import RunError
-from psrl.rollout.client.agents import AgentManager
-from psrl.rollout.serving.instance import RolloutInstance
-from psrl.rollout.serving.pool import build_pool
-from psrl.rollout.serving.sync import build_sync
+from psrl.rollout.build import build_rollout
+from psrl.rollout.engines.base import TokenModel
+from psrl.rollout.types import RolloutStatus
 from psrl.runtime.watchdog import Watchdog
-from psrl.staleness import StalenessManager
+from psrl.staleness import Batch, Event, StalenessManager
 from psrl.train.store import ParameterStore
 from psrl.tasks.base import Task
-from psrl.types import Engine, Sink, StepTrainer
+from psrl.types import Engine, Sink, StepTrainer, Trajectory
+
+if TYPE_CHECKING:
+    from psrl.config import Config
 
 __all__ = ["Coordinator", "build_staleness_manager", "batch_metrics"]
 
 
-def build_staleness_manager(cfg: Any, train_version: int = 0) -> StalenessManager:
-    """The staleness manager of ``psrl.*`` (with its group filter) at ``train_version``."""
+def build_staleness_manager(cfg: Config, train_version: int = 0,
+                            on_event: Optional[Callable[[Event], Any]] = None) -> StalenessManager:
+    """The staleness manager of ``psrl.*`` (with its group filter) at ``train_version``; ``on_event`` hears every
+    transition (``events.jsonl``)."""
     p = cfg.psrl
     return StalenessManager(
         p.staleness, p.batch_size, p.group_size, p.redundant_batch_size, p.redundant_group_size,
-        group_filter=build_group_filter(p, cfg.algorithm), train_version=train_version,
+        group_filter=build_group_filter(p, cfg.algorithm), on_event=on_event, train_version=train_version,
     )
 
 
 class Coordinator:
-    """Wires instances, router, sync strategy, agent manager, staleness manager and trainer.
+    """Wires the weight store, the staleness manager, the rollout side (:func:`psrl.rollout.build_rollout`) and the
+    trainer, and runs the trainer loop.
 
     Args:
         cfg: the validated :class:`psrl.config.Config`.
         task: the task (prompts, episodes, rewards).
         trainer: ``step(batch) -> metrics`` (sync or async) and ``policy`` (``export_state``,
             ``version``), e.g. :class:`psrl.train.Trainer`.
-        models: one model per rollout instance (``next_token``, ``load_state``, ``version``).
+        engines: one inference engine per rollout instance (or a bare model, which the no-cache engine wraps).
         sink: ``trajectory(record)`` / ``metric(row)`` (a RunRecorder or a MemorySink).
         manager: a (restored) staleness manager; default: a fresh one at the trainer's version.
         log: where to say that a cancelled run is finishing its training step (default: print).
@@ -70,42 +75,20 @@ class Coordinator:
     instead of one with a consumed but untrained batch. Cancelling again stops at once.
     """
 
-    def __init__(self, cfg: Any, task: Task, trainer: StepTrainer, models: Sequence[Any], *, sink: Optional[Sink] = None,
-                 manager: Optional[StalenessManager] = None, log: Optional[Callable[[str], None]] = None):
-        p = cfg.psrl
+    def __init__(self, cfg: Config, task: Task, trainer: StepTrainer, engines: Sequence[Union[Engine, TokenModel]], *,
+                 sink: Optional[Sink] = None, manager: Optional[StalenessManager] = None,
+                 log: Optional[Callable[[str], None]] = None):
         self.cfg = cfg
         self.log = log or print
         self.trainer = trainer
         self.sink = sink
         policy = trainer.policy
-        self.store = ParameterStore(keep=p.staleness + 2)
+        self.store = ParameterStore(keep=cfg.psrl.staleness + 2)
         self.store.publish(int(policy.version), policy.export_state())
         self.manager = manager or build_staleness_manager(cfg, int(policy.version))
-        version, state = self.store.get()
-        for model in models:
-            if not isinstance(model, Engine):  # a bare next_token model: load it now (engines load at start)
-                model.load_state(state, version)
-        sync = build_sync(p.sync_and_mig_strategy, p.staleness, self.manager)
-        r, rs = cfg.rollout, p.routing_strategy
-        instances = [
-            RolloutInstance(i, model, self.store, sync, partial_rollout=p.partial_rollout.enable,
-                            interrupt_as_prompt=p.partial_rollout.interrupt_as_prompt,
-                            stop_ids=getattr(task, "stop_ids", ()),
-                            temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p,
-                            max_new_tokens=cfg.trainer.max_new_tokens, max_restarts=r.max_restarts,
-                            max_batch=rs.max_concurrent_seqs_per_instance,
-                            multi_priority_queue=rs.enable_multi_priority_queue, request_sort=rs.request_sort_indicator)
-            for i, model in enumerate(models)
-        ]
-        for inst in instances:
-            inst.log_failure = self.log
-        self.pool = build_pool(instances, p, seed=cfg.trainer.seed)
-        self.agents = AgentManager(task, self.manager, self.pool, p, workers=len(instances) * rs.max_concurrent_seqs_per_instance,
-                                   sink=sink, seed=cfg.trainer.seed, retries=cfg.task.reward_retries,
-                                   reward_timeout=cfg.task.reward_timeout)
+        self.pool, self.agents = build_rollout(cfg, engines, self.store, self.manager, task=task, sink=sink,
+                                               log=self.log)
         self.rows: list[dict] = []
-        self.on_step: Optional[Callable[[dict], None]] = None
-        """Called with each step's metrics row once the step is published (psrl train: show, validate, checkpoint)."""
         self.in_step = False
         self.watchdog: Optional[Watchdog] = None
         self._t0 = 0.0
@@ -121,12 +104,17 @@ class Coordinator:
         snapshot and the agent manager's state (a consistent cut only between steps: ``not in_step``)."""
         return {"version": self.version, "staleness": self.manager.snapshot(), "agents": self.agents.state()}
 
-    async def run(self, total_steps: int) -> list[dict]:
-        """Train until the trainer holds version ``total_steps``; returns one metrics row per step."""
+    def status(self) -> RolloutStatus:
+        """What the rollout side is doing now: its instances and the trajectories in flight (the stall report)."""
+        return RolloutStatus(self.pool.status(), self.agents.in_flight())
+
+    async def run(self, total_steps: int, on_step: Optional[Callable[[dict], None]] = None) -> list[dict]:
+        """Train until the trainer holds version ``total_steps``; returns one metrics row per step. ``on_step`` is
+        called with each step's row once the step is published (psrl train: show, validate, checkpoint)."""
         loop = asyncio.get_running_loop()
         self._t0 = self._last = loop.time()
         self.pool.start()
-        await self._ready()
+        await self.pool.ready()
         self._t0 = self._last = loop.time()  # engine start-up (a vLLM server: tens of seconds) is not a step
         dispatcher = self.agents.start()
         watchdog = self._watchdog()
@@ -134,7 +122,7 @@ class Coordinator:
         try:
             while self.version < total_steps:
                 batch = await self._next_batch(dispatcher)
-                await self._train_on(batch)
+                await self._train_on(batch, on_step)
             finished = True
         finally:
             dispatcher.cancel()
@@ -153,18 +141,7 @@ class Coordinator:
         self.watchdog = Watchdog(self, timeout, getattr(self.sink, "run_dir", None), self.log)
         return asyncio.get_running_loop().create_task(self.watchdog.run(), name="stall-watchdog")
 
-    async def _ready(self) -> None:
-        """Every engine started and holding the newest version; an engine that cannot start stops the run."""
-        ready = asyncio.ensure_future(self.pool.ready())
-        loops = [inst._task for inst in self.pool.instances if inst._task is not None]
-        done, _ = await asyncio.wait([ready, *loops], return_when=asyncio.FIRST_COMPLETED)
-        if ready not in done:
-            ready.cancel()
-            for fut in done:
-                fut.result()  # raises the engine's start-up error
-            raise RuntimeError("a rollout instance stopped before its engine was ready")
-
-    async def _next_batch(self, dispatcher: asyncio.Task) -> Any:
+    async def _next_batch(self, dispatcher: asyncio.Task) -> Batch:
         """``await next_batch()``, but fail fast if the dispatcher or an agent worker crashed."""
         nb = asyncio.ensure_future(self.manager.next_batch())
         watched = {nb, dispatcher, self.agents.failure}
@@ -180,7 +157,7 @@ class Coordinator:
             fut.result()  # raises the crash
         raise RuntimeError("the agent dispatcher stopped")
 
-    async def _train_on(self, batch: Any) -> None:
+    async def _train_on(self, batch: Batch, on_step: Optional[Callable[[dict], None]] = None) -> None:
         """Record the batch, train on it (generation keeps going), publish ``T + 1``, wake instances."""
         loop = asyncio.get_running_loop()
         self.agents.after_consume(batch)
@@ -202,7 +179,7 @@ class Coordinator:
                     raise
             metrics = step.result()
         self.in_step = False
-        skipped = getattr(self.trainer, "last_skip", None)
+        skipped = self.trainer.last_skip
         self.agents.record_batch(batch, skipped)
         version = int(batch.version) + 1
         policy = self.trainer.policy
@@ -213,8 +190,8 @@ class Coordinator:
         self.rows.append(row)
         if self.sink is not None:
             self.sink.metric(row)
-        if self.on_step is not None:
-            self.on_step(row)
+        if on_step is not None:
+            on_step(row)
         if skipped is not None:
             self._skipped(version, skipped)
         if interrupted:
@@ -222,7 +199,7 @@ class Coordinator:
 
     def _skipped(self, version: int, reason: str) -> None:
         """Say that step ``version`` was skipped; stop after ``trainer.max_skipped_steps`` in a row."""
-        in_a_row = int(getattr(self.trainer, "skipped_in_a_row", 1))
+        in_a_row = int(self.trainer.skipped_in_a_row)
         limit = self.cfg.trainer.max_skipped_steps
         self.log(f"step {version} skipped ({reason}): its trajectories are recorded 'skipped', "
                  f"{in_a_row} in a row of trainer.max_skipped_steps={limit}")
@@ -231,13 +208,13 @@ class Coordinator:
                            "lower trainer.lr or trainer.grad_clip, or check the model's dtype and the rewards; "
                            "the run is checkpointed here and the same command resumes it")
 
-    async def _step(self, batch: Any) -> dict:
+    async def _step(self, batch: Batch) -> dict:
         step = self.trainer.step
         if inspect.iscoroutinefunction(step):
             return await step(batch)
         return await asyncio.to_thread(step, batch)
 
-    def _row(self, batch: Any, metrics: dict, train_s: float) -> dict:
+    def _row(self, batch: Batch, metrics: dict, train_s: float) -> dict:
         """One ``metrics.jsonl`` line: progress, what the batch was, buffer states, counters, throughput, and the
         trainer's own metrics (names and owners: :mod:`psrl.metrics`)."""
         now = asyncio.get_running_loop().time()
@@ -263,7 +240,7 @@ class Coordinator:
         return row
 
 
-def batch_metrics(version: int, trajs: Sequence[Any]) -> dict[str, float]:
+def batch_metrics(version: int, trajs: Sequence[Trajectory]) -> dict[str, float]:
     """What a consumed batch was: reward, accuracy, lengths, masked (tool) and truncated fractions, and the
     measured lag ``version - V_traj`` (``staleness/*``)."""
     n = max(len(trajs), 1)

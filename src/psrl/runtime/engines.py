@@ -9,15 +9,23 @@ With ``runtime.backend=ray`` each engine lives in a Ray actor (:mod:`psrl.runtim
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+from psrl.rollout.build import sampling_of
+from psrl.types import Engine
+
+if TYPE_CHECKING:
+    from psrl.config import Config
+    from psrl.tasks.base import Task
 
 __all__ = ["build_engines"]
 
 
-def build_engines(cfg: Any, policy: Any, task: Any, run_dir: Optional[Path] = None) -> list[Any]:
-    """One engine per rollout instance for ``cfg`` (the policy supplies weights, tokenizer and shape)."""
+def build_engines(cfg: Config, policy: Any, task: Task, run_dir: Optional[Path] = None) -> list[Engine]:
+    """One engine per rollout instance for ``cfg`` (the policy supplies weights, tokenizer and shape), each
+    sampling as :func:`psrl.rollout.sampling_of` says."""
     n, seed, r = cfg.psrl.deployment.n_rollout_instances, cfg.trainer.seed, cfg.rollout
-    sampling = dict(stop_ids=getattr(task, "stop_ids", ()), temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p)
+    sampling = sampling_of(cfg, task)
     if cfg.runtime.backend == "ray":
         from psrl.runtime.ray_runtime import build_ray_engines
 
@@ -25,8 +33,8 @@ def build_engines(cfg: Any, policy: Any, task: Any, run_dir: Optional[Path] = No
     if r.engine == "vllm":
         from psrl.rollout.engines.vllm import build_vllm_engines
 
-        return build_vllm_engines(cfg, policy, run_dir, **sampling)
+        return build_vllm_engines(cfg, policy, run_dir, sampling)
     from psrl.rollout.engines.hf import HFEngine
 
-    return [HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, **sampling)
+    return [HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, sampling=sampling)
             for i in range(n)]

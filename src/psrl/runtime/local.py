@@ -15,20 +15,24 @@ import contextlib
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
 from psrl.algo.filters import build_group_filter
+from psrl.rollout.engines.base import TokenModel
 from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
-from psrl.runtime.coordinator import Coordinator
+from psrl.runtime.coordinator import Coordinator, build_staleness_manager
 from psrl.runtime.engines import build_engines
 from psrl.runtime.recorder import EventLog, RunRecorder
 from psrl.runtime.watch import RunWatch
-from psrl.staleness import StalenessManager
+from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
-from psrl.types import Sink, StepTrainer
+from psrl.types import Engine, Sink, StepTrainer, WeightState
+
+if TYPE_CHECKING:
+    from psrl.config import Config
 
 __all__ = ["build", "train", "progress_line"]
 
@@ -64,17 +68,19 @@ class _StepHook:
             self.saver.save(self.run_dir, self.coord, self.recorder, wait=row["step"] >= self.total)
 
 
-def build(cfg: Any, recorder: Optional[RunRecorder] = None, log: Callable[[str], None] = print, *,
-          task: Optional[Task] = None, trainer: Optional[StepTrainer] = None, engines: Optional[Sequence[Any]] = None,
-          weights: Optional[dict] = None, sink: Optional[Sink] = None,
-          manager: Optional[StalenessManager] = None) -> Coordinator:
-    """The one builder of a run: task, trainer, rollout engines and coordinator for ``cfg``.
+def build(cfg: Config, recorder: Optional[RunRecorder] = None, log: Callable[[str], None] = print, *,
+          task: Optional[Task] = None, trainer: Optional[StepTrainer] = None,
+          engines: Optional[Sequence[Union[Engine, TokenModel]]] = None, weights: Optional[WeightState] = None,
+          sink: Optional[Sink] = None, manager: Optional[StalenessManager] = None,
+          on_event: Optional[Callable[[Event], Any]] = None) -> Coordinator:
+    """The one builder of a run: task, trainer, rollout engines, staleness manager and coordinator for ``cfg``.
 
     ``psrl train``, the tests, the benchmarks and the simulator's ``coordinator`` policy all build here; a part
     given is used as it is (a fake task, trainer or engines; the simulator's sink and manager), the others are
     built from ``cfg``. Where the run starts: ``recorder.run_dir/checkpoint`` when ``trainer.resume`` finds one,
     else ``weights`` (a state dict, e.g. one shared warm start across benchmark runs), else the warm start of a
-    real :class:`~psrl.train.Trainer`.
+    real :class:`~psrl.train.Trainer`. ``on_event`` hears every transition of the staleness manager built or
+    restored here (``events.jsonl``; a ``manager`` given keeps its own listener).
     """
     if engines is None and cfg.rollout.engine == "vllm" and not cfg.rollout.vllm.urls:
         from psrl.rollout.engines.vllm_server import find_vllm_python
@@ -87,7 +93,7 @@ def build(cfg: Any, recorder: Optional[RunRecorder] = None, log: Callable[[str],
         trainer = trainer if trainer is not None else Trainer(policy, cfg.algorithm, cfg.trainer)
     ck = None
     if recorder is not None and cfg.trainer.resume:
-        ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm), log)
+        ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm), log, on_event)
     if ck is not None:
         manager = ck["manager"]
         log(f"resumed from {ck['dir']} at version {trainer.policy.version}")
@@ -97,6 +103,8 @@ def build(cfg: Any, recorder: Optional[RunRecorder] = None, log: Callable[[str],
         warm_start(cfg, task, trainer, log)
     if engines is None:
         engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
+    if manager is None:
+        manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)
     coord = Coordinator(cfg, task, trainer, engines, sink=sink if sink is not None else recorder, manager=manager,
                         log=log)
     if ck is not None:
@@ -104,20 +112,23 @@ def build(cfg: Any, recorder: Optional[RunRecorder] = None, log: Callable[[str],
     return coord
 
 
-async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print, **parts: Any) -> list[dict]:
+async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = print, **parts: Any) -> list[dict]:
     """Run ``psrl train`` for ``cfg`` into ``run_dir``; returns the metrics rows of this invocation. ``parts``
     go to :func:`build` (a trainer or engines of the caller's, shared start ``weights``)."""
     torch.set_num_threads(1)
     run_dir = Path(run_dir)
     recorder = RunRecorder(run_dir)
     recorder.write_config(cfg)
-    coord = build(cfg, recorder, log, **parts)
+    events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)  # the timeline of `psrl viz`
+    try:
+        coord = build(cfg, recorder, log, on_event=events, **parts)
+    except BaseException:
+        events.close()
+        raise
     total = cfg.trainer.total_steps
-    events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)
-    coord.manager.on_event = events  # the buffer timeline for `psrl viz RUN_DIR`
     watch = RunWatch(cfg, run_dir, coord, recorder, log, progress_line)
     saver = CheckpointSaver(background=cfg.trainer.checkpoint_in_background)
-    coord.on_step = _StepHook(coord, run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch, saver)
+    on_step = _StepHook(coord, run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch, saver)
     p = cfg.psrl
     log(f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
         f"(N'={p.redundant_group_size}), {p.deployment.n_rollout_instances} instances x {p.routing_strategy.max_concurrent_seqs_per_instance} workers, "
@@ -125,7 +136,7 @@ async def train(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = prin
     started = time.perf_counter()
     with _sigterm_cancels(asyncio.current_task()) as terminated:
         try:
-            rows = await coord.run(total)
+            rows = await coord.run(total, on_step)
         except BaseException as exc:
             # between steps the state is consistent: make the run resumable from here (unless saving is what failed)
             try:
@@ -177,6 +188,6 @@ def _sigterm_cancels(task: asyncio.Task) -> Iterator[Callable[[], bool]]:
             loop.remove_signal_handler(signal.SIGTERM)
 
 
-def run(cfg: Any, run_dir: str | Path, log: Callable[[str], None] = print, **parts: Any) -> list[dict]:
+def run(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = print, **parts: Any) -> list[dict]:
     """Synchronous entry point: ``asyncio.run(train(...))``."""
     return asyncio.run(train(cfg, run_dir, log, **parts))

@@ -21,7 +21,7 @@ import asyncio
 import itertools
 from typing import Any, Optional
 
-from psrl.types import EngineLoad, GenRequest
+from psrl.types import EngineLoad, GenRequest, WeightSource
 
 __all__ = ["EngineWorker", "RayEngine", "build_ray_engines", "ensure_ray"]
 
@@ -35,6 +35,7 @@ class EngineWorker:
         torch.set_num_threads(threads)
         from psrl.config import config_from_dict
         from psrl.models import build_policy, load_tokenizer
+        from psrl.rollout.build import sampling_of
         from psrl.rollout.engines.hf import HFEngine
         from psrl.tasks import get_task
 
@@ -42,9 +43,7 @@ class EngineWorker:
         tok = load_tokenizer(cfg.model)
         task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
         policy = build_policy(cfg.model, task, seed=seed)
-        self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update,
-                               stop_ids=getattr(task, "stop_ids", ()), temperature=cfg.trainer.temperature,
-                               top_p=cfg.trainer.top_p)
+        self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update, sampling=sampling_of(cfg, task))
         self.store = None
         self.reqs: dict[str, GenRequest] = {}
 
@@ -134,7 +133,7 @@ class RayEngine:
     async def resume(self) -> None:
         await self.actor.resume.remote()
 
-    async def update_weights(self, version: int, store: Any) -> None:
+    async def update_weights(self, version: int, store: WeightSource) -> None:
         import ray
 
         version, state = store.get(version)

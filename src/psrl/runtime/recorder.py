@@ -14,9 +14,10 @@ from pathlib import Path
 import time
 from typing import Any, Callable, Optional
 
-__all__ = ["RunRecorder", "EventLog", "default_run_dir", "read_jsonl"]
+__all__ = ["RunRecorder", "EventLog", "RUN_FILES", "default_run_dir", "read_jsonl"]
 
-_FILES = ("metrics.jsonl", "trajectories.jsonl")
+RUN_FILES = ("metrics.jsonl", "trajectories.jsonl")
+"""The JSONL files a :class:`RunRecorder` appends to (a checkpoint stores their lengths, a resume cuts them back)."""
 
 
 def default_run_dir(root: str | Path = "runs") -> Path:
@@ -38,9 +39,7 @@ class RunRecorder:
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._files = {name: open(self.run_dir / name, "a", encoding="utf-8") for name in _FILES}
-        self.trackers: Any = None
-        """TensorBoard / wandb (:class:`psrl.runtime.watch.Trackers`): they get every metrics row too."""
+        self._files = {name: open(self.run_dir / name, "a", encoding="utf-8") for name in RUN_FILES}
 
     def write_config(self, cfg: Any) -> Path:
         import yaml
@@ -56,8 +55,6 @@ class RunRecorder:
 
     def metric(self, row: dict) -> None:
         self._write("metrics.jsonl", row)
-        if self.trackers is not None:
-            self.trackers.log(row)
 
     def _write(self, name: str, obj: dict) -> None:
         f = self._files[name]

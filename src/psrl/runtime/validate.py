@@ -26,6 +26,7 @@ from typing import Any, Iterator
 from psrl.rollout.engines.base import turns
 from psrl.rollout.engines.hf import HFEngine
 from psrl.tasks.base import compute_reward
+from psrl.types import Sampling
 
 __all__ = ["validate", "validate_blocking"]
 
@@ -53,7 +54,7 @@ async def _scores(task, engine: HFEngine, prompts: list, k: int, seed: str) -> t
 
 async def _scored(task, policy, temperature: float, top_p: float, prompts: list, k: int,
                   seed: str) -> tuple[list[list[dict]], int]:
-    engine = HFEngine(policy, stop_ids=task.stop_ids, temperature=temperature, top_p=top_p)
+    engine = HFEngine(policy, sampling=Sampling(temperature, top_p, frozenset(task.stop_ids)))
     try:
         return await _scores(task, engine, prompts, k, seed)
     finally:

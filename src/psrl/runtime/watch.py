@@ -85,7 +85,7 @@ class RunWatch:
         cfg: the config (``trainer.logger``, ``trainer.val_every``, ``trainer.val_n``, ...).
         run_dir: the run directory.
         coord: the coordinator (its trainer's policy is validated, its task gives the validation set).
-        recorder: where validation rows go (``metrics.jsonl``), next to the step rows.
+        recorder: where validation rows go (``metrics.jsonl``), next to the step rows; the trackers get both.
         log: the plain-line sink (console without a terminal).
         line: formats one step row as a plain line.
         tty: whether stdout is a terminal (default: ask it).
@@ -99,14 +99,14 @@ class RunWatch:
         tty = sys.stdout.isatty() if tty is None else tty
         self.bar = _Bar(self.total, coord.version) if self.console and tty else None
         self.trackers = Trackers(cfg, Path(run_dir), resume_version=coord.version)
-        recorder.trackers = self.trackers
         self._val_prompts: Optional[list] = None
         dropped = getattr(coord.agents.task, "dropped", 0) if hasattr(coord, "agents") else 0
         if dropped:
             log(f"data: dropped {dropped} prompts longer than data.max_prompt_length (data.filter_overlong_prompts)")
 
     def after_step(self, row: dict) -> None:
-        """Show the step; validate when ``trainer.val_every`` says so (and after the last step)."""
+        """Show and track the step; validate when ``trainer.val_every`` says so (and after the last step)."""
+        self.trackers.log(row)
         if self.bar is not None:
             self.bar.step(row)
         elif self.console:
@@ -126,6 +126,7 @@ class RunWatch:
         metrics = validate_blocking(task, policy, self._val_prompts, t.val_n, t.temperature, t.top_p, seed=t.seed)
         out = {"step": int(row["step"]), "version": int(policy.version), "val/time": row.get("time", 0.0), **metrics}
         self.recorder.metric(out)
+        self.trackers.log(out)
         if self.console:
             msg = (f"validation at step {out['step']} (v{out['version']}): accuracy {out['val/accuracy']:.3f} "
                    f"reward {out['val/reward']:.3f} pass@{t.val_n} {out['val/pass@k']:.3f} "

@@ -21,9 +21,12 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from psrl.errors import RunError
+
+if TYPE_CHECKING:
+    from psrl.runtime.coordinator import Coordinator
 
 __all__ = ["Watchdog", "stall_report"]
 
@@ -32,13 +35,13 @@ class Watchdog:
     """Watches ``coord`` (a :class:`~psrl.runtime.coordinator.Coordinator`) for ``timeout`` seconds of no progress.
 
     Args:
-        coord: the coordinator (its agent manager, pool, staleness manager and ``in_step``).
+        coord: the coordinator (its ``status()``, staleness manager, progress counters and ``in_step``).
         timeout: ``trainer.stall_timeout_s``; the run stops after twice this with no progress.
         run_dir: where ``stall-<n>.json`` goes (None: console only).
         log: the console.
     """
 
-    def __init__(self, coord: Any, timeout: float, run_dir: Optional[Path] = None,
+    def __init__(self, coord: Coordinator, timeout: float, run_dir: Optional[Path] = None,
                  log: Callable[[str], None] = print):
         self.coord, self.timeout, self.run_dir, self.log = coord, float(timeout), run_dir, log
         self.dumps: list[Path] = []
@@ -92,28 +95,25 @@ class Watchdog:
             failure.set_exception(err)
 
 
-def stall_report(coord: Any, idle: float, events: int = 50) -> dict:
+def stall_report(coord: Coordinator, idle: float, events: int = 50) -> dict:
     """What a stalled run is waiting on: buffers (state, counts, blocking entries), instances (version, load,
     in-flight trajectories with their age and whether they are in a model turn or a tool call), the last
     ``events`` buffer events, and a one-line ``summary``."""
-    loop = asyncio.get_running_loop()
     m = coord.manager
     buffers = {}
     for b, state in m.buffer_states().items():
         occupied, reserved, _ = m.counts(b)
         buffers[str(b)] = {"state": str(state), "occupied": occupied, "reserved": reserved,
                            "blocking": [str(e) for e in m.blocking(b)]}
-    flight: dict[int, list] = {i.index: [] for i in coord.pool.instances}
-    for g in coord.agents.groups.values():
-        for mem in g.live():
-            s = mem.session
-            inst = s.instance.index if s is not None else -1
-            flight.setdefault(inst, []).append({
-                "trajectory": mem.uid, "entry": str(g.eid), "age_s": round(loop.time() - mem.started, 3),
-                "in": "model turn" if s is not None and s._req is not None else "tool call or reward"})
+    status = coord.status()
+    flight: dict[int, list] = {i.index: [] for i in status.instances}
+    for t in status.in_flight:
+        flight.setdefault(t.instance, []).append({
+            "trajectory": t.trajectory, "entry": t.entry, "age_s": round(t.age_s, 3),
+            "in": "model turn" if t.in_model_turn else "tool call or reward"})
     instances = [{"index": i.index, "version": i.version, "dead": i.dead, "syncing": i.syncing,
                   "active": i.active, "queued": i.queued, "in_flight": flight.get(i.index, [])}
-                 for i in coord.pool.instances]
+                 for i in status.instances]
     n_flight = sum(len(v) for v in flight.values())
     oldest = max((t["age_s"] for v in flight.values() for t in v), default=0.0)
     states = " ".join(f"{b}:{v['state']}" for b, v in buffers.items())

@@ -29,7 +29,7 @@ the simulator's model and the real code. It costs about 0.1 ms of real time per 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Optional
 
 from psrl.sim.metrics import Recorder, Result
 from psrl.sim.workload import Workload
@@ -137,10 +137,12 @@ class _SimTrainer:
     """``step`` takes the workload's training time in virtual seconds and records the step."""
 
     def __init__(self, meter: _Meter):
-        from psrl.rollout.engines.base import FakeEngine
+        from psrl.rollout.fakes import FakeEngine
 
         self.meter = meter
         self.policy = FakeEngine(token_cost=0.0)
+        self.last_skip: Optional[str] = None
+        self.skipped_in_a_row = 0
 
     async def step(self, batch: Any) -> dict:
         meter, wl = self.meter, self.meter.wl
@@ -185,7 +187,7 @@ class _Sink:
 
 def _engines(wl: Workload) -> list:
     """One fake engine per rollout instance: free decoding, or the ``sim.decode`` speed model."""
-    from psrl.rollout.engines.base import FakeEngine
+    from psrl.rollout.fakes import FakeEngine
 
     if not wl.decode:
         return [FakeEngine(token_cost=0.0, sync_cost=wl.sync_time)]

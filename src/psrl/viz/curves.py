@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from psrl.viz.events import _valid, read_valid
+from psrl.viz.events import read_valid, valid
 
 __all__ = ["draw_curves", "staleness_by_step"]
 
@@ -25,7 +25,7 @@ def _rows(path: Path, need: tuple[str, ...] = ()) -> list[dict]:
 
 
 def _num(v) -> bool:
-    return _valid(v, NUM)
+    return valid(v, NUM)
 
 
 def staleness_by_step(traj_path: Path) -> dict[int, Counter]:

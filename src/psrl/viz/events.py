@@ -35,7 +35,7 @@ def read_valid(path: str | Path, fields: dict[str, tuple[type, ...]]) -> tuple[l
             except ValueError as e:
                 bad.append(f"{p}:{n}: not JSON ({e.msg})")
                 continue
-            missing = [k for k, tps in fields.items() if not isinstance(rec, dict) or not _valid(rec.get(k), tps)]
+            missing = [k for k, tps in fields.items() if not isinstance(rec, dict) or not valid(rec.get(k), tps)]
             if missing:
                 bad.append(f"{p}:{n}: no valid {missing[0]!r}")
                 continue
@@ -43,7 +43,7 @@ def read_valid(path: str | Path, fields: dict[str, tuple[type, ...]]) -> tuple[l
     return good, bad
 
 
-def _valid(value: object, types: tuple[type, ...]) -> bool:
+def valid(value: object, types: tuple[type, ...]) -> bool:
     """``value`` has one of ``types``; a bool is not a number, NaN and infinities are not times."""
     if isinstance(value, bool) or not isinstance(value, types):
         return False

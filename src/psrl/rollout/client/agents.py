@@ -21,7 +21,8 @@ A raising episode or reward function is retried ``task.reward_retries`` times, t
 longer reach N members its entry is aborted, so the slot refills instead of blocking a buffer.
 A reward that hangs (an awaitable reward still running after ``task.reward_timeout`` seconds) or
 returns a NaN / infinite score takes the same path: it is one more way for a reward to fail. The proactive filter
-(:mod:`psrl.rollout.client.proactive`) runs after every change of the protocol state.
+(:mod:`psrl.rollout.client.proactive`) runs after every change of the protocol state and has the manager
+:meth:`~AgentManager.retry` or :meth:`~AgentManager.truncate` a group.
 """
 
 from __future__ import annotations
@@ -32,19 +33,26 @@ import inspect
 import logging
 import math
 import random
-from typing import Any, Hashable, Optional, Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, Hashable, Optional, Sequence, TypeVar
 
 from psrl.errors import PsrlError, RunError, describe
 from psrl.rollout.client.proactive import ProactiveFilter
 from psrl.rollout.client.records import Counts, WorkerSlots, trajectory_record
 from psrl.rollout.serving.session import Session
-from psrl.staleness import StalenessManager, StaleVersionError, Status
-from psrl.tasks.base import Task, episode_to_trajectory
-from psrl.types import Sink
+from psrl.rollout.types import InFlight
+from psrl.staleness import Batch, StalenessManager, StaleVersionError, Status
+from psrl.tasks.base import Episode, Prompt, Task, episode_to_trajectory
+from psrl.types import Sink, Trajectory
+
+if TYPE_CHECKING:
+    from psrl.config import Config
+    from psrl.rollout.types import Pool
 
 __all__ = ["AgentManager"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class _Member:
@@ -70,7 +78,7 @@ class _Group:
 
     __slots__ = ("eid", "uid", "prompt", "version", "members", "next_idx", "proactive")
 
-    def __init__(self, eid: Hashable, uid: str, prompt: Any, version: int):
+    def __init__(self, eid: Hashable, uid: str, prompt: Prompt, version: int):
         self.eid = eid
         self.uid = uid
         self.prompt = prompt
@@ -91,23 +99,23 @@ class AgentManager:
         task: a :class:`psrl.tasks.Task` (``sample_prompt``, ``run_episode``, ``reward``).
         manager: the :class:`psrl.staleness.StalenessManager`.
         pool: the :class:`psrl.rollout.serving.pool.InstancePool`.
-        psrl_cfg: ``psrl.*`` (group sizes, proactive filter).
+        cfg: the run's config: ``psrl.*`` (group sizes, proactive filter), ``trainer.seed`` (the prompt stream and
+            the per-episode rngs), ``task.reward_retries`` and ``task.reward_timeout``.
         workers: agent workers (trajectories generated at once).
         sink: gets one ``trajectory(record)`` call per trajectory that reached the manager.
-        seed: seeds the prompt stream and the per-episode rngs.
-        retries: ``task.reward_retries``.
     """
 
-    def __init__(self, task: Task, manager: StalenessManager, pool: Any, psrl_cfg: Any, workers: int,
-                 sink: Optional[Sink] = None, seed: int = 0, retries: int = 1, reward_timeout: Optional[float] = None):
+    def __init__(self, task: Task, manager: StalenessManager, pool: Pool, cfg: Config, *, workers: int,
+                 sink: Optional[Sink] = None):
+        p = cfg.psrl
         self.task = task
         self.manager = manager
         self.pool = pool
-        self.redundant_group_size = psrl_cfg.redundant_group_size
+        self.redundant_group_size = p.redundant_group_size
         """N': members launched per group (psrl.redundant_rollout.redundant_rollout_n; N when unset)."""
-        self.group_size = psrl_cfg.group_size
-        self.retries = int(retries)
-        self.reward_timeout = reward_timeout
+        self.group_size = p.group_size
+        self.retries = int(cfg.task.reward_retries)
+        self.reward_timeout = cfg.task.reward_timeout
         """Seconds an awaitable reward may take (``task.reward_timeout``); None = unbounded. A synchronous
         reward runs on the event loop and cannot be interrupted: dataset rewards run in a thread for this."""
         self.slots = WorkerSlots(workers)
@@ -115,9 +123,10 @@ class AgentManager:
             raise ValueError(f"a group launches {self.redundant_group_size} trajectories but only {workers} agent workers exist "
                              "(raise psrl.routing_strategy.max_concurrent_seqs_per_instance or lower "
                              "psrl.redundant_rollout.redundant_rollout_n)")
-        self.proactive = ProactiveFilter(self, psrl_cfg.proactive_filter_strategy, psrl_cfg.staleness)
+        pf = p.proactive_filter_strategy
+        self.proactive = ProactiveFilter(self, pf.method, pf.threshold, p.staleness)
         self.sink = sink
-        self.rng = random.Random(seed)
+        self.rng = random.Random(cfg.trainer.seed)
         self.counts = Counts()
         self.failed_in_a_row = 0
         self.max_failed_in_a_row = max(32, 4 * self.redundant_group_size)
@@ -217,7 +226,8 @@ class AgentManager:
                     err.__cause__ = exc
                 self.failure.set_exception(err)
 
-    async def _retried(self, g: _Group, m: _Member, stage: str, attempt: Any, episode: Any = None) -> Any:
+    async def _retried(self, g: _Group, m: _Member, stage: str, attempt: Callable[[], Awaitable[_T]],
+                       episode: Optional[Episode] = None) -> Optional[_T]:
         """``await attempt()``, retried ``task.reward_retries`` times when it raises; None once reported failed."""
         err: Optional[BaseException] = None
         for n in range(1 + self.retries):
@@ -230,11 +240,11 @@ class AgentManager:
         self._fail(g, m, stage, err, episode)
         return None
 
-    async def _episode(self, g: _Group, m: _Member, rng: random.Random) -> Any:
+    async def _episode(self, g: _Group, m: _Member, rng: random.Random) -> Optional[Episode]:
         """Run the episode, retrying a raising agent loop; None once reported as failed."""
         return await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, m.session.generate, rng))
 
-    async def _reward(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
+    async def _reward(self, g: _Group, m: _Member, episode: Episode) -> Optional[dict]:
         """The task's reward (sync or async), retrying a raising, hanging or non-finite reward; None once
         reported as failed."""
         async def attempt() -> dict:
@@ -245,7 +255,7 @@ class AgentManager:
 
         return await self._retried(g, m, "reward", attempt, episode)
 
-    async def _bounded(self, awaitable: Any) -> Any:
+    async def _bounded(self, awaitable: Awaitable[dict]) -> dict:
         """``awaitable`` within ``task.reward_timeout`` seconds; a hang becomes a RewardTimeout (a failure)."""
         if self.reward_timeout is None:
             return await awaitable
@@ -254,7 +264,7 @@ class AgentManager:
         except asyncio.TimeoutError:
             raise RewardTimeout(f"no reward within task.reward_timeout={self.reward_timeout:g}s") from None
 
-    def reward_now(self, g: _Group, m: _Member, episode: Any) -> Optional[dict]:
+    def reward_now(self, g: _Group, m: _Member, episode: Episode) -> Optional[dict]:
         """:meth:`_reward` for a task whose reward is synchronous (the proactive filter acts at once)."""
         err: Optional[BaseException] = None
         for attempt in range(1 + self.retries):
@@ -271,23 +281,26 @@ class AgentManager:
     def reward_is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.task.reward)
 
-    def complete_truncated_later(self, g: _Group, m: _Member, episode: Any) -> None:
+    def complete_truncated_later(self, g: _Group, m: _Member, episode: Episode) -> None:
         """Force-complete ``m`` with ``episode`` once its (async) reward is in; the proactive filter's path
         for tasks whose reward must be awaited."""
         t = asyncio.get_running_loop().create_task(self._complete_truncated(g, m, episode))
         self._deferred.add(t)
         t.add_done_callback(self._deferred.discard)
 
-    async def _complete_truncated(self, g: _Group, m: _Member, episode: Any) -> None:
+    async def _complete_truncated(self, g: _Group, m: _Member, episode: Episode) -> None:
         reward = await self._reward(g, m, episode)
         if reward is None or g.eid not in self.groups or self.manager.entry_buffer(g.eid) is not None:
             return  # failed (recorded), or the group resolved meanwhile: it is one more cancelled member
+        self._complete_as_truncated(g, m, episode, reward)
+
+    def _complete_as_truncated(self, g: _Group, m: _Member, episode: Episode, reward: dict) -> None:
         traj = self._trajectory(g, m, episode, reward)
         traj.truncated = True
         self.counts.truncated += 1
         self._complete(g, m, traj)
 
-    def _trajectory(self, g: _Group, m: _Member, episode: Any, reward: dict) -> Any:
+    def _trajectory(self, g: _Group, m: _Member, episode: Episode, reward: dict) -> Trajectory:
         s = m.session
         v_traj = s.v_traj if s is not None else g.version
         return episode_to_trajectory(
@@ -298,7 +311,7 @@ class AgentManager:
 
     # ------------------------------------------------------------------ statuses
 
-    def _complete(self, g: _Group, m: _Member, traj: Any) -> None:
+    def _complete(self, g: _Group, m: _Member, traj: Trajectory) -> None:
         """Hand one trajectory to the manager and act on the status it returns."""
         m.done = True  # no longer generating: filters must not cancel or replace it
         self.failed_in_a_row = 0
@@ -319,7 +332,7 @@ class AgentManager:
         self.after_change()
 
     def _end_group(self, g: _Group, status: str, abort: bool = False, keep: Optional[_Member] = None,
-                   held: Sequence[Any] = ()) -> None:
+                   held: Sequence[Trajectory] = ()) -> None:
         """Forget a group that will not be trained: record what its entry held (``held``, or, for an abort, what
         the manager holds now), cancel what runs."""
         if self.groups.pop(g.eid, None) is None:
@@ -342,7 +355,8 @@ class AgentManager:
                 m.task.cancel()
                 self.counts.cancelled += 1
 
-    def _fail(self, g: _Group, m: _Member, stage: str, err: Optional[BaseException], episode: Any = None) -> None:
+    def _fail(self, g: _Group, m: _Member, stage: str, err: Optional[BaseException],
+              episode: Optional[Episode] = None) -> None:
         """Report a member whose episode or reward kept raising; abort the entry if the group cannot fill."""
         m.done = True
         self.counts.failed += 1
@@ -375,13 +389,13 @@ class AgentManager:
                 self._end_group(g, "aborted", held=held)
         self.proactive.check()
 
-    def after_consume(self, batch: Any) -> None:
+    def after_consume(self, batch: Batch) -> None:
         """The batch's groups leave the rollout side (recorded by :meth:`record_batch` once the step is done)."""
         for eid in batch.entries:
             self.groups.pop(eid, None)
         self.after_change()
 
-    def record_batch(self, batch: Any, skipped: Optional[str] = None) -> None:
+    def record_batch(self, batch: Batch, skipped: Optional[str] = None) -> None:
         """Record a consumed batch's trajectories: ``trained``, or ``skipped`` with the reason when the
         trainer skipped the step (NaN / infinite loss or gradient)."""
         for trajs in batch.groups:
@@ -393,9 +407,61 @@ class AgentManager:
                     self._emit(trajectory_record(traj, "skipped", reason=skipped))
                     self.counts.skipped += 1
 
+    # ------------------------------------------------------------------ the proactive filter's remedies
+
+    def retry(self, eid: Hashable) -> bool:
+        """Re-dispatch a reserved group's prompt: cancel its running members, each replacement inheriting the
+        cancelled member's worker slot. Once per group; False when the group is gone, occupied or acted on."""
+        g = self._proactive(eid)
+        if g is None:
+            return False
+        for m in g.live():
+            m.cancelled = True
+            m.keep_slot = True
+            m.task.cancel()
+            self.counts.cancelled += 1
+            self.counts.retried += 1
+            self._launch(g)
+        return True
+
+    def truncate(self, eid: Hashable) -> bool:
+        """Force-complete a reserved group's running members with what they generated so far (``truncated``).
+        Once per group; False when the group is gone, occupied or acted on."""
+        g = self._proactive(eid)
+        if g is None:
+            return False
+        for m in g.live():
+            if g.eid not in self.groups or self.manager.entry_buffer(g.eid) is not None:
+                break  # the group resolved (occupied / ended) on an earlier member
+            m.cancelled = True
+            m.task.cancel()
+            episode = m.session.partial_episode() if m.session is not None else Episode(truncated=True)
+            if self.reward_is_async:
+                self.complete_truncated_later(g, m, episode)
+                continue
+            reward = self.reward_now(g, m, episode)
+            if reward is not None:
+                self._complete_as_truncated(g, m, episode, reward)
+        return True
+
+    def _proactive(self, eid: Hashable) -> Optional[_Group]:
+        """The group of ``eid`` if the proactive filter may act on it, marked as acted on."""
+        g = self.groups.get(eid)
+        if g is None or g.proactive or self.manager.entry_buffer(eid) is not None:
+            return None
+        g.proactive = True
+        return g
+
+    def in_flight(self) -> list[InFlight]:
+        """Every trajectory being generated now (the stall watchdog's report)."""
+        now = asyncio.get_running_loop().time()
+        return [InFlight(m.uid, str(g.eid), m.session.instance.index if m.session is not None else -1,
+                         now - m.started, m.session is not None and m.session.in_model_turn)
+                for g in self.groups.values() for m in g.live()]
+
     # ------------------------------------------------------------------ records and shutdown
 
-    def _record(self, traj: Any, status: str, consumed_version: Optional[int] = None) -> None:
+    def _record(self, traj: Trajectory, status: str, consumed_version: Optional[int] = None) -> None:
         self._emit(trajectory_record(traj, status, consumed_version))
 
     def _emit(self, rec: dict) -> None:

@@ -17,21 +17,30 @@ polling loop and no timer is involved.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Optional
 
 from psrl.staleness import BufferState
-from psrl.tasks.base import Episode
+
+if TYPE_CHECKING:
+    from psrl.rollout.client.agents import AgentManager
 
 __all__ = ["ProactiveFilter"]
 
 
 class ProactiveFilter:
-    """Watches STUCK buffers for an :class:`~psrl.rollout.client.agents.AgentManager`."""
+    """Watches STUCK buffers and has the :class:`~psrl.rollout.client.agents.AgentManager` act on their last groups.
 
-    def __init__(self, agents: Any, cfg: Any, staleness: int):
+    Args:
+        agents: the agent manager (its staleness manager, and ``retry`` / ``truncate`` of a group).
+        method: ``retry`` | ``truncate`` | None (off): ``psrl.proactive_filter_strategy.method``.
+        threshold: reserved entries a STUCK buffer may have left for the filter to act (``.threshold``).
+        staleness: eta (buffers ``T .. T + eta`` are watched).
+    """
+
+    def __init__(self, agents: AgentManager, method: Optional[str], threshold: int, staleness: int):
         self.agents = agents
-        self.method = cfg.method
-        self.threshold = int(cfg.threshold)
+        self.method = method
+        self.threshold = int(threshold)
         self.eta = int(staleness)
         self._busy = False
 
@@ -58,44 +67,8 @@ class ProactiveFilter:
             if len(blocking) > self.threshold:
                 continue
             for eid in blocking:
-                g = self.agents.groups.get(eid)
-                if g is None or g.proactive or sm.entry_buffer(g.eid) is not None:
-                    continue
-                g.proactive = True
                 if self.method == "retry":
-                    self._retry(g)
-                else:
-                    self._truncate(g)
+                    self.agents.retry(eid)
+                elif self.agents.truncate(eid):
                     changed = True
         return changed
-
-    def _retry(self, g: Any) -> None:
-        """Cancel the running members; each replacement inherits the cancelled member's worker slot."""
-        agents = self.agents
-        for m in g.live():
-            m.cancelled = True
-            m.keep_slot = True
-            m.task.cancel()
-            agents.counts.cancelled += 1
-            agents.counts.retried += 1
-            agents._launch(g)
-
-    def _truncate(self, g: Any) -> None:
-        """Force-complete the running members with what they generated so far."""
-        agents = self.agents
-        for m in g.live():
-            if g.eid not in agents.groups or agents.manager.entry_buffer(g.eid) is not None:
-                return  # the group resolved (occupied / ended) on an earlier member
-            m.cancelled = True
-            m.task.cancel()
-            episode = m.session.partial_episode() if m.session is not None else Episode(truncated=True)
-            if agents.reward_is_async:
-                agents.complete_truncated_later(g, m, episode)
-                continue
-            reward = agents.reward_now(g, m, episode)
-            if reward is None:
-                continue
-            traj = agents._trajectory(g, m, episode, reward)
-            traj.truncated = True
-            agents.counts.truncated += 1
-            agents._complete(g, m, traj)

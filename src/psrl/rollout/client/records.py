@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Optional
+
+from psrl.types import Trajectory
 
 __all__ = ["WorkerSlots", "Counts", "trajectory_record", "MemorySink"]
 
@@ -84,9 +86,9 @@ class Counts:
         return {f"counts/{k}": v for k, v in asdict(self).items()}
 
 
-def trajectory_record(traj: Any, status: str, consumed_version: Optional[int] = None, **extra: Any) -> dict:
+def trajectory_record(traj: Trajectory, status: str, consumed_version: Optional[int] = None, **extra: object) -> dict:
     """One ``trajectories.jsonl`` line for a :class:`psrl.types.Trajectory`."""
-    rec = {
+    rec: dict[str, object] = {
         "uid": traj.uid,
         "group": traj.group,
         "v_traj": int(traj.v_traj),

@@ -1,35 +1,56 @@
-"""In-process engines: continuous batching in this event loop, and a fake model for tests.
+"""In-process engines: continuous batching in this event loop, and the no-cache twin over a bare model.
 
 An engine implements :class:`psrl.types.Engine`. :class:`BatchingEngine` is the in-process
 skeleton: requests join and leave at any token boundary, one decode step advances every running
 request by one token, ``pause`` takes effect at the next token boundary. Subclasses say how a
 step is computed:
 
-* :class:`NoCacheEngine` wraps any *model* with ``next_token(seqs, temperature, top_p)``,
-  ``load_state(state, version)`` and ``version`` (:class:`psrl.models.Policy`, :class:`FakeEngine`):
-  every step re-runs whole sequences. It is the slow, obvious twin the cached engine is tested
-  against, and the engine of the virtual-time tests.
+* :class:`NoCacheEngine` wraps any :class:`TokenModel` (:class:`psrl.models.Policy`,
+  :class:`psrl.rollout.fakes.FakeEngine`): every step re-runs whole sequences. It is the slow,
+  obvious twin the cached engine is tested against, and the engine of the virtual-time tests.
 * :class:`psrl.rollout.engines.hf.HFEngine` keeps a KV cache (``rollout.engine: hf``).
 
 Models are synchronous and CPU/GPU heavy, so their calls run in a worker thread
 (``asyncio.to_thread``). A model may instead offer ``anext_token`` / ``aload_state`` coroutines,
-awaited directly: :class:`FakeEngine` does, so on the virtual-time loop (:mod:`psrl.runtime.vloop`)
-a test controls how long every decode step and every weight load takes, without sleeping.
+awaited directly: :class:`~psrl.rollout.fakes.FakeEngine` does, so on the virtual-time loop
+(:mod:`psrl.runtime.vloop`) a test controls how long every decode step and every weight load
+takes, without sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Protocol, Union
 
-from psrl.types import EngineLoad, GenRequest
+from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, WeightState
 
-__all__ = ["BatchingEngine", "NoCacheEngine", "TokenRate", "FakeEngine", "decode_step", "load_weights", "as_engine",
+if TYPE_CHECKING:
+    from psrl.tasks.base import GenerateFn
+
+__all__ = ["BatchingEngine", "NoCacheEngine", "TokenModel", "TokenRate", "decode_step", "load_weights", "as_engine",
            "turns"]
 
 
-async def decode_step(model: Any, seqs: list[list[int]], temperature: float, top_p: float) -> tuple[list[int], list[float]]:
+class TokenModel(Protocol):
+    """What the no-cache engine needs of a model: one sampled token per sequence, and weights by version.
+
+    A model may also offer ``anext_token`` / ``aload_state``, the same calls as coroutines: they are awaited
+    instead of running in a worker thread (:class:`psrl.rollout.fakes.FakeEngine`'s virtual-time costs).
+    """
+
+    version: int
+    """The version of the weights it holds."""
+
+    def next_token(self, seqs: list[list[int]], temperature: float, top_p: float) -> tuple[list[int], list[float]]:
+        """The next token of every sequence and its log-prob."""
+
+    def load_state(self, state: WeightState, version: int) -> None:
+        """Hold ``state`` as ``version``."""
+
+
+async def decode_step(model: TokenModel, seqs: list[list[int]], temperature: float,
+                      top_p: float) -> tuple[list[int], list[float]]:
     """One decode step of ``model`` over ``seqs`` without blocking the event loop."""
     fast = getattr(model, "anext_token", None)
     if fast is not None:
@@ -37,7 +58,7 @@ async def decode_step(model: Any, seqs: list[list[int]], temperature: float, top
     return await asyncio.to_thread(model.next_token, seqs, temperature, top_p)
 
 
-async def load_weights(model: Any, state: Any, version: int) -> None:
+async def load_weights(model: TokenModel, state: WeightState, version: int) -> None:
     """Load ``state`` as ``version`` into ``model`` without blocking the event loop."""
     fast = getattr(model, "aload_state", None)
     if fast is not None:
@@ -71,16 +92,12 @@ class BatchingEngine:
     """Continuous batching in this process (see the module docstring); subclasses implement ``_decode``/``_load``.
 
     Args:
-        stop_ids: tokens that end a request (kept in its output).
-        temperature, top_p: sampling.
+        sampling: temperature, top_p, and the stop ids that end a request (kept in its output).
         max_batch: most requests per decode step (None: all); the rest wait, counted as queued.
     """
 
-    def __init__(self, *, stop_ids: Iterable[int] = (), temperature: float = 1.0, top_p: float = 1.0,
-                 max_batch: Optional[int] = None):
-        self.stop_ids = frozenset(int(t) for t in stop_ids)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
+    def __init__(self, *, sampling: Sampling = Sampling(), max_batch: Optional[int] = None):
+        self.sampling = sampling
         self.max_batch = max_batch
         self.steps = 0
         self.tokens = 0
@@ -133,7 +150,7 @@ class BatchingEngine:
         self._paused = False
         self._wake.set()
 
-    async def update_weights(self, version: int, store: Any) -> None:
+    async def update_weights(self, version: int, store: WeightSource) -> None:
         if self._rows and not self._paused:
             raise RuntimeError("update_weights while generating: pause() first")
         version, state = store.get(version)
@@ -156,7 +173,7 @@ class BatchingEngine:
         """Next token and its log-prob for every row (``context + tokens``)."""
         raise NotImplementedError
 
-    async def _load(self, state: Any, version: int) -> None:
+    async def _load(self, state: WeightState, version: int) -> None:
         raise NotImplementedError
 
     def _kv_usage(self) -> Optional[float]:
@@ -209,7 +226,7 @@ class BatchingEngine:
             req.tokens.append(int(tok))
             req.logprobs.append(float(lp))
             req.versions.append(version)
-            if int(tok) in self.stop_ids:
+            if int(tok) in self.sampling.stop_ids:
                 self._finish(req, "stop")
             elif len(req.tokens) >= req.max_new_tokens:
                 self._finish(req, "length")
@@ -229,8 +246,8 @@ class BatchingEngine:
 class NoCacheEngine(BatchingEngine):
     """A :class:`BatchingEngine` over a ``next_token`` model: every step re-runs whole sequences (no cache)."""
 
-    def __init__(self, model: Any, **kw: Any):
-        super().__init__(**kw)
+    def __init__(self, model: TokenModel, *, sampling: Sampling = Sampling(), max_batch: Optional[int] = None):
+        super().__init__(sampling=sampling, max_batch=max_batch)
         self.model = model
 
     @property
@@ -238,109 +255,28 @@ class NoCacheEngine(BatchingEngine):
         return int(self.model.version)
 
     async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
-        return await decode_step(self.model, [r.context + r.tokens for r in rows], self.temperature, self.top_p)
+        return await decode_step(self.model, [r.context + r.tokens for r in rows], self.sampling.temperature,
+                                 self.sampling.top_p)
 
-    async def _load(self, state: Any, version: int) -> None:
+    async def _load(self, state: WeightState, version: int) -> None:
         await load_weights(self.model, state, version)
 
 
-def as_engine(model_or_engine: Any, **kw: Any) -> Any:
-    """An engine as is; a bare ``next_token`` model wrapped in a :class:`NoCacheEngine` with ``kw``."""
-    if hasattr(model_or_engine, "generate") and hasattr(model_or_engine, "update_weights"):
+def as_engine(model_or_engine: Union[Engine, TokenModel], sampling: Sampling = Sampling()) -> Engine:
+    """An engine as is; a bare :class:`TokenModel` wrapped in a :class:`NoCacheEngine` with ``sampling``."""
+    if isinstance(model_or_engine, Engine):
         return model_or_engine
-    return NoCacheEngine(model_or_engine, **kw)
+    return NoCacheEngine(model_or_engine, sampling=sampling)
 
 
-def turns(engine: Any) -> Any:
+def turns(engine: Engine) -> GenerateFn:
     """``generate(context_ids, max_new_tokens) -> Segment`` over ``engine``: what a task's ``run_episode`` calls for
     a model turn, when episodes run straight on an engine (validation, tests) rather than through the
     coordinator's sessions (which add routing, sync and migration around the same call)."""
     from psrl.tasks.base import Segment
 
-    async def generate(context_ids: list[int], max_new_tokens: int) -> Any:
+    async def generate(context_ids: list[int], max_new_tokens: int) -> Segment:
         req = await engine.generate(GenRequest(list(context_ids), int(max_new_tokens)))
         return Segment(req.tokens, req.logprobs, req.versions)
 
     return generate
-
-
-class FakeEngine:
-    """A deterministic stand-in for a policy whose costs are virtual-time sleeps.
-
-    The token of a row is a pure function of the row (``(len(seq) + salt) % vocab``, shifted so
-    it never hits a stop id unless ``stop_at`` says so), so continuing a generation on another
-    instance or after a weight load gives the same tokens as uninterrupted generation.
-
-    Args:
-        token_cost: seconds per row of a decode step (a batch of ``n`` rows costs
-            ``step_cost + n * token_cost``).
-        step_cost: fixed seconds per decode step.
-        sync_cost: seconds one ``load_state`` takes.
-        vocab: token range.
-        stop_id: token emitted when a row reaches length ``stop_at`` (None: never).
-        stop_at: sequence length at which ``stop_id`` is emitted.
-        version: initial weight version.
-
-    Counters (for tests): ``calls`` decode steps, ``rows`` rows decoded, ``loads`` weight loads;
-    with ``record`` True also ``seen`` (row lengths of every batch) and ``times`` (loop time at the
-    start of every async decode step).
-    """
-
-    def __init__(self, token_cost: float = 0.01, step_cost: float = 0.0, sync_cost: float = 0.0,
-                 vocab: int = 97, stop_id: Optional[int] = None, stop_at: Optional[int] = None,
-                 version: int = 0, record: bool = False):
-        self.token_cost = float(token_cost)
-        self.step_cost = float(step_cost)
-        self.sync_cost = float(sync_cost)
-        self.vocab = int(vocab)
-        self.stop_id = stop_id
-        self.stop_at = stop_at
-        self.version = int(version)
-        self.state: Any = None
-        self.calls = 0
-        self.rows = 0
-        self.loads = 0
-        self.record = record
-        self.seen: list[list[int]] = []
-        self.times: list[float] = []
-
-    def token_for(self, seq: Sequence[int]) -> int:
-        """The deterministic next token of ``seq``."""
-        if self.stop_id is not None and self.stop_at is not None and len(seq) + 1 >= self.stop_at:
-            return int(self.stop_id)
-        tok = (len(seq) * 7 + 3) % self.vocab
-        if self.stop_id is not None and tok == self.stop_id:
-            tok = (tok + 1) % self.vocab
-        return tok
-
-    def next_token(self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[int], list[float]]:
-        """Tokens of every row; the log-prob encodes the version (``-1 - version / 100``) for tests."""
-        self.calls += 1
-        self.rows += len(seqs)
-        if self.record:
-            self.seen.append([len(s) for s in seqs])
-        toks = [self.token_for(s) for s in seqs]
-        return toks, [-1.0 - self.version / 100.0] * len(seqs)
-
-    async def anext_token(self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[int], list[float]]:
-        """``next_token`` after ``step_cost + len(seqs) * token_cost`` seconds of (virtual) time."""
-        cost = self.step_cost + self.token_cost * len(seqs)
-        if self.record:
-            self.times.append(asyncio.get_running_loop().time())
-        if cost > 0:
-            await asyncio.sleep(cost)
-        return self.next_token(seqs, temperature, top_p)
-
-    def load_state(self, state: Any, version: int) -> None:
-        self.loads += 1
-        self.state = state
-        self.version = int(version)
-
-    async def aload_state(self, state: Any, version: int) -> None:
-        """``load_state`` after ``sync_cost`` seconds; the version changes only at the end."""
-        if self.sync_cost > 0:
-            await asyncio.sleep(self.sync_cost)
-        self.load_state(state, version)
-
-    def export_state(self) -> dict:
-        return {"version": self.version}

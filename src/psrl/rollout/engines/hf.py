@@ -27,15 +27,15 @@ Across a weight update under partial rollout (``rollout.kv_after_update``):
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from psrl.models.policy import _left_pad, sample
+from psrl.models.policy import Policy, left_pad, sample
 from psrl.rollout.engines.base import BatchingEngine
-from psrl.types import GenRequest
+from psrl.types import GenRequest, Sampling, WeightState
 
 __all__ = ["HFEngine", "KV_MODES"]
 
@@ -48,11 +48,12 @@ class HFEngine(BatchingEngine):
     Args:
         policy: the rollout copy of the policy (model, sampling generator, version).
         kv_after_update: ``recompute`` | ``keep`` (module docstring).
-        **kw: :class:`BatchingEngine` arguments (stop ids, sampling, max batch).
+        sampling, max_batch: as :class:`BatchingEngine`.
     """
 
-    def __init__(self, policy: Any, kv_after_update: str = "recompute", **kw: Any):
-        super().__init__(**kw)
+    def __init__(self, policy: Policy, kv_after_update: str = "recompute", *, sampling: Sampling = Sampling(),
+                 max_batch: Optional[int] = None):
+        super().__init__(sampling=sampling, max_batch=max_batch)
         if kv_after_update not in KV_MODES:
             raise ValueError(f"kv_after_update must be one of {KV_MODES}, got {kv_after_update!r}")
         self.policy = policy
@@ -68,13 +69,13 @@ class HFEngine(BatchingEngine):
         return int(self.policy.version)
 
     @property
-    def model(self) -> Any:
+    def model(self) -> Policy:
         return self.policy
 
     async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
         return await asyncio.to_thread(self.step, rows)
 
-    async def _load(self, state: Any, version: int) -> None:
+    async def _load(self, state: WeightState, version: int) -> None:
         await asyncio.to_thread(self.policy.load_state, state, version)
         if self.kv_after_update == "recompute":
             self._drop_all()
@@ -96,7 +97,8 @@ class HFEngine(BatchingEngine):
             logits.append(self._decode_cached())
         if joins:
             logits.append(self._prefill(joins))
-        toks, lps = sample(torch.cat(logits, dim=0), self.temperature, self.top_p, self.policy.generator)
+        toks, lps = sample(torch.cat(logits, dim=0), self.sampling.temperature, self.sampling.top_p,
+                           self.policy.generator)
         where = {id(r): i for i, r in enumerate(self._cached)}
         order = [where[id(r)] for r in rows]
         return [toks[i] for i in order], [lps[i] for i in order]
@@ -120,7 +122,7 @@ class HFEngine(BatchingEngine):
     def _prefill(self, joins: list[GenRequest]) -> torch.Tensor:
         """Prefill ``context + tokens`` of each joining row and merge its cache into the batch's."""
         self.prefills += len(joins)
-        ids, mask = _left_pad([r.context + r.tokens for r in joins], self.policy.pad_id, self.policy.device)
+        ids, mask = left_pad([r.context + r.tokens for r in joins], self.policy.pad_id, self.policy.device)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         logits = self._forward(ids, mask, pos, DynamicCache())
         kv = _layers(self._last_cache)

@@ -37,18 +37,23 @@ nothing is re-tokenised, nothing is detokenised.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import re
 import secrets
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 
 from psrl.rollout.engines.base import TokenRate
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
-from psrl.types import EngineLoad, GenRequest
+from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource
 
-__all__ = ["VLLMEngine", "build_vllm_engines"]
+if TYPE_CHECKING:
+    from psrl.config import Config
+    from psrl.models import Policy
+
+__all__ = ["VLLMEngine", "WeightFiles", "build_vllm_engines"]
 
 KEEPALIVE_S = 2.0
 """How long the client keeps an idle connection: below the server's (vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``,
@@ -56,6 +61,15 @@ KEEPALIVE_S = 2.0
 request. With both at 5 s, one CI run lost a weight update that way."""
 SEND_ATTEMPTS = 3
 """Tries for a request whose connection fails before any answer, 0.2 s then 0.4 s apart (:func:`_resend_delay`)."""
+
+
+@runtime_checkable
+class WeightFiles(WeightSource, Protocol):
+    """A weight source that also writes a version as a Hugging Face directory (what ``reload_weights`` reads):
+    :meth:`psrl.train.ParameterStore.path`."""
+
+    def path(self, version: int, root: Path, config_dir: Optional[Path] = None) -> Path:
+        """The directory holding ``version``'s weights under ``root``, written on first use."""
 
 
 class VLLMEngine:
@@ -69,17 +83,15 @@ class VLLMEngine:
     """
 
     def __init__(self, url: Optional[str] = None, server: Optional[VLLMServer] = None, *, weights_root: Path,
-                 config_dir: Optional[Path] = None, stop_ids: Iterable[int] = (), temperature: float = 1.0,
-                 top_p: float = 1.0, request_timeout_s: float = 300.0, model_name: str = "psrl"):
+                 config_dir: Optional[Path] = None, sampling: Sampling = Sampling(), request_timeout_s: float = 300.0,
+                 model_name: str = "psrl"):
         if (url is None) == (server is None):
             raise ValueError("VLLMEngine needs exactly one of url (attach) and server (start)")
         self.url = url.rstrip("/") if url else None
         self.server = server
         self.weights_root = Path(weights_root)
         self.config_dir = config_dir
-        self.stop_ids = sorted(int(t) for t in stop_ids)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
+        self.sampling = sampling
         self.request_timeout_s = float(request_timeout_s)
         self.model_name = model_name
         self.version = -1
@@ -249,8 +261,9 @@ class VLLMEngine:
 
     async def _stream(self, req: GenRequest) -> None:
         key, base = id(req), len(req.tokens)
-        params = {"max_tokens": int(req.max_new_tokens), "temperature": self.temperature, "top_p": self.top_p,
-                  "logprobs": 0, "stop_token_ids": self.stop_ids, "ignore_eos": True, "detokenize": False}
+        sp = self.sampling
+        params = {"max_tokens": int(req.max_new_tokens), "temperature": sp.temperature, "top_p": sp.top_p,
+                  "logprobs": 0, "stop_token_ids": sorted(sp.stop_ids), "ignore_eos": True, "detokenize": False}
         body = {"model": self.model_name, "request_id": self._sids[key], "token_ids": list(req.context),
                 "sampling_params": params, "stream": True}
         for attempt in range(SEND_ATTEMPTS):
@@ -314,7 +327,9 @@ class VLLMEngine:
         self._token_version = self.version  # tokens from here on come from the loaded weights
         await self._post("/resume")
 
-    async def update_weights(self, version: int, store: Any) -> None:
+    async def update_weights(self, version: int, store: WeightSource) -> None:
+        if not isinstance(store, WeightFiles):
+            raise TypeError(f"vLLM loads weights from files: {type(store).__name__} does not write them (path)")
         path = await asyncio.to_thread(store.path, int(version), self.weights_root, self.config_dir)
         out = await self._post("/collective_rpc", json={"method": "reload_weights",
                                                        "kwargs": {"weights_path": str(path)}})
@@ -329,9 +344,13 @@ class VLLMEngine:
         """Name the server's weights ``version``: vLLM labels every output produced from now on with it."""
         await self._post("/update_weight_version", json={"new_version": str(int(version))})
 
-    async def _post(self, path: str, **kw: Any) -> Any:
+    async def _post(self, path: str, *, params: Optional[dict] = None, json: Optional[dict] = None,
+                    timeout: Optional[float] = None) -> Any:
         """POST a control call (pause, resume, reload, version, abort: all idempotent), sent again up to
-        ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`_resend_delay`)."""
+        ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`_resend_delay`). ``timeout``:
+        seconds instead of the client's ``request_timeout_s``."""
+        given = {"params": params, "json": json, "timeout": timeout}
+        kw = {k: v for k, v in given.items() if v is not None}  # httpx reads timeout=None as "no timeout"
         for attempt in range(SEND_ATTEMPTS):
             try:
                 resp = await self._client.post(f"{self.url}{path}", **kw)
@@ -395,7 +414,7 @@ def _gauge(text: str, name: str) -> Optional[float]:
     return float(m.group(1)) if m else None
 
 
-def build_vllm_engines(cfg: Any, policy: Any, run_dir: Optional[Path], **sampling: Any) -> list[VLLMEngine]:
+def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Optional[Path], sampling: Sampling) -> list[VLLMEngine]:
     """One engine per rollout instance: attached to ``rollout.vllm.urls`` or each with a server psrl starts.
 
     The servers start from the policy itself, saved as a Hugging Face directory in the run directory
@@ -405,15 +424,16 @@ def build_vllm_engines(cfg: Any, policy: Any, run_dir: Optional[Path], **samplin
     r, n = cfg.rollout, cfg.psrl.deployment.n_rollout_instances
     root = Path(run_dir if run_dir is not None else ".") / "vllm"
     model_dir = root / "model"
-    common = dict(weights_root=root / "weights", config_dir=model_dir, request_timeout_s=r.request_timeout_s, **sampling)
+    engine = functools.partial(VLLMEngine, weights_root=root / "weights", config_dir=model_dir,
+                               request_timeout_s=r.request_timeout_s, sampling=sampling)
     if not (model_dir / "config.json").exists():
         policy.save_pretrained(model_dir)
     if r.vllm.urls:
-        return [VLLMEngine(url=u, **common) for u in r.vllm.urls]
+        return [engine(url=u) for u in r.vllm.urls]
     python = find_vllm_python(r.vllm.python)
     mcfg = policy.model.config
     max_len = r.vllm.max_model_len or getattr(mcfg, "max_position_embeddings", None) or getattr(mcfg, "n_positions")
-    return [VLLMEngine(server=VLLMServer(python, model_dir, root / f"server-{i}.log", dtype=cfg.model.dtype,
-                                         max_model_len=max_len, kv_cache_gb=r.vllm.kv_cache_gb,
-                                         extra_args=r.vllm.args, startup_timeout_s=r.vllm.startup_timeout_s), **common)
+    return [engine(server=VLLMServer(python, model_dir, root / f"server-{i}.log", dtype=cfg.model.dtype,
+                                     max_model_len=max_len, kv_cache_gb=r.vllm.kv_cache_gb, extra_args=r.vllm.args,
+                                     startup_timeout_s=r.vllm.startup_timeout_s))
             for i in range(n)]

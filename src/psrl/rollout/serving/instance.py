@@ -6,7 +6,7 @@ request joins or leaves at any token boundary) and records, for each generated t
 of the weights that produced it, so a trajectory's ``token_versions`` say exactly which policy
 wrote what.
 
-Weight sync (when to pull is the sync strategy's call, :mod:`psrl.rollout.serving.router`):
+Weight sync (when to pull is the sync strategy's call, :mod:`psrl.rollout.serving.sync`):
 
 * **partial rollout on**: the instance pauses the engine at the next token boundary (in-flight
   requests kept), loads, resumes: requests continue under the new weights. With
@@ -35,12 +35,33 @@ the router stops choosing it, and the run stops only when no instance is left.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Iterable, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from psrl.rollout.engines.base import as_engine
-from psrl.types import EngineLoad, GenRequest
+from psrl.types import Engine, EngineLoad, GenRequest, WeightSource
 
-__all__ = ["GenRequest", "RolloutInstance"]
+if TYPE_CHECKING:
+    from psrl.rollout.types import SyncStrategy
+
+__all__ = ["InstanceRequest", "RolloutInstance"]
+
+
+def _future() -> asyncio.Future:
+    return asyncio.get_running_loop().create_future()
+
+
+@dataclass(eq=False)
+class InstanceRequest(GenRequest):
+    """A :class:`psrl.types.GenRequest` as a rollout instance keeps it: the engine sees the request, the session
+    awaits ``future`` and reads whether it was handed back."""
+
+    future: asyncio.Future = field(default_factory=_future)
+    """Resolves to this request once it finished or was handed back."""
+    interrupted: bool = False
+    """Handed back unfinished (a sync with interrupt_as_prompt, migration, a failed engine): the session may
+    continue it elsewhere."""
+    rerouted: bool = False
+    """Interrupted by migration (load balancing): the session continues it on another instance than this one."""
 
 
 class RolloutInstance:
@@ -48,11 +69,12 @@ class RolloutInstance:
 
     Args:
         index: instance id (recorded per segment in ``Trajectory.instances``).
-        engine: a :class:`psrl.types.Engine`, or a bare ``next_token`` model (wrapped in the no-cache
-            engine with ``stop_ids``, ``temperature``, ``top_p``).
-        weights: where new versions come from: ``latest_version()`` and ``get(version)``
-            (a :class:`psrl.train.ParameterStore`).
+        engine: the :class:`psrl.types.Engine` it drives (it samples with the run's ``Sampling``).
+        weights: where new versions come from (a :class:`psrl.train.ParameterStore`).
         sync: the sync strategy, ``should_pull(instance, latest_version) -> bool``.
+        on_version: called after the instance loaded weights (or tried to), so the pool's version waits re-check.
+        on_round: called after every round of the loop in which it did not pull (the pool's migration check).
+        log: where engine failures and restarts are reported.
         partial_rollout, interrupt_as_prompt: see the module docstring.
         max_batch: most requests in the engine at once (None: all); the rest queue here.
         multi_priority_queue: admit queued requests oldest ``V_traj`` first.
@@ -61,14 +83,19 @@ class RolloutInstance:
         max_restarts: engine restarts after failures before the instance is ``dead``.
     """
 
-    def __init__(self, index: int, engine: Any, weights: Any, sync: Any, *, partial_rollout: bool = False,
-                 interrupt_as_prompt: bool = False, stop_ids: Iterable[int] = (), temperature: float = 1.0,
-                 top_p: float = 1.0, max_batch: Optional[int] = None, max_new_tokens: Optional[int] = None,
-                 max_restarts: int = 0, multi_priority_queue: bool = False, request_sort: str = "small_id"):
+    def __init__(self, index: int, engine: Engine, weights: WeightSource, sync: SyncStrategy, *,
+                 on_version: Optional[Callable[[RolloutInstance], None]] = None,
+                 on_round: Optional[Callable[[RolloutInstance], None]] = None, log: Callable[[str], None] = print,
+                 partial_rollout: bool = False, interrupt_as_prompt: bool = False, max_batch: Optional[int] = None,
+                 max_new_tokens: Optional[int] = None, max_restarts: int = 0, multi_priority_queue: bool = False,
+                 request_sort: str = "small_id"):
         self.index = int(index)
-        self.engine = as_engine(engine, stop_ids=stop_ids, temperature=temperature, top_p=top_p)
+        self.engine = engine
         self.weights = weights
         self.sync = sync
+        self.on_version = on_version
+        self.on_round = on_round
+        self.log = log
         self.partial_rollout = bool(partial_rollout)
         self.interrupt_as_prompt = bool(interrupt_as_prompt) and self.partial_rollout
         self.max_batch = max_batch
@@ -83,11 +110,8 @@ class RolloutInstance:
         self.syncing = False
         self.dead = False
         """Failed more than ``max_restarts`` times: the router no longer picks it."""
-        self.on_version: Optional[Callable[["RolloutInstance"], None]] = None
-        self.on_round: Optional[Callable[["RolloutInstance"], None]] = None
-        """Called after every round of the loop in which this instance did not pull (the pool's migration check)."""
-        self._queue: list[GenRequest] = []
-        self._active: list[GenRequest] = []
+        self._queue: list[InstanceRequest] = []
+        self._active: list[InstanceRequest] = []
         self._serving: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
@@ -144,14 +168,13 @@ class RolloutInstance:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, context: list[int], max_new_tokens: int, v_min: int) -> GenRequest:
+    def submit(self, context: list[int], max_new_tokens: int, v_min: int) -> InstanceRequest:
         """Queue a generation; await ``req.future``. ``v_min`` (the trajectory's V_traj) must not exceed the version."""
         if v_min > self.version:
             raise ValueError(f"instance {self.index} holds version {self.version} < V_traj {v_min}")
         if self.max_new_tokens is not None:
             max_new_tokens = min(int(max_new_tokens), int(self.max_new_tokens))
-        req = GenRequest(list(context), int(max_new_tokens), int(v_min),
-                         future=asyncio.get_running_loop().create_future())
+        req = InstanceRequest(list(context), int(max_new_tokens), int(v_min))
         if req.max_new_tokens <= 0:
             req.finish = "length"
             req.future.set_result(req)
@@ -163,7 +186,7 @@ class RolloutInstance:
         self._wake.set()
         return req
 
-    def cancel(self, req: GenRequest) -> None:
+    def cancel(self, req: InstanceRequest) -> None:
         """Drop ``req`` now (its trajectory was cancelled): the engine stops spending on it."""
         if not req.future.done():
             req.future.cancel()
@@ -248,7 +271,7 @@ class RolloutInstance:
         latest = self.weights.latest_version()
         return latest is not None and latest > self.version and bool(self.sync.should_pull(self, latest))
 
-    def _next_queued(self) -> GenRequest:
+    def _next_queued(self) -> InstanceRequest:
         """The queued request to admit next: oldest V_traj first (multi-level queue), then request_sort."""
         if not self.multi_priority_queue and self.request_sort == "small_id":
             return self._queue[0]
@@ -271,7 +294,7 @@ class RolloutInstance:
             self._serving.add(task)
             task.add_done_callback(self._serving.discard)
 
-    async def _serve(self, req: GenRequest) -> None:
+    async def _serve(self, req: InstanceRequest) -> None:
         """One request through the engine; resolves its future (finished, handed back, or failed)."""
         try:
             if req.rerouted:  # migrated before its task ran: the engine never saw it
@@ -296,10 +319,10 @@ class RolloutInstance:
         else:
             req.future.set_result(req)
 
-    def migrate(self, n: int) -> list[GenRequest]:
+    def migrate(self, n: int) -> list[InstanceRequest]:
         """Interrupt up to ``n`` requests (queued first, then those with the fewest tokens) so their sessions
         re-route them away from this instance, tokens and ``V_traj`` kept; returns them."""
-        moved: list[GenRequest] = []
+        moved: list[InstanceRequest] = []
         for req in list(self._queue)[:n]:
             self._queue.remove(req)
             req.rerouted = True
@@ -313,7 +336,7 @@ class RolloutInstance:
         self.migrated += len(moved)
         return moved
 
-    def _hand_back(self, req: GenRequest, why: str) -> None:
+    def _hand_back(self, req: InstanceRequest, why: str) -> None:
         """Resolve ``req`` as interrupted (tokens kept): its session continues it on an eligible instance."""
         req.interrupted = True
         if why == "error":
@@ -356,10 +379,10 @@ class RolloutInstance:
             for req in list(self._queue):
                 self._queue.remove(req)
                 self._hand_back(req, "error")
-            self.log_failure(f"rollout instance {self.index} is dead after {self.restarts} restarts: {reason}")
+            self.log(f"rollout instance {self.index} is dead after {self.restarts} restarts: {reason}")
         else:
             self.restarts += 1
-            self.log_failure(f"rollout instance {self.index}: restarting its engine "
+            self.log(f"rollout instance {self.index}: restarting its engine "
                              f"({self.restarts}/{self.max_restarts}): {reason}")
             try:
                 await self.engine.restart()
@@ -370,7 +393,3 @@ class RolloutInstance:
                 self._failed = f"restart failed: {type(exc).__name__}: {exc}"
         if self.on_version is not None:
             self.on_version(self)
-
-    def log_failure(self, message: str) -> None:
-        """Where engine failures are reported (the coordinator replaces it with its log)."""
-        print(message, flush=True)

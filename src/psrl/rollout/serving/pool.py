@@ -10,20 +10,27 @@ Routing (``psrl.routing_strategy``): candidates are the live instances holding a
 none has), sorted by ``candidate_sort_indicator``. With group stickiness a group's later members go
 where its first one went while that instance is a candidate; otherwise the router picks.
 
-Migration: each instance reports every round of its loop in which it did not pull
-(``on_round``); the pool asks the :class:`~psrl.rollout.serving.sync.Migration` plan only when no instance is
-syncing or wants to -- sync is considered first, migration only when no sync fired.
+The pool builds its instances, one per engine, and is their listener: ``on_version`` (an instance loaded
+weights: the version waits re-check) and ``on_round``. Migration: each instance reports every round of its loop
+in which it did not pull (``on_round``); the pool asks the :class:`~psrl.rollout.serving.sync.Migration` plan only
+when no instance is syncing or wants to -- sync is considered first, migration only when no sync fired.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from typing import Any, Hashable, Optional, Sequence
+from typing import TYPE_CHECKING, Hashable, Optional, Sequence
 
-from psrl.rollout.serving.instance import RolloutInstance
+from psrl.rollout.serving.instance import InstanceRequest, RolloutInstance
+from psrl.rollout.types import InstanceStatus
+from psrl.types import Engine
 
-__all__ = ["InstancePool", "build_pool"]
+if TYPE_CHECKING:
+    from psrl.rollout.serving.sync import Migration
+    from psrl.rollout.types import InstanceFactory, Router
+
+__all__ = ["InstancePool"]
 
 _HOMES = 4096
 """Groups whose instance the pool remembers for group stickiness (older ones are forgotten)."""
@@ -33,7 +40,10 @@ class InstancePool:
     """Rollout instances plus the router that spreads trajectories over them.
 
     Args:
-        instances: the rollout instances.
+        engines: one engine per rollout instance.
+        new_instance: ``new_instance(index, engine, on_version=..., on_round=...)`` builds one instance
+            (:class:`~psrl.rollout.serving.instance.RolloutInstance` with the run's weights, sync strategy and
+            settings: :func:`psrl.rollout.build_rollout`).
         router: ``pick(candidates, n_instances)`` (:mod:`psrl.rollout.serving.router`).
         capacity: trajectories an instance takes while another has room (None: no cap).
         candidate_sort: ``version`` (newest first) | ``reserve_capability`` (most room first).
@@ -42,12 +52,11 @@ class InstancePool:
         migration: a :class:`~psrl.rollout.serving.sync.Migration`, or None.
     """
 
-    def __init__(self, instances: Sequence[RolloutInstance], router: Any, *, capacity: Optional[int] = None,
-                 candidate_sort: str = "version", group_sticky: bool = False, trajectory_sticky: bool = True,
-                 migration: Any = None):
-        if not instances:
+    def __init__(self, engines: Sequence[Engine], new_instance: InstanceFactory, router: Router, *,
+                 capacity: Optional[int] = None, candidate_sort: str = "version", group_sticky: bool = False,
+                 trajectory_sticky: bool = True, migration: Optional[Migration] = None):
+        if not engines:
             raise ValueError("InstancePool needs at least one rollout instance")
-        self.instances = list(instances)
         self.router = router
         self.capacity = capacity
         self.candidate_sort = candidate_sort
@@ -59,9 +68,9 @@ class InstancePool:
         """Requests migration interrupted whose sessions have not re-submitted them yet (no plan meanwhile:
         the loads it would read are about to change)."""
         self._changed = asyncio.Event()
-        for inst in self.instances:
-            inst.on_version = self._on_version
-            inst.on_round = self._on_round
+        self._loops: list[asyncio.Task] = []
+        self.instances = [new_instance(i, engine, on_version=self._on_version, on_round=self._on_round)
+                          for i, engine in enumerate(engines)]
 
     def alive(self) -> list[RolloutInstance]:
         """Instances not given up on; a run with none left cannot continue."""
@@ -134,22 +143,35 @@ class InstancePool:
         if src is not None and n > 0:
             self._transit.update(id(req) for req in src.migrate(n))
 
-    def landed(self, req: Any) -> None:
+    def landed(self, req: InstanceRequest) -> None:
         """A migrated request's session has re-submitted it elsewhere (or given it up)."""
         self._transit.discard(id(req))
 
     def start(self) -> None:
-        for inst in self.instances:
-            inst.start()
+        self._loops = [inst.start() for inst in self.instances]
 
     async def ready(self) -> None:
-        """Return once every instance's engine is started and holds the newest published version."""
+        """Return once every instance's engine is started and holds the newest published version; an instance
+        whose loop ends first (its engine cannot start) raises its error here."""
+        ready = asyncio.ensure_future(self._all_ready())
+        done, _ = await asyncio.wait([ready, *self._loops], return_when=asyncio.FIRST_COMPLETED)
+        if ready not in done:
+            ready.cancel()
+            for fut in done:
+                fut.result()  # raises the engine's start-up error
+            raise RuntimeError("a rollout instance stopped before its engine was ready")
+
+    async def _all_ready(self) -> None:
         for inst in self.instances:
             await inst.ready.wait()
 
     async def stop(self) -> None:
         for inst in self.instances:
             await inst.stop()
+
+    def status(self) -> list[InstanceStatus]:
+        """Every instance now (the stall watchdog's report)."""
+        return [InstanceStatus(i.index, i.version, i.dead, i.syncing, i.active, i.queued) for i in self.instances]
 
     def stats(self) -> dict[str, float]:
         """Engine counters summed over instances (for metrics)."""
@@ -166,24 +188,3 @@ class InstancePool:
         if kv:
             out["engine/kv_usage"] = sum(kv) / len(kv)
         return out
-
-
-def build_pool(instances: Sequence[RolloutInstance], p: Any, seed: int = 0) -> InstancePool:
-    """The pool of ``psrl.*`` (``p``): its router, cap, stickiness and migration."""
-    from psrl.rollout.serving.router import build_router
-    from psrl.rollout.serving.sync import build_migration
-
-    rs = p.routing_strategy
-    return InstancePool(instances, build_router(rs, seed), capacity=rs.max_concurrent_seqs_per_instance,
-                        candidate_sort=rs.candidate_sort_indicator, group_sticky=rs.enable_group_sticky,
-                        trajectory_sticky=rs.enable_trajectory_sticky,
-                        migration=build_migration(p.sync_and_mig_strategy))
-
-
-def describe(pool: Optional[InstancePool]) -> str:
-    """``v[3,3] run[5,4]`` -- versions and running trajectories per instance, for progress lines."""
-    if pool is None:
-        return ""
-    vs = ",".join(str(i.version) for i in pool.instances)
-    rs = ",".join(str(i.running) for i in pool.instances)
-    return f"v[{vs}] run[{rs}]"

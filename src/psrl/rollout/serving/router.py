@@ -30,7 +30,12 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:
+    from psrl.config import Config
+    from psrl.rollout.serving.instance import RolloutInstance
+    from psrl.rollout.types import Router
 
 __all__ = ["RandomRouter", "RoundRobinRouter", "RequestNumBalanceRouter", "ThroughputOptimalRouter", "CostModel",
            "fit_cost_model", "load_cost_model", "save_cost_model", "build_router"]
@@ -44,7 +49,7 @@ class RandomRouter:
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
 
-    def pick(self, candidates: Sequence[Any], n_instances: int) -> Any:
+    def pick(self, candidates: Sequence[RolloutInstance], n_instances: int) -> RolloutInstance:
         if not candidates:
             raise ValueError("RandomRouter: no candidate instance")
         return candidates[self.rng.randrange(len(candidates))]
@@ -58,7 +63,7 @@ class RoundRobinRouter:
     def __init__(self) -> None:
         self._next = 0
 
-    def pick(self, candidates: Sequence[Any], n_instances: int) -> Any:
+    def pick(self, candidates: Sequence[RolloutInstance], n_instances: int) -> RolloutInstance:
         by_index = {inst.index: inst for inst in candidates}
         for k in range(n_instances):
             idx = (self._next + k) % n_instances
@@ -73,7 +78,7 @@ class RequestNumBalanceRouter:
 
     name = "request_num_balance"
 
-    def pick(self, candidates: Sequence[Any], n_instances: int) -> Any:
+    def pick(self, candidates: Sequence[RolloutInstance], n_instances: int) -> RolloutInstance:
         if not candidates:
             raise ValueError("RequestNumBalanceRouter: no candidate instance")
         return min(candidates, key=lambda inst: inst.running)
@@ -155,12 +160,12 @@ class ThroughputOptimalRouter:
         self.samples: dict[int, list[tuple[int, float, float]]] = {}
         self.fitted: dict[int, CostModel] = {}
 
-    def model(self, inst: Any) -> Optional[CostModel]:
+    def model(self, inst: RolloutInstance) -> Optional[CostModel]:
         if self.fixed is not None:
             return self.fixed[inst.index % len(self.fixed)]
         return self.fitted.get(inst.index)
 
-    def observe(self, inst: Any) -> None:
+    def observe(self, inst: RolloutInstance) -> None:
         """Record the instance's own load figures; refit its model when they show a new load."""
         if self.fixed is not None:
             return
@@ -174,7 +179,7 @@ class ThroughputOptimalRouter:
         if m is not None:
             self.fitted[inst.index] = m
 
-    def pick(self, candidates: Sequence[Any], n_instances: int) -> Any:
+    def pick(self, candidates: Sequence[RolloutInstance], n_instances: int) -> RolloutInstance:
         if not candidates:
             raise ValueError("ThroughputOptimalRouter: no candidate instance")
         for inst in candidates:
@@ -199,10 +204,11 @@ class ThroughputOptimalRouter:
         return max(scored, key=lambda t: t[:3])[3]
 
 
-def build_router(rs: Any, seed: int = 0) -> Any:
-    """The router ``psrl.routing_strategy`` (``rs``) names."""
+def build_router(cfg: Config, seed: int = 0) -> Router:
+    """The router ``psrl.routing_strategy`` names."""
     from psrl.errors import ConfigError
 
+    rs = cfg.psrl.routing_strategy
     method = rs.method
     if method == "random":
         return RandomRouter(seed)

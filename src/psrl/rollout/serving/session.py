@@ -16,9 +16,13 @@ filter can force-complete a trajectory with its partial output after cancelling 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Hashable, Optional
 
 from psrl.tasks.base import Episode, Segment
+
+if TYPE_CHECKING:
+    from psrl.rollout.serving.instance import InstanceRequest, RolloutInstance
+    from psrl.rollout.types import Pool
 
 __all__ = ["Session"]
 
@@ -26,7 +30,7 @@ __all__ = ["Session"]
 class Session:
     """Generation for one trajectory of ``V_traj = instance.version`` at open time."""
 
-    def __init__(self, pool: Any, v_min: int, prompt_ids: list[int], group: Any = None):
+    def __init__(self, pool: Pool, v_min: int, prompt_ids: list[int], group: Optional[Hashable] = None):
         self.pool = pool
         self.instance = pool.route(v_min, group)
         self.instance.attach()
@@ -36,13 +40,13 @@ class Session:
         self._prompt_len = len(prompt_ids)
         self._prompt = list(prompt_ids)
         self._ep = Episode()
-        self._req: Any = None
+        self._req: Optional[InstanceRequest] = None
         self._closed = False
 
     async def generate(self, context_ids: list[int], max_new_tokens: int) -> Segment:
         """``GenerateFn``: up to ``max_new_tokens`` tokens after ``context_ids`` (stops after a stop id)."""
         self._note_context(context_ids)
-        if self._ep.turns and not getattr(self.pool, "trajectory_sticky", True):
+        if self._ep.turns and not self.pool.trajectory_sticky:
             self._move(self.pool.route(self.v_traj))
         seg = Segment()
         remaining = int(max_new_tokens)
@@ -51,7 +55,7 @@ class Session:
             while remaining > 0:
                 req = self.instance.submit(list(context_ids) + seg.tokens, remaining, self.v_traj)
                 if moved is not None:
-                    self._landed(moved)
+                    self.pool.landed(moved)
                     moved = None
                 self._req = req
                 try:
@@ -69,10 +73,15 @@ class Session:
                 self._move(self.pool.route(self.v_traj, avoid=self.instance if req.rerouted else None))
         finally:
             if moved is not None:
-                self._landed(moved)
+                self.pool.landed(moved)
         return seg
 
-    def _take(self, seg: Segment, req: Any) -> None:
+    @property
+    def in_model_turn(self) -> bool:
+        """Waiting on a request at an instance (else the episode is in a tool call, or done)."""
+        return self._req is not None
+
+    def _take(self, seg: Segment, req: InstanceRequest) -> None:
         """Append a request's output to the segment and to the running record."""
         if req.tokens:
             if not self.instances or self.instances[-1] != self.instance.index:
@@ -82,12 +91,7 @@ class Session:
         seg.versions += req.versions
         self._ep.add_model(Segment(list(req.tokens), list(req.logprobs), list(req.versions)))
 
-    def _landed(self, req: Any) -> None:
-        landed = getattr(self.pool, "landed", None)
-        if landed is not None:
-            landed(req)
-
-    def _move(self, target: Any) -> None:
+    def _move(self, target: RolloutInstance) -> None:
         """Bind to ``target`` (after an interruption or for a new turn; it may be the same instance)."""
         if target is not self.instance:
             self.instance.detach()

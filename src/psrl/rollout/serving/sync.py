@@ -20,12 +20,17 @@ further move would overshoot. The pool asks for a plan only in rounds where no s
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:
+    from psrl.config import Config
+    from psrl.rollout.serving.instance import RolloutInstance
+    from psrl.rollout.types import VersionProvider
 
 __all__ = ["GreedySync", "StatusBasedSync", "Migration", "indicator", "build_sync", "build_migration"]
 
 
-def indicator(inst: Any, name: str) -> float:
+def indicator(inst: RolloutInstance, name: str) -> float:
     """An instance's status: ``request_num`` (requests in flight at it), ``throughput`` (tokens/s) or ``kv_cache``."""
     if name == "request_num":
         return float(inst.in_flight)
@@ -42,18 +47,18 @@ class _Sync:
 
     name = "sync"
 
-    def __init__(self, staleness: int = 0, manager: Any = None, check_req_before_sync: bool = False,
-                 seamless_train_version: int = 0):
+    def __init__(self, staleness: int = 0, versions: Optional[VersionProvider] = None,
+                 check_req_before_sync: bool = False, seamless_train_version: int = 0):
         self.staleness = int(staleness)
-        self.manager = manager
-        """Anything with ``train_version`` (the staleness manager); None: never too stale."""
+        self.versions = versions
+        """Where the trainer is (``train_version``: the staleness manager); None: never too stale."""
         self.check_req = bool(check_req_before_sync)
         self.seamless = int(seamless_train_version)
 
-    def too_stale(self, inst: Any) -> bool:
-        return self.manager is not None and inst.version + self.staleness < self.manager.train_version
+    def too_stale(self, inst: RolloutInstance) -> bool:
+        return self.versions is not None and inst.version + self.staleness < self.versions.train_version
 
-    def should_pull(self, inst: Any, latest: int) -> bool:
+    def should_pull(self, inst: RolloutInstance, latest: int) -> bool:
         if self.too_stale(inst):
             return True
         if latest <= self.seamless:
@@ -62,7 +67,7 @@ class _Sync:
             return False
         return self.ready(inst)
 
-    def ready(self, inst: Any) -> bool:
+    def ready(self, inst: RolloutInstance) -> bool:
         raise NotImplementedError
 
 
@@ -71,7 +76,7 @@ class GreedySync(_Sync):
 
     name = "greedy"
 
-    def ready(self, inst: Any) -> bool:
+    def ready(self, inst: RolloutInstance) -> bool:
         return True
 
 
@@ -80,22 +85,25 @@ class StatusBasedSync(_Sync):
 
     name = "status_based"
 
-    def __init__(self, indicator_name: str, threshold: float, staleness: int = 0, manager: Any = None, **kw: Any):
-        super().__init__(staleness, manager, **kw)
+    def __init__(self, indicator_name: str, threshold: float, staleness: int = 0,
+                 versions: Optional[VersionProvider] = None, check_req_before_sync: bool = False,
+                 seamless_train_version: int = 0):
+        super().__init__(staleness, versions, check_req_before_sync, seamless_train_version)
         self.indicator = indicator_name
         self.threshold = float(threshold)
 
-    def ready(self, inst: Any) -> bool:
+    def ready(self, inst: RolloutInstance) -> bool:
         return indicator(inst, self.indicator) < self.threshold
 
 
-def build_sync(sm: Any, staleness: int, manager: Any) -> Any:
-    """The sync strategy ``psrl.sync_and_mig_strategy`` (``sm``) names (``manager`` gives ``train_version``)."""
-    kw = dict(check_req_before_sync=sm.sync.check_req_before_sync, seamless_train_version=sm.sync.seamless_train_version)
+def build_sync(cfg: Config, versions: VersionProvider) -> _Sync:
+    """The sync strategy ``psrl.sync_and_mig_strategy`` names (``versions``: the staleness manager)."""
+    sm, staleness = cfg.psrl.sync_and_mig_strategy, cfg.psrl.staleness
+    check, seamless = sm.sync.check_req_before_sync, sm.sync.seamless_train_version
     if sm.method == "greedy":
-        return GreedySync(staleness, manager, **kw)
+        return GreedySync(staleness, versions, check, seamless)
     if sm.method == "status_based":
-        return StatusBasedSync(sm.sync.indicator, sm.sync.threshold, staleness, manager, **kw)
+        return StatusBasedSync(sm.sync.indicator, sm.sync.threshold, staleness, versions, check, seamless)
     from psrl.errors import ConfigError
 
     raise ConfigError("psrl.sync_and_mig_strategy.method", f"unknown sync strategy {sm.method!r}",
@@ -119,7 +127,7 @@ class Migration:
         self.stop_threshold = float(threshold if stop_threshold is None else stop_threshold)
         self.moved = 0
 
-    def plan(self, instances: Sequence[Any]) -> tuple[Any, int]:
+    def plan(self, instances: Sequence[RolloutInstance]) -> tuple[Optional[RolloutInstance], int]:
         """``(source instance, requests to move off it)``; ``(None, 0)`` when the load is balanced enough."""
         if len(instances) < 2:
             return None, 0
@@ -143,9 +151,9 @@ class Migration:
         return instances[src], moves
 
 
-def build_migration(sm: Any) -> Optional[Migration]:
+def build_migration(cfg: Config) -> Optional[Migration]:
     """``psrl.sync_and_mig_strategy.mig`` as a :class:`Migration`, or None when it is off."""
-    m = sm.mig
+    m = cfg.psrl.sync_and_mig_strategy.mig
     if not m.enable:
         return None
     return Migration(m.indicator, m.threshold, m.stop_indicator, m.stop_threshold)
