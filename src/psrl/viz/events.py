@@ -10,6 +10,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
+from psrl.staleness import EventKind
+
+_RELEASES = (EventKind.FILTERED, EventKind.SURPLUS, EventKind.ABORT, EventKind.PASSIVE_ABORT)
+"""The kinds that end a RESERVED entry, releasing its reservation at the event's buffer."""
+
 
 def read_events(path: str | Path) -> list[dict]:
     """Every event of ``events.jsonl`` (strict: a damaged line raises; ``psrl viz`` uses :func:`read_valid`)."""
@@ -58,17 +63,17 @@ def buffer_timeline(events: Iterable[dict]) -> dict[int, list[tuple[float, int, 
     for ev in events:
         kind, b, t = ev["kind"], ev["buffer"], ev["t"]
         touched = [b]
-        if kind == "reserve":
+        if kind == EventKind.RESERVE:
             R[b] += 1
-        elif kind == "occupy":
+        elif kind == EventKind.OCCUPY:
             rb = ev.get("reserved_buffer", b)
             rb = rb if isinstance(rb, int) and not isinstance(rb, bool) else b
             R[rb] -= 1
             O[b] += 1
             touched.append(rb)
-        elif kind in ("filtered", "surplus", "abort", "passive_abort"):
+        elif kind in _RELEASES:
             R[b] -= 1
-        elif kind == "consume":
+        elif kind == EventKind.CONSUME:
             O[b] -= 1
         for x in set(touched):
             out[x].append((t, R[x], O[x]))
