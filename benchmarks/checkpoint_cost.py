@@ -4,7 +4,7 @@ Loads a model (``model.path``, e.g. SmolLM2-135M: ~1.6 GB of weights + AdamW sta
 optimiser step so AdamW has its moments, then measures side by side, ``--repeats`` times each:
 
 * ``sync``: ``Trainer.save`` on the training thread -- the time the next step waits;
-* ``capture``: ``Trainer.checkpoint_state`` (the copy ``trainer.checkpoint_in_background`` takes between
+* ``capture``: ``Trainer.state_dict`` (the copy ``trainer.checkpoint_in_background`` takes between
   steps) -- the time the next step waits in the background mode;
 * ``step``: one training step alone, and one while the writer thread saves the captured copy -- what the
   concurrent write costs the step (both share the CPU cores).
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.step(batch)
         alone.append(time.perf_counter() - t)
         t = time.perf_counter()
-        state = trainer.checkpoint_state()
+        state = trainer.state_dict()
         capture.append(time.perf_counter() - t)
         writer = threading.Thread(target=trainer.save, args=(out / f"bg{k}", state))
         writer.start()

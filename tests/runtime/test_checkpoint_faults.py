@@ -45,7 +45,7 @@ def build(cfg, run_dir, log=None, events=False):
     engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.deployment.n_rollout_instances)]
     coord = Coordinator(cfg, task(), trainer, engines, sink=rec, manager=ck["manager"] if ck else None)
     if ck:
-        coord.agents.load_state(ck["agents"])
+        coord.agents.load_state_dict(ck["agents"])
     ev = None
     if events:
         ev = EventLog(run_dir / "events.jsonl", clock=lambda: 0.0, flush_every=1 << 30)
@@ -169,9 +169,9 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 class CopyingTrainer(FakeTrainer):
-    """A fake trainer with ``checkpoint_state`` (what the real one copies), so the saver writes in its thread."""
+    """A fake trainer with ``state_dict`` (what the real one copies), so the saver writes in its thread."""
 
-    def checkpoint_state(self):
+    def state_dict(self):
         return {"version": self.version}
 
     def save(self, directory, state=None):

@@ -190,7 +190,7 @@ def test_each_epoch_visits_every_row_once_and_a_restored_cursor_continues_it(tmp
     for _ in range(draws):
         a.sample_prompt(rng)
     b = get_task(cfg.task, seed=seed, data=cfg.data)
-    b.load_state(a.state())
+    b.load_state_dict(a.state_dict())
     assert [a.sample_prompt(rng).uid for _ in range(n + 1)] == [b.sample_prompt(rng).uid for _ in range(n + 1)]
 
 
@@ -242,7 +242,7 @@ def test_checkpoints_keep_the_dataset_position_and_a_resume_continues_it(tmp_pat
     recorder = RunRecorder(run_dir)
     try:
         coord = build(load_config(None, args + ["trainer.total_steps=3"]), recorder, log=lambda _: None)
-        assert coord.agents.task.state() == saved
+        assert coord.agents.task.state_dict() == saved
     finally:
         recorder.close()
 

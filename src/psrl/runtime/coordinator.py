@@ -59,7 +59,7 @@ class Coordinator:
         task: the task (prompts, episodes, rewards).
         trainer: ``step(batch) -> metrics`` (sync or async) and ``policy`` (``export_state``,
             ``version``), e.g. :class:`psrl.train.Trainer`.
-        models: one model per rollout instance (``next_token``, ``load_state``, ``version``).
+        models: one model per rollout instance (``next_token``, ``load_weights``, ``version``).
         sink: ``trajectory(record)`` / ``metric(row)`` (a RunRecorder or a MemorySink).
         manager: a (restored) staleness manager; default: a fresh one at the trainer's version.
         log: where to say that a cancelled run is finishing its training step (default: print).
@@ -84,7 +84,7 @@ class Coordinator:
         version, state = self.store.get()
         for model in models:
             if not isinstance(model, Engine):  # a bare next_token model: load it now (engines load at start)
-                model.load_state(state, version)
+                model.load_weights(state, version)
         sync = build_sync(p.sync_and_mig_strategy, p.staleness, self.manager)
         r, rs = cfg.rollout, p.routing_strategy
         instances = [
@@ -116,10 +116,10 @@ class Coordinator:
         """The trainer's version: this coordinator sets it (and publishes the weights) after every step."""
         return int(self.trainer.policy.version)
 
-    def checkpoint_state(self) -> dict:
+    def state_dict(self) -> dict:
         """What a checkpoint needs besides the trainer's own state: the version, the staleness manager's
         snapshot and the agent manager's state (a consistent cut only between steps: ``not in_step``)."""
-        return {"version": self.version, "staleness": self.manager.snapshot(), "agents": self.agents.state()}
+        return {"version": self.version, "staleness": self.manager.snapshot(), "agents": self.agents.state_dict()}
 
     async def run(self, total_steps: int) -> list[dict]:
         """Train until the trainer holds version ``total_steps``; returns one metrics row per step."""

@@ -424,17 +424,17 @@ class AgentManager:
         return [t for reserved, groups in buffers.values() for e in [*reserved, *groups] if e[0] not in self.groups
                 for t in e[4]]
 
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
         """What a checkpoint needs to continue the prompt stream and the counters."""
         from dataclasses import asdict
 
         return {"rng": self.rng.getstate(), "counts": asdict(self.counts), "next_group": self.next_group,
-                "task": self.task.state() if hasattr(self.task, "state") else {}}
+                "task": self.task.state_dict() if hasattr(self.task, "state_dict") else {}}
 
-    def load_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.rng.setstate(state["rng"])
-        if state.get("task") and hasattr(self.task, "load_state"):
-            self.task.load_state(state["task"])  # a dataset continues its epoch
+        if state.get("task") and hasattr(self.task, "load_state_dict"):
+            self.task.load_state_dict(state["task"])  # a dataset continues its epoch
         self.counts = Counts(**state["counts"])
         self.next_group = int(state["next_group"])
 

@@ -6,13 +6,13 @@ request by one token, ``pause`` takes effect at the next token boundary. Subclas
 step is computed:
 
 * :class:`NoCacheEngine` wraps any *model* with ``next_token(seqs, temperature, top_p)``,
-  ``load_state(state, version)`` and ``version`` (:class:`psrl.models.Policy`, :class:`FakeEngine`):
+  ``load_weights(state, version)`` and ``version`` (:class:`psrl.models.Policy`, :class:`FakeEngine`):
   every step re-runs whole sequences. It is the slow, obvious twin the cached engine is tested
   against, and the engine of the virtual-time tests.
 * :class:`psrl.rollout.engines.hf.HFEngine` keeps a KV cache (``rollout.engine: hf``).
 
 Models are synchronous and CPU/GPU heavy, so their calls run in a worker thread
-(``asyncio.to_thread``). A model may instead offer ``anext_token`` / ``aload_state`` coroutines,
+(``asyncio.to_thread``). A model may instead offer ``anext_token`` / ``aload_weights`` coroutines,
 awaited directly: :class:`FakeEngine` does, so on the virtual-time loop (:mod:`psrl.runtime.vloop`)
 a test controls how long every decode step and every weight load takes, without sleeping.
 """
@@ -25,7 +25,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from psrl.types import EngineLoad, GenRequest
 
-__all__ = ["BatchingEngine", "NoCacheEngine", "TokenRate", "FakeEngine", "decode_step", "load_weights", "as_engine",
+__all__ = ["BatchingEngine", "NoCacheEngine", "TokenRate", "FakeEngine", "decode_step", "load_weights_into", "as_engine",
            "turns"]
 
 
@@ -37,13 +37,13 @@ async def decode_step(model: Any, seqs: list[list[int]], temperature: float, top
     return await asyncio.to_thread(model.next_token, seqs, temperature, top_p)
 
 
-async def load_weights(model: Any, state: Any, version: int) -> None:
+async def load_weights_into(model: Any, state: Any, version: int) -> None:
     """Load ``state`` as ``version`` into ``model`` without blocking the event loop."""
-    fast = getattr(model, "aload_state", None)
+    fast = getattr(model, "aload_weights", None)
     if fast is not None:
         await fast(state, version)
         return
-    await asyncio.to_thread(model.load_state, state, version)
+    await asyncio.to_thread(model.load_weights, state, version)
 
 
 class TokenRate:
@@ -241,7 +241,7 @@ class NoCacheEngine(BatchingEngine):
         return await decode_step(self.model, [r.context + r.tokens for r in rows], self.temperature, self.top_p)
 
     async def _load(self, state: Any, version: int) -> None:
-        await load_weights(self.model, state, version)
+        await load_weights_into(self.model, state, version)
 
 
 def as_engine(model_or_engine: Any, **kw: Any) -> Any:
@@ -275,7 +275,7 @@ class FakeEngine:
         token_cost: seconds per row of a decode step (a batch of ``n`` rows costs
             ``step_cost + n * token_cost``).
         step_cost: fixed seconds per decode step.
-        sync_cost: seconds one ``load_state`` takes.
+        sync_cost: seconds one ``load_weights`` takes.
         vocab: token range.
         stop_id: token emitted when a row reaches length ``stop_at`` (None: never).
         stop_at: sequence length at which ``stop_id`` is emitted.
@@ -331,16 +331,16 @@ class FakeEngine:
             await asyncio.sleep(cost)
         return self.next_token(seqs, temperature, top_p)
 
-    def load_state(self, state: Any, version: int) -> None:
+    def load_weights(self, state: Any, version: int) -> None:
         self.loads += 1
         self.state = state
         self.version = int(version)
 
-    async def aload_state(self, state: Any, version: int) -> None:
-        """``load_state`` after ``sync_cost`` seconds; the version changes only at the end."""
+    async def aload_weights(self, state: Any, version: int) -> None:
+        """``load_weights`` after ``sync_cost`` seconds; the version changes only at the end."""
         if self.sync_cost > 0:
             await asyncio.sleep(self.sync_cost)
-        self.load_state(state, version)
+        self.load_weights(state, version)
 
     def export_state(self) -> dict:
         return {"version": self.version}
