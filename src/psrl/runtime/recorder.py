@@ -12,9 +12,9 @@ import math
 import os
 from pathlib import Path
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-__all__ = ["RunRecorder", "EventLog", "default_run_dir", "read_jsonl"]
+__all__ = ["RunRecorder", "EventLog", "default_run_dir", "read_jsonl", "jsonl_lines"]
 
 _FILES = ("metrics.jsonl", "trajectories.jsonl")
 
@@ -109,6 +109,22 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not p.exists():
         return []
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any, Optional[str]]]:
+    """``(line number, value, None)`` for every non-blank line of a JSONL file that parses, ``(line number, None,
+    why)`` for one that does not: for files a run may have left damaged (killed mid-line, disk full, edited),
+    whose readers decide what a damaged line means. An unreadable file raises OSError."""
+    with Path(path).open(encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as e:
+                yield n, None, e.msg
+                continue
+            yield n, value, None
 
 
 class EventLog:

@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
+from psrl.runtime.recorder import jsonl_lines
 from psrl.staleness import EventKind
 
 _RELEASES = (EventKind.FILTERED, EventKind.SURPLUS, EventKind.ABORT, EventKind.PASSIVE_ABORT)
@@ -31,20 +32,15 @@ def read_valid(path: str | Path, fields: dict[str, tuple[type, ...]]) -> tuple[l
     bad: list[str] = []
     if not p.exists():
         return good, bad
-    with p.open(encoding="utf-8", errors="replace") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as e:
-                bad.append(f"{p}:{n}: not JSON ({e.msg})")
-                continue
-            missing = [k for k, tps in fields.items() if not isinstance(rec, dict) or not _valid(rec.get(k), tps)]
-            if missing:
-                bad.append(f"{p}:{n}: no valid {missing[0]!r}")
-                continue
-            good.append(rec)
+    for n, rec, why in jsonl_lines(p):
+        if why is not None:
+            bad.append(f"{p}:{n}: not JSON ({why})")
+            continue
+        missing = [k for k, tps in fields.items() if not isinstance(rec, dict) or not _valid(rec.get(k), tps)]
+        if missing:
+            bad.append(f"{p}:{n}: no valid {missing[0]!r}")
+            continue
+        good.append(rec)
     return good, bad
 
 
