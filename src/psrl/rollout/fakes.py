@@ -1,4 +1,5 @@
-"""A fake task and a fake trainer that pair with :class:`~psrl.rollout.engines.base.FakeEngine`.
+"""A fake task and a fake trainer that pair with :class:`~psrl.rollout.engines.base.FakeEngine`, and a random
+consumed batch for a real trainer.
 
 They implement the real interfaces (:class:`psrl.tasks.Task`'s methods, ``Trainer.step``), so
 tests and the simulator run the *real* coordinator on them, in virtual time, with every
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from psrl.rollout.engines.base import FakeEngine
+from psrl.staleness import Batch
 from psrl.tasks.base import Episode, Prompt
+from psrl.types import Trajectory
 
-__all__ = ["FakeTask", "FakeTrainer"]
+__all__ = ["FakeTask", "FakeTrainer", "random_batch"]
 
 LatencyFn = Callable[[Prompt, int, int], float]
 ScoreFn = Callable[[Prompt, Episode], float]
@@ -128,3 +131,22 @@ class FakeTrainer:
     def load(self, directory: Any) -> int:
         self.policy.version = int(json.loads((Path(directory) / "trainer.json").read_text())["version"])
         return self.version
+
+
+def random_batch(task: Any, version: int = 0, groups: int = 3, n: int = 3, seed: int = 0,
+                 lengths: tuple[int, int] = (1, 5)) -> Batch:
+    """A consumed batch for a real trainer (its tests, the checkpoint-cost benchmark): ``groups`` of the task's
+    prompts, ``n`` random responses each of ``lengths`` tokens (inclusive), rewards that differ inside every group
+    (non-zero advantages)."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = task.sample_prompt(rng)
+        members = []
+        for i in range(n):
+            resp = [rng.randrange(task.tokenizer.vocab_size) for _ in range(rng.randint(*lengths))]
+            members.append(Trajectory(uid=f"{g}/{i}", group=str(g), v_traj=version, prompt_ids=prompt.ids,
+                                      response_ids=resp, logprobs=[-1.0] * len(resp), loss_mask=[1] * len(resp),
+                                      reward=float(rng.random() < 0.5) + 0.1 * i))
+        out.append(members)
+    return Batch(version, out, [], [])
