@@ -14,6 +14,8 @@ from pathlib import Path
 import time
 from typing import Any, Callable, Iterator, Optional
 
+from psrl.metrics import checked
+
 __all__ = ["RunRecorder", "EventLog", "default_run_dir", "read_jsonl", "jsonl_lines"]
 
 _FILES = ("metrics.jsonl", "trajectories.jsonl")
@@ -55,7 +57,8 @@ class RunRecorder:
         self._write("trajectories.jsonl", rec)
 
     def metric(self, row: dict) -> None:
-        self._write("metrics.jsonl", row)
+        """One row, once :func:`psrl.metrics.checked` says every key is in the metric table."""
+        self._write("metrics.jsonl", checked(row))
         if self.trackers is not None:
             self.trackers.log(row)
 

@@ -12,6 +12,8 @@ import asyncio
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from psrl.metrics import checked
+
 __all__ = ["WorkerSlots", "Counts", "trajectory_record", "MemorySink"]
 
 
@@ -115,4 +117,5 @@ class MemorySink:
         self.trajectories.append(rec)
 
     def metric(self, row: dict) -> None:
-        self.metrics.append(row)
+        """One row, once :func:`psrl.metrics.checked` says every key is in the metric table (as the recorder)."""
+        self.metrics.append(checked(row))
