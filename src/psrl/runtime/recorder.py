@@ -124,8 +124,8 @@ def jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any, Optional[str]]]:
                 continue
             try:
                 value = json.loads(line)
-            except ValueError as e:
-                yield n, None, e.msg
+            except ValueError as e:  # JSONDecodeError, or an integer too long to convert
+                yield n, None, e.msg if isinstance(e, json.JSONDecodeError) else str(e)
                 continue
             yield n, value, None
 
