@@ -4,7 +4,7 @@ Loads a model (``model.path``, e.g. SmolLM2-135M: ~1.6 GB of weights + AdamW sta
 optimiser step so AdamW has its moments, then measures side by side, ``--repeats`` times each:
 
 * ``sync``: ``Trainer.save`` on the training thread -- the time the next step waits;
-* ``capture``: ``Trainer.checkpoint_state`` (the copy ``trainer.checkpoint_in_background`` takes between
+* ``capture``: ``Trainer.state_dict`` (the copy ``trainer.checkpoint_in_background`` takes between
   steps) -- the time the next step waits in the background mode;
 * ``step``: one training step alone, and one while the writer thread saves the captured copy -- what the
   concurrent write costs the step (both share the CPU cores).
@@ -33,12 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     ns, overrides = p.parse_known_args(argv)
     torch.set_num_threads(1)
     from psrl.config import load_config
+    from psrl.rollout.fakes import random_batch
     from psrl.train import Trainer, build_task_and_policy
 
     cfg = load_config(None, ["task.name=arith", *overrides])
     task, policy = build_task_and_policy(cfg)
     trainer = Trainer(policy, cfg.algorithm, cfg.trainer)
-    batch = _batch(task, version=0, groups=4, n=4)
+    batch = random_batch(task, version=0, groups=4, n=4, lengths=(8, 32))
     trainer.step(batch)  # AdamW moments exist from here on
     out = Path(tempfile.mkdtemp(prefix="psrl-ckcost-"))
     sync, capture, alone, during = [], [], [], []
@@ -46,16 +47,16 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         trainer.save(out / f"sync{k}")
         sync.append(time.perf_counter() - t)
-        batch.version = trainer.version
+        batch = batch._replace(version=trainer.version)
         t = time.perf_counter()
         trainer.step(batch)
         alone.append(time.perf_counter() - t)
         t = time.perf_counter()
-        state = trainer.checkpoint_state()
+        state = trainer.state_dict()
         capture.append(time.perf_counter() - t)
         writer = threading.Thread(target=trainer.save, args=(out / f"bg{k}", state))
         writer.start()
-        batch.version = trainer.version
+        batch = batch._replace(version=trainer.version)
         t = time.perf_counter()
         trainer.step(batch)
         during.append(time.perf_counter() - t)
@@ -73,27 +74,6 @@ def main(argv: list[str] | None = None) -> int:
                       "step_with_background_save_s": round(blocking_bg, 3),
                       "speedup": round(blocking_sync / blocking_bg, 3)}))
     return 0
-
-
-def _batch(task, version: int, groups: int, n: int):
-    """Random responses to the task's prompts, with rewards that differ inside each group (non-zero advantages)."""
-    import random
-
-    from psrl.staleness import Batch
-    from psrl.types import Trajectory
-
-    rng = random.Random(0)
-    out = []
-    for g in range(groups):
-        prompt = task.sample_prompt(rng)
-        members = []
-        for i in range(n):
-            resp = [rng.randrange(task.tokenizer.vocab_size) for _ in range(rng.randint(8, 32))]
-            members.append(Trajectory(uid=f"{g}/{i}", group=str(g), v_traj=version, prompt_ids=prompt.ids,
-                                      response_ids=resp, logprobs=[-1.0] * len(resp), loss_mask=[1] * len(resp),
-                                      reward=float(i % 2)))
-        out.append(members)
-    return Batch(version, out, [], [])
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tu
     prompts = task.val_prompts(t.val_size)
     vals = []
     for step, at, state in snaps:  # validated after the run: the timed loop never waits for it
-        policy.load_state(state, step)
+        policy.load_weights(state, step)
         m = asyncio.run(validate(task, policy, prompts, t.val_n, t.temperature, t.top_p, seed=t.seed))
         vals.append({"step": step, "time": at, **m})
     return rows, vals

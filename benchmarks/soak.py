@@ -241,17 +241,11 @@ def audit(run_dir: Path) -> dict:
 
 
 def _jsonl(path: Path) -> tuple[list[dict], int]:
-    out, bad = [], 0
-    if not path.exists():
-        return out, bad
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            bad += 1
-    return out, bad
+    """The records of a JSONL file the run may have left damaged, and how many lines did not parse."""
+    from psrl.viz.events import read_valid
+
+    out, bad = read_valid(path, {})
+    return out, len(bad)
 
 
 def _reason(error: str) -> str:

@@ -2,9 +2,11 @@
 
 Each metric has one name, used alike by the code that computes it, ``metrics.jsonl``, the
 progress line, the trackers and the plot labels. ``docs/metrics.md`` is generated from this
-table (``python -m psrl.metrics > docs/metrics.md``); a test fails when a run writes a key that
-is not listed here, or when the page is stale. A name ending in ``/*`` stands for a family
-(``counts/*``: one key per counter).
+table (``python -m psrl.metrics > docs/metrics.md``; a test fails when the page is stale). Every
+writer of ``metrics.jsonl`` rows (the run recorder, the memory sink) passes each row through
+:func:`checked`, which refuses a key this table does not list, so no code path can emit one.
+A name ending in ``/*`` stands for a family whose members are listed (``counts/*``: one key per
+counter). ``step``, ``version`` and ``time`` are the rows' index keys (:data:`INDEX`).
 
 Standard library only: the simulator and the viewer read these names too.
 """
@@ -12,8 +14,9 @@ Standard library only: the simulator and the viewer read these names too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
-__all__ = ["Metric", "METRICS", "known", "markdown"]
+__all__ = ["Metric", "METRICS", "INDEX", "known", "unknown", "checked", "markdown"]
 
 
 @dataclass(frozen=True)
@@ -26,10 +29,12 @@ class Metric:
     """What it measures, and over what (a step's batch, the run so far, ...)."""
     owner: str
     """The one module that computes it."""
+    members: tuple[str, ...] = ()
+    """For a family ``prefix/*``: the names after ``prefix/`` it writes (each one a key)."""
 
 
-def _m(name: str, unit: str, meaning: str, owner: str) -> Metric:
-    return Metric(name, unit, meaning, owner)
+def _m(name: str, unit: str, meaning: str, owner: str, members: str = "") -> Metric:
+    return Metric(name, unit, meaning, owner, tuple(members.split()))
 
 
 _C = "psrl.runtime.coordinator"
@@ -55,10 +60,10 @@ METRICS: tuple[Metric, ...] = (
     _m("reward/acc", "fraction", "Mean accuracy (the reward's 'acc', else the reward) of the batch.", _C),
     _m("staleness/mean", "versions", "Mean consumed_version - V_traj over the batch (the measured lag).", _C),
     _m("staleness/max", "versions", "Max consumed_version - V_traj over the batch; never above psrl.staleness.", _C),
-    _m("staleness/*", "count", "The staleness manager's own counters (psrl.staleness.Stats), run so far: reserves, "
-       "refusals, stale_refusals, completes, occupies, surplus, filtered, rejected, aborts, passive_aborts, "
-       "consumes. They count protocol calls and group entries (staleness/filtered: groups; counts/filtered: "
-       "their trajectories).", "psrl.staleness.manager"),
+    _m("staleness/*", "count", "The staleness manager's own counters (psrl.staleness.Stats), run so far. They count "
+       "protocol calls and group entries (staleness/filtered: groups; counts/filtered: their trajectories).",
+       "psrl.staleness.manager", "reserves refusals stale_refusals completes occupies surplus filtered rejected "
+       "aborts passive_aborts consumes"),
     _m("batch/trajectories", "count", "Trajectories in this step's batch (B x N).", _C),
     _m("batch/response_len_mean", "tokens", "Mean response length (model and tool tokens) in the batch.", _C),
     _m("batch/masked_frac", "fraction", "Fraction of response tokens masked out of the loss (tool output).", _C),
@@ -95,8 +100,11 @@ METRICS: tuple[Metric, ...] = (
     _m("correction/is_truncated_frac", "fraction", "Tokens whose IS weight hit the truncation C.", _X),
     _m("correction/rs_masked_frac", "fraction", "Tokens masked by rejection sampling.", _X),
     # the rollout side (cumulative)
-    _m("counts/*", "count", "Cumulative trajectory / group counters of the agent manager (see Counts).", _A),
-    _m("rollout/*", "count", "Cumulative counters of the rollout instances, summed (steps, tokens, loads, ...).", _P),
+    _m("counts/*", "count", "Cumulative trajectory / group counters of the agent manager (see Counts).", _A,
+       "groups generated trained skipped cancelled aborted filtered surplus rejected retried truncated failed "
+       "error_retries"),
+    _m("rollout/*", "count", "Cumulative counters of the rollout instances, summed (decode steps, tokens, weight "
+       "loads, requests interrupted, continued, migrated).", _P, "steps tokens loads interrupted continued migrated"),
     # validation rows (trainer.val_every; their own rows, with step and version, no 'time')
     _m("val/accuracy", "fraction", "Greedy answers' mean 'acc' on the validation set, weights of this version.", _V),
     _m("val/reward", "reward", "Greedy answers' mean score on the validation set.", _V),
@@ -109,15 +117,38 @@ METRICS: tuple[Metric, ...] = (
        "psrl.runtime.watch"),
 )
 
+INDEX: tuple[str, ...] = ("step", "version", "time")
+"""The rows' index keys (benchmarks, ``benchmarks/sim_vs_real.py`` and outside checks read them): a step's row has
+all three; a validation row ``step`` and ``version`` (the step's ``time`` is its ``val/time``)."""
+
 _BY_NAME = {m.name: m for m in METRICS}
 
 
 def known(name: str) -> bool:
-    """Is ``name`` in the table (directly or through a ``prefix/*`` family)?"""
+    """Is ``name`` a key the table lists (a metric, or a listed member of a ``prefix/*`` family)?"""
     if name in _BY_NAME:
-        return True
-    head = name.split("/", 1)[0]
-    return "/" in name and f"{head}/*" in _BY_NAME
+        return not name.endswith("/*")
+    head, _, tail = name.partition("/")
+    family = _BY_NAME.get(f"{head}/*")
+    return family is not None and tail in family.members
+
+
+def unknown(keys: Iterable[str]) -> list[str]:
+    """The keys of a row that the table (and so ``docs/metrics.md``) does not list."""
+    return [k for k in keys if not known(k)]
+
+
+def checked(row: dict) -> dict:
+    """``row`` itself when it may be written: every key listed here, ``step`` and ``version`` present; else
+    ValueError naming what is wrong and the fix."""
+    bad = unknown(row)
+    if bad:
+        raise ValueError(f"metrics row keys {bad} are not in the metric table: add each to psrl.metrics.METRICS "
+                         "(one name per metric) and regenerate docs/metrics.md (python -m psrl.metrics)")
+    missing = [k for k in INDEX[:2] if k not in row]
+    if missing:
+        raise ValueError(f"metrics row without its index key(s) {missing}: every row has step and version")
+    return row
 
 
 def markdown() -> str:
@@ -126,13 +157,18 @@ def markdown() -> str:
         "# Metric names",
         "",
         "Generated from `src/psrl/metrics.py` by `python -m psrl.metrics > docs/metrics.md`; a test fails",
-        "when a run writes a key missing here or this page is stale. `prefix/*` is a family of keys.",
+        "when this page is stale. A run cannot write a key missing here: the run recorder refuses the row.",
+        "`prefix/*` is a family of keys, one per member listed.",
+        "",
+        "Index keys: " + ", ".join(f"`{k}`" for k in INDEX) + ". A step's row has all three, a validation row",
+        "`step` and `version`; benchmarks, `benchmarks/sim_vs_real.py` and outside checks read them.",
         "",
         "| name | unit | meaning | computed in |",
         "|---|---|---|---|",
     ]
     for m in METRICS:
-        cells = [f"`{m.name}`", m.unit, m.meaning, f"`{m.owner}`"]
+        meaning = m.meaning + (f" Members: {', '.join(m.members)}." if m.members else "")
+        cells = [f"`{m.name}`", m.unit, meaning, f"`{m.owner}`"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

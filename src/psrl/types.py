@@ -49,12 +49,18 @@ class Trajectory:
 
     @property
     def segment_versions(self) -> list[int]:
-        """Versions of the consecutive generation segments (a new segment starts where the version changes)."""
-        out: list[int] = []
-        for v in self.token_versions:
-            if v >= 0 and (not out or out[-1] != v):
-                out.append(v)
-        return out
+        """Versions of the consecutive generation segments (:func:`segment_versions` of ``token_versions``)."""
+        return segment_versions(self.token_versions)
+
+
+def segment_versions(token_versions: list[int]) -> list[int]:
+    """Versions of the consecutive generation segments: a new segment starts where the version changes; tool
+    tokens (version -1) belong to none."""
+    out: list[int] = []
+    for v in token_versions:
+        if v >= 0 and (not out or out[-1] != v):
+            out.append(v)
+    return out
 
 
 # --------------------------------------------------------------------------- the engine seam

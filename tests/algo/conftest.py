@@ -1,4 +1,4 @@
-"""tests/algo: one torch thread (the machine is shared), reference module importable."""
+"""tests/algo: one torch thread (the machine is shared)."""
 
 import torch
 

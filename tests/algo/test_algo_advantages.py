@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algo_reference import ref_group_adv
 from psrl.algo import group_advantages, grpo_advantages
+from tests.algo.algo_reference import ref_group_adv
 
 
 @pytest.mark.parametrize("norm", [True, False])

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algo_reference import ref_correction
 from psrl.algo import rollout_correction
+from tests.algo.algo_reference import ref_correction
 
 IS_MODES = [None, "token", "sequence"]
 RS_MODES = [None, "token", "sequence", "geometric"]

@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
-from algo_reference import (
+from psrl.algo import aggregate, policy_loss
+from psrl.config import AlgorithmConfig, RolloutCorrectionConfig
+from tests.algo.algo_reference import (
     gspo_sequence_level_loss,
     ref_aggregate,
     ref_correction,
@@ -14,8 +16,6 @@ from algo_reference import (
     ref_ppo_token_losses,
     torch_loop_loss,
 )
-from psrl.algo import aggregate, policy_loss
-from psrl.config import AlgorithmConfig, RolloutCorrectionConfig
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 CLIPS = {"ppo": (0.2, 0.28), "gspo": (0.03, 0.04)}  # GSPO runs with much tighter clips

@@ -76,8 +76,8 @@ def test_nucleus_matches_a_slow_reference(top_p):
 # ---------------------------------------------------------------- weights
 
 
-def test_export_is_a_cpu_copy_and_load_state_restores_and_versions():
-    """export_state copies (later training does not change it); load_state restores outputs and sets version."""
+def test_export_is_a_cpu_copy_and_load_weights_restores_and_versions():
+    """export_state copies (later training does not change it); load_weights restores outputs and sets version."""
     policy = tiny_policy(seed=5)
     prompts, responses = _prompts(3), [[1, 2], [3], [4, 5, 6]]
     with torch.no_grad():
@@ -88,7 +88,7 @@ def test_export_is_a_cpu_copy_and_load_state_restores_and_versions():
         for p in policy.model.parameters():
             p.add_(0.5)
         assert not torch.allclose(policy.sequence_logprobs(prompts, responses), before)
-    policy.load_state(state, version=7)
+    policy.load_weights(state, version=7)
     assert policy.version == 7
     with torch.no_grad():
         assert torch.allclose(policy.sequence_logprobs(prompts, responses), before)

@@ -145,6 +145,32 @@ def test_proactive_truncate_force_completes_the_straggler_with_its_partial_outpu
     account(coord)
 
 
+@pytest.mark.parametrize("fails", [1, 2])
+def test_proactive_truncate_retries_a_raising_synchronous_reward_like_any_other(fails):
+    """The truncated straggler's (synchronous) reward raises ``fails`` times: with task.reward_retries=1 one
+    failure is retried and the cut trajectory trains; two are reported (status error) and its entry aborted."""
+    calls = defaultdict(int)
+
+    def reward(prompt, episode):
+        if episode.truncated:
+            calls[prompt.uid] += 1
+            if calls[prompt.uid] <= fails:
+                raise RuntimeError("flaky verifier")
+        return {"score": 1.0, "acc": 1.0, "seq_reward": 1.0, "seq_final_reward": 1.0}
+
+    task = FakeTask(turns=2, turn_tokens=4, latency_fn=slow_episodes({1}), reward_fn=reward)
+    coord = coordinator(stuck_config("truncate"), task)
+    rows = run(coord, 1)
+    recs = by_uid(coord.sink.trajectories)
+    assert rows[0]["time"] < 10 and rows[0]["counts/error_retries"] == 1
+    if fails == 1:
+        assert recs["g1-0"]["status"] == "trained" and recs["g1-0"]["truncated"]
+        assert rows[0]["counts/truncated"] == 1 and rows[0]["counts/failed"] == 0
+    else:
+        assert recs["g1-0"]["status"] == "error" and "reward" in recs["g1-0"]["error"]
+        assert rows[0]["counts/truncated"] == 0 and rows[0]["counts/failed"] == 1
+
+
 @pytest.mark.parametrize("threshold, acts", [(0, False), (1, False), (2, True)])
 def test_proactive_filter_acts_only_at_or_below_its_threshold(threshold, acts):
     """Boundary: B=3 with two stragglers left in the STUCK buffer -- threshold 2 acts, threshold 1 waits.

@@ -81,7 +81,7 @@ def test_kv_after_update_recompute_is_exact_and_keep_is_stale(tiny, mode):
     store = ParameterStore(keep=4)
     store.publish(1, policy.export_state())
     new = copy.deepcopy(policy)
-    new.load_state(_perturbed_state(policy, seed=7), 2)
+    new.load_weights(_perturbed_state(policy, seed=7), 2)
     store.publish(2, new.export_state())
     engine = HFEngine(policy.replica(4), kv_after_update=mode)
     engine.policy.version = 1
@@ -111,7 +111,7 @@ def test_mismatch_metric_jumps_when_an_engine_skips_a_weight_update(tiny, engine
     _, _, policy = tiny
     store = ParameterStore(keep=4)
     new = copy.deepcopy(policy)
-    new.load_state(_perturbed_state(policy, seed=11), 2)
+    new.load_weights(_perturbed_state(policy, seed=11), 2)
     store.publish(2, new.export_state())
     engine = engine_cls(policy.replica(5))
 

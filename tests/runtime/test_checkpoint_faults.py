@@ -47,7 +47,7 @@ def build(cfg, run_dir, log=None, events=False):
     engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.deployment.n_rollout_instances)]
     coord = Coordinator(cfg, task(), trainer, engines, sink=rec, manager=manager)
     if ck:
-        coord.agents.load_state(ck["agents"])
+        coord.agents.load_state_dict(ck["agents"])
     return coord, rec, ck, ev
 
 
@@ -166,9 +166,9 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 class CopyingTrainer(FakeTrainer):
-    """A fake trainer with ``checkpoint_state`` (what the real one copies), so the saver writes in its thread."""
+    """A fake trainer with ``state_dict`` (what the real one copies), so the saver writes in its thread."""
 
-    def checkpoint_state(self):
+    def state_dict(self):
         return {"version": self.version}
 
     def save(self, directory, state=None):

@@ -32,7 +32,7 @@ def build(cfg, run_dir, trainer, log=None):
     engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.deployment.n_rollout_instances)]
     coord = Coordinator(cfg, task(), trainer, engines, sink=rec, manager=ck["manager"] if ck else None, log=log)
     if ck:
-        coord.agents.load_state(ck["agents"])
+        coord.agents.load_state_dict(ck["agents"])
     return coord, rec, ck
 
 

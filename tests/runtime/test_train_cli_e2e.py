@@ -2,7 +2,7 @@
 
 import yaml
 
-from psrl.metrics import known
+from psrl.metrics import INDEX, METRICS, checked
 from psrl.runtime.recorder import read_jsonl
 from psrl.train_cli import main
 from tests.rollout.harness import check_bound
@@ -22,7 +22,9 @@ def test_psrl_train_writes_a_complete_resumable_run_dir(tmp_path):
     assert cfg["psrl"]["staleness"] == 1 and cfg["trainer"]["total_steps"] == 3
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert [k for m in metrics for k in m if not known(k)] == []  # every key is in the one metric-name table
+    assert all(checked(m) for m in metrics)  # every key is in the one metric-name table, step and version too
+    families = {f"{m.name[:-1]}{x}" for m in METRICS for x in m.members}
+    assert families | set(INDEX) <= set(metrics[-1])  # every listed family member is written (none is stale)
     for key in ("time", "reward/mean", "staleness/mean", "staleness/max", "counts/generated", "counts/aborted",
                 "counts/filtered", "counts/retried", "counts/truncated"):
         assert key in metrics[-1], key

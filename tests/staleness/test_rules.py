@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
 
-from psrl.staleness import BufferState, NotReadyError, StaleVersionError, StalenessManager, Status
+from psrl.staleness import (
+    BufferState,
+    EventKind,
+    NotReadyError,
+    SnapshotEntry,
+    StaleVersionError,
+    StalenessManager,
+    Status,
+)
 
 
 def fill_group(m, eid, version, tag="t"):
@@ -257,13 +266,41 @@ class TestStatesAndSnapshot:
         assert r.snapshot() == m.snapshot()
         assert r.try_reserve(0) == m.try_reserve(0)
 
+    def test_snapshot_entries_are_plain_tuples_that_snapshot_entry_names(self):
+        """A snapshot's entries are plain tuples (a checkpoint does not depend on a psrl class) in the field order
+        of SnapshotEntry, which reads them by name."""
+        m = StalenessManager(staleness=1, batch_size=2, group_size=2)
+        a, b = m.try_reserve(0), m.try_reserve(0)
+        fill_group(m, a, 0)
+        m.complete(b, "b0", 0)
+        snap = m.snapshot()
+        reserved, occupied = snap["buffers"][0]
+        assert reserved == [] and [SnapshotEntry._make(e).id for e in occupied] == [a]
+        (row,) = snap["buffers"][1][0]
+        held = SnapshotEntry._make(row)
+        assert type(row) is tuple and (held.id, held.version, held.buffer, held.members) == (b, 0, 1, ["b0"])
+        assert (held.state, held.min_version) == (0, 0)
+
+    def test_occupy_is_complete(self):
+        """``occupy`` is the same method as ``complete`` (the protocol's word): the same results and state."""
+        assert StalenessManager.occupy is StalenessManager.complete
+        runs = []
+        for hand_in in ("complete", "occupy"):
+            m = StalenessManager(staleness=1, batch_size=1, group_size=2)
+            eid = m.try_reserve(0)
+            runs.append(([getattr(m, hand_in)(eid, f"t{i}", 0) for i in range(3)], m.snapshot()))
+        assert runs[0] == runs[1]
+        assert [r.status for r in runs[0][0]] == [Status.PENDING, Status.OCCUPIED, Status.SURPLUS]
+
     def test_counters_and_events(self):
         events = []
         m = StalenessManager(staleness=1, batch_size=1, group_size=1, on_event=events.append)
         eid = m.try_reserve(0)
         m.complete(eid, "x", 0)
         m.consume()
-        assert [e.kind for e in events] == ["reserve", "occupy", "consume"]
+        assert [e.kind for e in events] == [EventKind.RESERVE, EventKind.OCCUPY, EventKind.CONSUME]
+        assert [e.kind for e in events] == ["reserve", "occupy", "consume"]  # a str enum: the plain strings
+        assert json.dumps([e.kind for e in events]) == '["reserve", "occupy", "consume"]'
         assert events[1].buffer == 0 and events[1].reserved_buffer == 1
         assert m.stats.occupies_by_offset == [1, 0] and m.stats.staleness_hist == [1, 0]
 

@@ -10,10 +10,9 @@ import torch
 from psrl.algo.losses import policy_loss
 from psrl.config import AlgorithmConfig, ModelConfig, TaskConfig, TrainerConfig
 from psrl.models import build_policy
-from psrl.staleness import Batch
+from psrl.rollout.fakes import random_batch
 from psrl.tasks import get_task
 from psrl.train import ParameterStore, Trainer
-from psrl.types import Trajectory
 
 
 def test_store_keeps_last_k_and_rejects_old_versions():
@@ -35,25 +34,10 @@ def _setup(seed=0):
     return task, policy
 
 
-def _batch(task, version=0, groups=3, n=3, seed=0):
-    rng = random.Random(seed)
-    out = []
-    for g in range(groups):
-        p = task.sample_prompt(rng)
-        members = []
-        for i in range(n):
-            resp = [rng.randrange(task.tokenizer.vocab_size) for _ in range(rng.randint(1, 5))]
-            members.append(Trajectory(uid=f"{g}/{i}", group=str(g), v_traj=version, prompt_ids=p.ids,
-                                      response_ids=resp, logprobs=[-1.0] * len(resp), loss_mask=[1] * len(resp),
-                                      reward=float(rng.random() < 0.5) + 0.1 * i))
-        out.append(members)
-    return Batch(version, out, [], [])
-
-
 def test_step_loss_matches_a_slow_per_trajectory_reference():
     """The batched step's loss == policy_loss on tensors built one trajectory at a time with hand-written GRPO."""
     task, policy = _setup()
-    batch = _batch(task)
+    batch = random_batch(task)
     trajs = [t for g in batch.groups for t in g]
     adv = []
     for g in batch.groups:
@@ -82,7 +66,7 @@ def test_minibatches_take_several_optimiser_steps():
     """With 3 minibatches later ones see a ratio != 1 (approx_kl > 0)."""
     task, policy = _setup()
     tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(minibatches=3, lr=0.01))
-    m = tr.step(_batch(task, version=4))
+    m = tr.step(random_batch(task, version=4))
     assert m["actor/approx_kl"] > 0
 
 
@@ -91,14 +75,14 @@ def test_same_seed_same_weights_and_checkpoint_resume(tmp_path):
     def run(resume_dir=None):
         task, policy = _setup()
         tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(lr=0.01))
-        tr.step(_batch(task, 0, seed=1))
+        tr.step(random_batch(task, 0, seed=1))
         policy.version = 1  # what the coordinator does after a step
         if resume_dir is not None:
             tr.save(resume_dir)
             task, policy = _setup(seed=5)
             tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(lr=0.01))
             assert tr.load(resume_dir) == 1
-        tr.step(_batch(task, 1, seed=2))
+        tr.step(random_batch(task, 1, seed=2))
         return policy.export_state()
 
     a, b, c = run(), run(), run(tmp_path)

@@ -8,9 +8,10 @@ import torch
 
 import psrl.train.trainer as trainer_mod
 from psrl.config import AlgorithmConfig, TrainerConfig
+from psrl.rollout.fakes import random_batch
 from psrl.runtime.recorder import read_jsonl
 from psrl.train import Trainer
-from tests.train.test_train_trainer import _batch, _setup
+from tests.train.test_train_trainer import _setup
 
 
 def _weights(policy):
@@ -42,11 +43,11 @@ def test_nan_loss_skips_the_step_and_keeps_the_weights(monkeypatch, minibatches,
     tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(minibatches=minibatches))
     before = _weights(policy)
     _nan_loss_at(monkeypatch, {bad_call})
-    m = tr.step(_batch(task, version=0))
+    m = tr.step(random_batch(task, version=0))
     assert _same(before, _weights(policy))
     assert "loss is nan" in tr.last_skip and (minibatches == 1 or f"minibatch {bad_call + 1}/3" in tr.last_skip)
     assert m["train/skipped_steps"] == 1 and tr.skipped_in_a_row == 1 and "train/loss" not in m
-    m = tr.step(_batch(task, version=1, seed=1))
+    m = tr.step(random_batch(task, version=1, seed=1))
     assert tr.last_skip is None and tr.skipped_in_a_row == 0 and m["train/skipped_steps"] == 1
     assert not _same(before, _weights(policy)) and tr.version == 0  # the version is the coordinator's to move
 
@@ -59,7 +60,7 @@ def test_non_finite_gradient_skips_the_step(bad):
     before = _weights(policy)
     first = next(policy.model.parameters())
     handle = first.register_hook(lambda g: torch.full_like(g, bad))
-    tr.step(_batch(task))
+    tr.step(random_batch(task))
     handle.remove()
     assert tr.last_skip == "gradient norm is not finite" and tr.skipped_steps == 1
     assert _same(before, _weights(policy))
@@ -71,7 +72,7 @@ def test_skip_counters_survive_a_checkpoint_and_optimizer_state_is_optional(tmp_
     such a checkpoint keeps a fresh optimiser."""
     task, policy = _setup()
     tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(save_optimizer=False))
-    tr.step(_batch(task))
+    tr.step(random_batch(task))
     policy.version = 1  # what the coordinator does after a step
     tr.skipped_steps, tr.skipped_in_a_row = 4, 2
     tr.save(tmp_path)

@@ -23,6 +23,7 @@ from psrl.errors import PsrlError
 from psrl.staleness import StalenessManager
 from psrl.viz.cli import load_run
 from psrl.viz.cli import main as viz_main
+from psrl.viz.events import read_valid
 from psrl.runtime.recorder import EventLog
 from tests.viz.test_events import drive
 
@@ -162,6 +163,15 @@ def test_a_truncated_last_line_is_skipped_and_reported(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == f"psrl viz: skipped 1 damaged line(s), first: {d / 'events.jsonl'}:{n + 1}: not JSON " \
                   "(Unterminated string starting at)"
+
+
+def test_a_number_too_long_to_read_is_a_damaged_line(tmp_path):
+    """A line JSON cannot turn into a value for another reason than its syntax (an integer past Python's
+    4300-digit conversion limit) is reported like any damaged line, not raised."""
+    p = tmp_path / "events.jsonl"
+    p.write_text('{"t": 1.0, "kind": "reserve", "buffer": 0}\n{"t": ' + "1" * 5000 + "}\n")
+    good, bad = read_valid(p, {"t": (int, float)})
+    assert len(good) == 1 and len(bad) == 1 and bad[0].startswith(f"{p}:2: not JSON (Exceeds the limit")
 
 
 def test_an_unwritable_out_path_is_one_line(tmp_path, monkeypatch, capsys):

@@ -142,7 +142,7 @@ class Policy:
         (path / "psrl_version.txt").write_text(f"{self.version}\n")
         return path
 
-    def load_state(self, state: dict[str, Tensor], version: int) -> None:
+    def load_weights(self, state: dict[str, Tensor], version: int) -> None:
         """Load published weights and take their version."""
         self.model.load_state_dict(state)
         self.version = int(version)

@@ -54,7 +54,7 @@ def build_rollout(cfg: Config, engines: Sequence[Union[Engine, TokenModel]], sto
     version, state = store.get()
     for model in engines:
         if not isinstance(model, Engine):
-            model.load_state(state, version)
+            model.load_weights(state, version)
     new_instance = functools.partial(
         RolloutInstance, weights=store, sync=build_sync(cfg, manager), log=log,
         partial_rollout=p.partial_rollout.enable, interrupt_as_prompt=p.partial_rollout.interrupt_as_prompt,

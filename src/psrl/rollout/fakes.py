@@ -1,4 +1,5 @@
-"""Fakes of the real interfaces: a model (:class:`FakeEngine`), a task and a trainer.
+"""Fakes of the real interfaces: a model (:class:`FakeEngine`), a task and a trainer; and a random consumed batch
+for a real trainer (:func:`random_batch`).
 
 They implement the real interfaces (the no-cache engine's model, :class:`psrl.tasks.Task`'s methods,
 ``Trainer.step``), so tests and the simulator run the *real* coordinator on them, in virtual time, with
@@ -11,15 +12,13 @@ import asyncio
 import json
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from psrl.tasks.base import Episode, GenerateFn, Prompt
-from psrl.types import WeightState
+from psrl.staleness import Batch
+from psrl.tasks.base import Episode, GenerateFn, Prompt, Task
+from psrl.types import Trajectory, WeightState
 
-if TYPE_CHECKING:
-    from psrl.staleness import Batch
-
-__all__ = ["FakeEngine", "FakeTask", "FakeTrainer"]
+__all__ = ["FakeEngine", "FakeTask", "FakeTrainer", "random_batch"]
 
 LatencyFn = Callable[[Prompt, int, int], float]
 ScoreFn = Callable[[Prompt, Episode], float]
@@ -36,7 +35,7 @@ class FakeEngine:
         token_cost: seconds per row of a decode step (a batch of ``n`` rows costs
             ``step_cost + n * token_cost``).
         step_cost: fixed seconds per decode step.
-        sync_cost: seconds one ``load_state`` takes.
+        sync_cost: seconds one ``load_weights`` takes.
         vocab: token range.
         stop_id: token emitted when a row reaches length ``stop_at`` (None: never).
         stop_at: sequence length at which ``stop_id`` is emitted.
@@ -92,16 +91,16 @@ class FakeEngine:
             await asyncio.sleep(cost)
         return self.next_token(seqs, temperature, top_p)
 
-    def load_state(self, state: WeightState, version: int) -> None:
+    def load_weights(self, state: WeightState, version: int) -> None:
         self.loads += 1
         self.state = state
         self.version = int(version)
 
-    async def aload_state(self, state: WeightState, version: int) -> None:
-        """``load_state`` after ``sync_cost`` seconds; the version changes only at the end."""
+    async def aload_weights(self, state: WeightState, version: int) -> None:
+        """``load_weights`` after ``sync_cost`` seconds; the version changes only at the end."""
         if self.sync_cost > 0:
             await asyncio.sleep(self.sync_cost)
-        self.load_state(state, version)
+        self.load_weights(state, version)
 
     def export_state(self) -> dict:
         return {"version": self.version}
@@ -216,3 +215,22 @@ class FakeTrainer:
     def load(self, directory: str | Path) -> int:
         self.policy.version = int(json.loads((Path(directory) / "trainer.json").read_text())["version"])
         return self.version
+
+
+def random_batch(task: Task, version: int = 0, groups: int = 3, n: int = 3, seed: int = 0,
+                 lengths: tuple[int, int] = (1, 5)) -> Batch:
+    """A consumed batch for a real trainer (its tests, the checkpoint-cost benchmark): ``groups`` of the task's
+    prompts, ``n`` random responses each of ``lengths`` tokens (inclusive), rewards that differ inside every group
+    (non-zero advantages)."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = task.sample_prompt(rng)
+        members = []
+        for i in range(n):
+            resp = [rng.randrange(task.tokenizer.vocab_size) for _ in range(rng.randint(*lengths))]
+            members.append(Trajectory(uid=f"{g}/{i}", group=str(g), v_traj=version, prompt_ids=prompt.ids,
+                                      response_ids=resp, logprobs=[-1.0] * len(resp), loss_mask=[1] * len(resp),
+                                      reward=float(rng.random() < 0.5) + 0.1 * i))
+        out.append(members)
+    return Batch(version, out, [], [])

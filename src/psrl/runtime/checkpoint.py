@@ -65,7 +65,7 @@ class CheckpointSaver:
     the coordinator's state pickled to bytes), so the run is free to go on; the copy goes to disk in one
     writer thread, one checkpoint at a time. Costs one more copy of weights + optimiser state in memory
     while it writes. A write that fails is raised at the next save or at :meth:`close`. A trainer without
-    ``checkpoint_state`` (a fake) is saved synchronously.
+    ``state_dict`` (a fake) is saved synchronously.
     """
 
     def __init__(self, background: bool = True):
@@ -79,7 +79,7 @@ class CheckpointSaver:
         """Checkpoint now; with ``wait`` (a stop) or no background writer, on disk when this returns."""
         self.wait()
         job = _capture(run_dir, coord, recorder, copy=self.background and not wait)
-        if self._pool is None or wait or not hasattr(coord.trainer, "checkpoint_state"):
+        if self._pool is None or wait or not hasattr(coord.trainer, "state_dict"):
             _write(*job)
         else:
             self._pending = self._pool.submit(_write, *job)
@@ -105,8 +105,8 @@ def _capture(run_dir: str | Path, coord: Any, recorder: Any, copy: bool = False)
     events = getattr(coord.manager, "on_event", None)
     if hasattr(events, "offset"):  # the buffer timeline (psrl.runtime.recorder.EventLog)
         offsets[_EVENTS] = events.offset()
-    state = {**coord.checkpoint_state(), "offsets": offsets}
-    trainer_state = coord.trainer.checkpoint_state() if copy and hasattr(coord.trainer, "checkpoint_state") else None
+    state = {**coord.state_dict(), "offsets": offsets}
+    trainer_state = coord.trainer.state_dict() if copy and hasattr(coord.trainer, "state_dict") else None
     return (Path(run_dir), int(coord.version), coord.cfg.trainer.keep_checkpoints, trainer_state,
             pickle.dumps(state), coord.trainer)
 
@@ -220,7 +220,7 @@ def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any =
 
     A damaged newer checkpoint is reported through ``log``, renamed ``<name>.damaged`` and skipped.
     Returns the checkpoint state with ``manager`` (the restored staleness manager, ``on_event`` its listener); the
-    caller builds its coordinator with it and hands ``state["agents"]`` to ``agents.load_state``.
+    caller builds its coordinator with it and hands ``state["agents"]`` to ``agents.load_state_dict``.
     """
     run_dir = Path(run_dir)
     damaged: list[tuple[Path, Exception, str]] = []

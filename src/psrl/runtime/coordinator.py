@@ -99,10 +99,10 @@ class Coordinator:
         """The trainer's version: this coordinator sets it (and publishes the weights) after every step."""
         return int(self.trainer.policy.version)
 
-    def checkpoint_state(self) -> dict:
+    def state_dict(self) -> dict:
         """What a checkpoint needs besides the trainer's own state: the version, the staleness manager's
         snapshot and the agent manager's state (a consistent cut only between steps: ``not in_step``)."""
-        return {"version": self.version, "staleness": self.manager.snapshot(), "agents": self.agents.state()}
+        return {"version": self.version, "staleness": self.manager.snapshot(), "agents": self.agents.state_dict()}
 
     def status(self) -> RolloutStatus:
         """What the rollout side is doing now: its instances and the trajectories in flight (the stall report)."""

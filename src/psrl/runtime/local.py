@@ -98,7 +98,7 @@ def build(cfg: Config, recorder: Optional[RunRecorder] = None, log: Callable[[st
         manager = ck["manager"]
         log(f"resumed from {ck['dir']} at version {trainer.policy.version}")
     elif weights is not None:
-        trainer.policy.load_state(weights, 0)
+        trainer.policy.load_weights(weights, 0)
     elif isinstance(trainer, Trainer):
         warm_start(cfg, task, trainer, log)
     if engines is None:
@@ -108,7 +108,7 @@ def build(cfg: Config, recorder: Optional[RunRecorder] = None, log: Callable[[st
     coord = Coordinator(cfg, task, trainer, engines, sink=sink if sink is not None else recorder, manager=manager,
                         log=log)
     if ck is not None:
-        coord.agents.load_state(ck["agents"])
+        coord.agents.load_state_dict(ck["agents"])
     return coord
 
 

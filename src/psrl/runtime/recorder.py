@@ -12,9 +12,11 @@ import math
 import os
 from pathlib import Path
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-__all__ = ["RunRecorder", "EventLog", "RUN_FILES", "default_run_dir", "read_jsonl"]
+from psrl.metrics import checked
+
+__all__ = ["RunRecorder", "EventLog", "RUN_FILES", "default_run_dir", "read_jsonl", "jsonl_lines"]
 
 RUN_FILES = ("metrics.jsonl", "trajectories.jsonl")
 """The JSONL files a :class:`RunRecorder` appends to (a checkpoint stores their lengths, a resume cuts them back)."""
@@ -54,7 +56,8 @@ class RunRecorder:
         self._write("trajectories.jsonl", rec)
 
     def metric(self, row: dict) -> None:
-        self._write("metrics.jsonl", row)
+        """One row, once :func:`psrl.metrics.checked` says every key is in the metric table."""
+        self._write("metrics.jsonl", checked(row))
 
     def _write(self, name: str, obj: dict) -> None:
         f = self._files[name]
@@ -106,6 +109,22 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not p.exists():
         return []
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any, Optional[str]]]:
+    """``(line number, value, None)`` for every non-blank line of a JSONL file that parses, ``(line number, None,
+    why)`` for one that does not: for files a run may have left damaged (killed mid-line, disk full, edited),
+    whose readers decide what a damaged line means. An unreadable file raises OSError."""
+    with Path(path).open(encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as e:  # JSONDecodeError, or an integer too long to convert
+                yield n, None, e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+                continue
+            yield n, value, None
 
 
 class EventLog:

@@ -11,7 +11,6 @@ work. A retry or a regenerated group simply takes the next value of the stream.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from psrl.config import Config, ConfigError
+from psrl.runtime.recorder import jsonl_lines
 
 __all__ = ["Workload", "GenTimeStream", "UniformStream", "load_trace", "trace_train_time"]
 
@@ -309,18 +309,13 @@ def _speeds(value: Any) -> tuple:
 def _jsonl(p: Path, key: str) -> Iterator[tuple[int, dict]]:
     """``(line number, record)`` of a JSONL file; a damaged line is a ConfigError naming ``key`` and the line."""
     try:
-        with p.open(encoding="utf-8", errors="replace") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError as e:
-                    raise ConfigError(key, f"{p}:{n} is not a JSON line ({e.msg})",
-                                      "give a trajectories.jsonl written by psrl train (or delete the damaged line)")
-                if not isinstance(rec, dict):
-                    raise ConfigError(key, f"{p}:{n} is not a JSON object", "give a trajectories.jsonl of psrl train")
-                yield n, rec
+        for n, rec, why in jsonl_lines(p):
+            if why is not None:
+                raise ConfigError(key, f"{p}:{n} is not a JSON line ({why})",
+                                  "give a trajectories.jsonl written by psrl train (or delete the damaged line)")
+            if not isinstance(rec, dict):
+                raise ConfigError(key, f"{p}:{n} is not a JSON object", "give a trajectories.jsonl of psrl train")
+            yield n, rec
     except OSError as e:
         raise ConfigError(key, f"cannot read {p} ({e.strerror})", "give a readable file") from e
 

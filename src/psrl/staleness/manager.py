@@ -36,6 +36,7 @@ from .types import (
     BufferState,
     CompleteResult,
     Event,
+    EventKind,
     NotReadyError,
     StaleVersionError,
     Stats,
@@ -225,7 +226,7 @@ class StalenessManager:
         self._entries[eid] = entry
         self.stats.reserves += 1
         if self.on_event is not None:
-            self.on_event(Event("reserve", eid, r, version, None, T))
+            self.on_event(Event(EventKind.RESERVE, eid, r, version, None, T))
         return eid
 
     # ------------------------------------------------------------------ Complete / Occupy
@@ -253,6 +254,10 @@ class StalenessManager:
                 return _PENDING
             return self._complete_group(entry, traj, version)
 
+    occupy = complete
+    """Occupy (``complete``): the protocol's word for the same method; a group occupies a buffer when its
+    ``N``-th member is handed in."""
+
     def _complete_group(self, entry: _Entry, traj: Any, version: int) -> CompleteResult:
         group = entry.members + [traj]
         # The filter runs before any change, so an exception from it leaves the manager as it was.
@@ -261,7 +266,7 @@ class StalenessManager:
         if entry.min_version is None or version < entry.min_version:
             entry.min_version = version
         if not keep:
-            self._end(entry, "filtered")
+            self._end(entry, EventKind.FILTERED)
             self.stats.filtered += 1
             self._notify()
             return _FILTERED
@@ -271,7 +276,7 @@ class StalenessManager:
         if b is None:
             self._entries.pop(entry.id)
             self.stats.surplus += 1
-            self._emit("surplus", entry, r)
+            self._emit(EventKind.SURPLUS, entry, r)
             self._notify()
             return _SURPLUS
         buf = self._buffers.get(b)
@@ -282,7 +287,7 @@ class StalenessManager:
         entry.slot = b
         self.stats.occupies += 1
         self.stats.occupies_by_offset[b - self._T] += 1
-        self._emit("occupy", entry, b, r)
+        self._emit(EventKind.OCCUPY, entry, b, r)
         if b == self._frontier and len(buf.groups) >= self.batch_size:
             self._advance_frontier()
         self._notify()
@@ -311,19 +316,19 @@ class StalenessManager:
             if buf is None or len(buf.groups) < B:
                 break
             for entry in list(buf.reserved.values()):
-                self._end(entry, "passive_abort")
+                self._end(entry, EventKind.PASSIVE_ABORT)
                 self._aborted.append((entry.id, entry.members))
                 self.stats.passive_aborts += 1
             f += 1
         self._frontier = f
 
-    def _end(self, entry: _Entry, kind: str) -> None:
+    def _end(self, entry: _Entry, kind: EventKind) -> None:
         """End a RESERVED entry: release its reservation and forget it."""
         del self._buffers[entry.slot].reserved[entry.id]
         del self._entries[entry.id]
         self._emit(kind, entry, entry.slot)
 
-    def _emit(self, kind: str, entry: _Entry, buffer: int, reserved_buffer: Optional[int] = None) -> None:
+    def _emit(self, kind: EventKind, entry: _Entry, buffer: int, reserved_buffer: Optional[int] = None) -> None:
         if self.on_event is not None:
             self.on_event(Event(kind, entry.id, buffer, entry.version, entry.min_version, self._T, reserved_buffer))
 
@@ -337,7 +342,7 @@ class StalenessManager:
                 return False
             if entry.state == _OCCUPIED:
                 raise ValueError(f"entry {eid!r} is occupied in buffer {entry.slot}: it cannot be aborted")
-            self._end(entry, "abort")
+            self._end(entry, EventKind.ABORT)
             self.stats.aborts += 1
             self._notify()
             return True
@@ -386,7 +391,7 @@ class StalenessManager:
                 ids.append(entry.id)
                 versions.append(entry.min_version)
                 hist[T - entry.min_version] += 1
-                self._emit("consume", entry, T)
+                self._emit(EventKind.CONSUME, entry, T)
             self.stats.consumes += 1
             self._notify()
             return Batch(T, groups, ids, versions)
@@ -436,7 +441,11 @@ class StalenessManager:
     # ------------------------------------------------------------------ snapshot / restore
 
     def snapshot(self) -> dict:
-        """Picklable state (no callables). Trajectories are included as given, so they must pickle too."""
+        """Picklable state (no callables). Trajectories are included as given, so they must pickle too.
+
+        ``snap["buffers"]`` maps each live buffer to ``(reserved, occupied)``, two lists of entry tuples
+        whose fields :class:`~psrl.staleness.types.SnapshotEntry` names; ``snap["train_version"]`` is ``T``.
+        """
         with self._lock:
             def dump(e: _Entry) -> tuple:
                 return (e.id, e.version, e.slot, e.state, list(e.members), e.min_version)

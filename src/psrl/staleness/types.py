@@ -16,6 +16,8 @@ __all__ = [
     "CompleteResult",
     "Batch",
     "Event",
+    "EventKind",
+    "SnapshotEntry",
     "Stats",
     "StaleVersionError",
     "NotReadyError",
@@ -88,24 +90,66 @@ class Batch(NamedTuple):
     group_versions: list
 
 
+class EventKind(str, enum.Enum):
+    """What an :class:`Event` did to its entry (compares equal to the plain string, which is what
+    ``events.jsonl`` holds)."""
+
+    RESERVE = "reserve"
+    """EMPTY -> RESERVED at ``buffer``."""
+    OCCUPY = "occupy"
+    """RESERVED -> OCCUPIED at ``buffer``; ``reserved_buffer`` is where it had been reserved."""
+    FILTERED = "filtered"
+    """The group filter rejected the complete group; its reservation at ``buffer`` is released."""
+    SURPLUS = "surplus"
+    """The group completed but no buffer had room; its reservation at ``buffer`` is released."""
+    ABORT = "abort"
+    """The caller gave the entry up (``abort``); its reservation at ``buffer`` is released."""
+    PASSIVE_ABORT = "passive_abort"
+    """The manager ended the entry (it could never land); its reservation at ``buffer`` is released."""
+    CONSUME = "consume"
+    """OCCUPIED -> EMPTY: buffer ``buffer`` was consumed (one event per entry)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Event(NamedTuple):
     """One transition, passed to the optional ``on_event`` callback.
 
-    ``kind`` is one of ``reserve`` (EMPTY -> RESERVED at ``buffer``), ``occupy`` (RESERVED -> OCCUPIED
-    at ``buffer``; ``reserved_buffer`` is where it had been reserved), ``filtered``, ``surplus``,
-    ``abort`` (by the caller), ``passive_abort`` (by the manager) -- each of those releases the
-    reservation at ``buffer`` -- and ``consume`` (OCCUPIED -> EMPTY, one event per entry).
-    ``version`` is the entry's reserve version, ``group_version`` the minimum member ``V_traj``
-    (None until members arrive), ``train_version`` the manager's ``T`` after the transition.
+    ``kind`` says which (:class:`EventKind`). ``version`` is the entry's reserve version, ``group_version``
+    the minimum member ``V_traj`` (None until members arrive), ``train_version`` the manager's ``T`` after
+    the transition.
     """
 
-    kind: str
+    kind: EventKind
     entry: Hashable
     buffer: int
     version: int
     group_version: Optional[int]
     train_version: int
     reserved_buffer: Optional[int] = None
+
+
+class SnapshotEntry(NamedTuple):
+    """The fields of one entry in a :meth:`~psrl.staleness.StalenessManager.snapshot`, in order.
+
+    ``snap["buffers"]`` maps each live buffer ``b`` to ``(reserved, occupied)``, two lists of entry tuples
+    (occupied ones in occupy order); ``SnapshotEntry._make(row)`` reads one by name. The rows themselves stay
+    plain tuples, so a pickled snapshot (a checkpoint) does not depend on this class.
+    """
+
+    id: Hashable
+    """The entry id ``try_reserve`` returned."""
+    version: int
+    """The reserve version."""
+    buffer: int
+    """The buffer it is reserved in (RESERVED) or occupies (OCCUPIED)."""
+    state: int
+    """0 RESERVED, 1 OCCUPIED."""
+    members: list[Any]
+    """The trajectories it holds so far, in completion order."""
+    min_version: Optional[int]
+    """The minimum member ``V_traj`` (None before the first member)."""
 
 
 @dataclass

@@ -121,12 +121,12 @@ class Task(abc.ABC):
         rng = random.Random("psrl/validation")
         return [self.sample_prompt(rng) for _ in range(n)]
 
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
         """What a checkpoint must keep of the task (a dataset's position); stateless tasks keep nothing."""
         return {}
 
-    def load_state(self, state: dict) -> None:
-        """Restore :meth:`state`."""
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
 
     @abc.abstractmethod
     def demonstrations(self, n: int, rng: random.Random) -> list[Demo]:

@@ -203,11 +203,11 @@ class DatasetTask(Task):
         self.draws += 1
         return self._prompt(row, f"d{self.draws - 1}-r{row.index}")
 
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
         """Where the training order stands (saved in checkpoints)."""
         return {"epoch": self.epoch, "cursor": self.cursor, "draws": self.draws}
 
-    def load_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.epoch, self.cursor, self.draws = int(state["epoch"]), int(state["cursor"]), int(state["draws"])
         self.order = self._order(self.epoch)
 

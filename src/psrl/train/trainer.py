@@ -154,7 +154,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def checkpoint_state(self, copied: bool = True) -> dict:
+    def state_dict(self, copied: bool = True) -> dict:
         """What :meth:`save` writes. ``copied``: the optimiser state is a deep copy, so the caller may write it
         while training goes on (a synchronous save writes the live state and skips that copy)."""
         state = {
@@ -172,20 +172,23 @@ class Trainer:
         and generator states (``state``, else taken now) to ``directory/trainer.pt``."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(state if state is not None else self.checkpoint_state(copied=False), path / "trainer.pt")
+        torch.save(state if state is not None else self.state_dict(copied=False), path / "trainer.pt")
         return path / "trainer.pt"
 
     def load(self, directory: str | Path) -> int:
         """Restore what :meth:`save` wrote; returns the restored version."""
-        ckpt = torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False)
-        self.policy.load_state(ckpt["model"], ckpt["version"])
+        self.load_state_dict(torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False))
+        return self.policy.version
+
+    def load_state_dict(self, ckpt: dict) -> None:
+        """Continue from :meth:`state_dict`: weights and version, optimiser, skip counters, generator states."""
+        self.policy.load_weights(ckpt["model"], ckpt["version"])
         if "optimizer" in ckpt:  # saved without it (trainer.save_optimizer=false): AdamW starts fresh
             self.optimizer.load_state_dict(ckpt["optimizer"])
         self.skipped_steps, self.skipped_in_a_row = ckpt.get("skipped", (0, 0))
         self.rng.setstate(ckpt["rng"])
         self.policy.generator.set_state(ckpt["sampler"])
         torch.set_rng_state(ckpt["torch_rng"])
-        return self.policy.version
 
 
 def _pad(rows: Iterable[list], device) -> torch.Tensor:

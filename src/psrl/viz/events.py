@@ -10,6 +10,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
+from psrl.runtime.recorder import jsonl_lines
+from psrl.staleness import EventKind
+
+_RELEASES = (EventKind.FILTERED, EventKind.SURPLUS, EventKind.ABORT, EventKind.PASSIVE_ABORT)
+"""The kinds that end a RESERVED entry, releasing its reservation at the event's buffer."""
+
 
 def read_events(path: str | Path) -> list[dict]:
     """Every event of ``events.jsonl`` (strict: a damaged line raises; ``psrl viz`` uses :func:`read_valid`)."""
@@ -26,20 +32,15 @@ def read_valid(path: str | Path, fields: dict[str, tuple[type, ...]]) -> tuple[l
     bad: list[str] = []
     if not p.exists():
         return good, bad
-    with p.open(encoding="utf-8", errors="replace") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as e:
-                bad.append(f"{p}:{n}: not JSON ({e.msg})")
-                continue
-            missing = [k for k, tps in fields.items() if not isinstance(rec, dict) or not valid(rec.get(k), tps)]
-            if missing:
-                bad.append(f"{p}:{n}: no valid {missing[0]!r}")
-                continue
-            good.append(rec)
+    for n, rec, why in jsonl_lines(p):
+        if why is not None:
+            bad.append(f"{p}:{n}: not JSON ({why})")
+            continue
+        missing = [k for k, tps in fields.items() if not isinstance(rec, dict) or not valid(rec.get(k), tps)]
+        if missing:
+            bad.append(f"{p}:{n}: no valid {missing[0]!r}")
+            continue
+        good.append(rec)
     return good, bad
 
 
@@ -58,17 +59,17 @@ def buffer_timeline(events: Iterable[dict]) -> dict[int, list[tuple[float, int, 
     for ev in events:
         kind, b, t = ev["kind"], ev["buffer"], ev["t"]
         touched = [b]
-        if kind == "reserve":
+        if kind == EventKind.RESERVE:
             R[b] += 1
-        elif kind == "occupy":
+        elif kind == EventKind.OCCUPY:
             rb = ev.get("reserved_buffer", b)
             rb = rb if isinstance(rb, int) and not isinstance(rb, bool) else b
             R[rb] -= 1
             O[b] += 1
             touched.append(rb)
-        elif kind in ("filtered", "surplus", "abort", "passive_abort"):
+        elif kind in _RELEASES:
             R[b] -= 1
-        elif kind == "consume":
+        elif kind == EventKind.CONSUME:
             O[b] -= 1
         for x in set(touched):
             out[x].append((t, R[x], O[x]))

@@ -40,9 +40,9 @@ from psrl.rollout.client.proactive import ProactiveFilter
 from psrl.rollout.client.records import Counts, WorkerSlots, trajectory_record
 from psrl.rollout.serving.session import Session
 from psrl.rollout.types import InFlight
-from psrl.staleness import Batch, StalenessManager, StaleVersionError, Status
+from psrl.staleness import Batch, SnapshotEntry, StalenessManager, StaleVersionError, Status
 from psrl.tasks.base import Episode, Prompt, Task, episode_to_trajectory
-from psrl.types import Sink, Trajectory
+from psrl.types import Sink, Trajectory, segment_versions
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -265,17 +265,15 @@ class AgentManager:
             raise RewardTimeout(f"no reward within task.reward_timeout={self.reward_timeout:g}s") from None
 
     def reward_now(self, g: _Group, m: _Member, episode: Episode) -> Optional[dict]:
-        """:meth:`_reward` for a task whose reward is synchronous (the proactive filter acts at once)."""
-        err: Optional[BaseException] = None
-        for attempt in range(1 + self.retries):
-            try:
-                return finite_reward(self.task.reward(g.prompt, episode))
-            except Exception as e:
-                err = e
-                if attempt < self.retries:
-                    self.counts.error_retries += 1
-        self._fail(g, m, "reward", err, episode)
-        return None
+        """:meth:`_reward` (the same retries) run to its end here, for a task whose reward is synchronous, so the
+        proactive filter acts at once: with a synchronous reward that coroutine never suspends."""
+        run = self._reward(g, m, episode)
+        try:
+            run.send(None)
+        except StopIteration as done:
+            return done.value
+        run.close()
+        raise RuntimeError(f"reward_now: the reward of {type(self.task).__name__} suspended (it is asynchronous)")
 
     @property
     def reward_is_async(self) -> bool:
@@ -372,7 +370,7 @@ class AgentManager:
                "segment_versions": [], "instances": list(m.session.instances) if m.session else [],
                "status": "error", "error": f"{stage}: {err!r}", "prompt": getattr(g.prompt, "text", "")}
         if episode is not None:
-            rec["segment_versions"] = _segments(episode.token_versions)
+            rec["segment_versions"] = segment_versions(episode.token_versions)
         self._emit(rec)
         if g.eid in self.groups and self.manager.entry_buffer(g.eid) is None:
             others = [x for x in g.live() if x is not m]
@@ -486,21 +484,24 @@ class AgentManager:
     def _restored_held(self) -> list:
         """Trajectories the staleness manager holds for entries this manager never launched: groups a resumed
         run restored from its checkpoint and has not trained yet (without this they would end unrecorded)."""
-        buffers = self.manager.snapshot()["buffers"]
-        return [t for reserved, groups in buffers.values() for e in [*reserved, *groups] if e[0] not in self.groups
-                for t in e[4]]
+        held: list = []
+        for reserved, occupied in self.manager.snapshot()["buffers"].values():
+            for entry in map(SnapshotEntry._make, reserved + occupied):
+                if entry.id not in self.groups:
+                    held += entry.members
+        return held
 
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
         """What a checkpoint needs to continue the prompt stream and the counters."""
         from dataclasses import asdict
 
         return {"rng": self.rng.getstate(), "counts": asdict(self.counts), "next_group": self.next_group,
-                "task": self.task.state() if hasattr(self.task, "state") else {}}
+                "task": self.task.state_dict() if hasattr(self.task, "state_dict") else {}}
 
-    def load_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.rng.setstate(state["rng"])
-        if state.get("task") and hasattr(self.task, "load_state"):
-            self.task.load_state(state["task"])  # a dataset continues its epoch
+        if state.get("task") and hasattr(self.task, "load_state_dict"):
+            self.task.load_state_dict(state["task"])  # a dataset continues its epoch
         self.counts = Counts(**state["counts"])
         self.next_group = int(state["next_group"])
 
@@ -519,11 +520,3 @@ def finite_reward(reward: dict) -> dict:
     if not math.isfinite(float(score)):
         raise NonFiniteReward(f"reward score is {float(score)!r} (not finite)")
     return reward
-
-
-def _segments(token_versions: list[int]) -> list[int]:
-    out: list[int] = []
-    for v in token_versions:
-        if v >= 0 and (not out or out[-1] != v):
-            out.append(v)
-    return out

@@ -14,6 +14,8 @@ from typing import Optional
 
 from psrl.types import Trajectory
 
+from psrl.metrics import checked
+
 __all__ = ["WorkerSlots", "Counts", "trajectory_record", "MemorySink"]
 
 
@@ -117,4 +119,5 @@ class MemorySink:
         self.trajectories.append(rec)
 
     def metric(self, row: dict) -> None:
-        self.metrics.append(row)
+        """One row, once :func:`psrl.metrics.checked` says every key is in the metric table (as the recorder)."""
+        self.metrics.append(checked(row))

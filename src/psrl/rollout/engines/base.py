@@ -11,7 +11,7 @@ step is computed:
 * :class:`psrl.rollout.engines.hf.HFEngine` keeps a KV cache (``rollout.engine: hf``).
 
 Models are synchronous and CPU/GPU heavy, so their calls run in a worker thread
-(``asyncio.to_thread``). A model may instead offer ``anext_token`` / ``aload_state`` coroutines,
+(``asyncio.to_thread``). A model may instead offer ``anext_token`` / ``aload_weights`` coroutines,
 awaited directly: :class:`~psrl.rollout.fakes.FakeEngine` does, so on the virtual-time loop
 (:mod:`psrl.runtime.vloop`) a test controls how long every decode step and every weight load
 takes, without sleeping.
@@ -28,14 +28,14 @@ from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, W
 if TYPE_CHECKING:
     from psrl.tasks.base import GenerateFn
 
-__all__ = ["BatchingEngine", "NoCacheEngine", "TokenModel", "TokenRate", "decode_step", "load_weights", "as_engine",
+__all__ = ["BatchingEngine", "NoCacheEngine", "TokenModel", "TokenRate", "decode_step", "load_weights_into", "as_engine",
            "turns"]
 
 
 class TokenModel(Protocol):
     """What the no-cache engine needs of a model: one sampled token per sequence, and weights by version.
 
-    A model may also offer ``anext_token`` / ``aload_state``, the same calls as coroutines: they are awaited
+    A model may also offer ``anext_token`` / ``aload_weights``, the same calls as coroutines: they are awaited
     instead of running in a worker thread (:class:`psrl.rollout.fakes.FakeEngine`'s virtual-time costs).
     """
 
@@ -45,7 +45,7 @@ class TokenModel(Protocol):
     def next_token(self, seqs: list[list[int]], temperature: float, top_p: float) -> tuple[list[int], list[float]]:
         """The next token of every sequence and its log-prob."""
 
-    def load_state(self, state: WeightState, version: int) -> None:
+    def load_weights(self, state: WeightState, version: int) -> None:
         """Hold ``state`` as ``version``."""
 
 
@@ -58,13 +58,13 @@ async def decode_step(model: TokenModel, seqs: list[list[int]], temperature: flo
     return await asyncio.to_thread(model.next_token, seqs, temperature, top_p)
 
 
-async def load_weights(model: TokenModel, state: WeightState, version: int) -> None:
+async def load_weights_into(model: TokenModel, state: WeightState, version: int) -> None:
     """Load ``state`` as ``version`` into ``model`` without blocking the event loop."""
-    fast = getattr(model, "aload_state", None)
+    fast = getattr(model, "aload_weights", None)
     if fast is not None:
         await fast(state, version)
         return
-    await asyncio.to_thread(model.load_state, state, version)
+    await asyncio.to_thread(model.load_weights, state, version)
 
 
 class TokenRate:
@@ -259,7 +259,7 @@ class NoCacheEngine(BatchingEngine):
                                  self.sampling.top_p)
 
     async def _load(self, state: WeightState, version: int) -> None:
-        await load_weights(self.model, state, version)
+        await load_weights_into(self.model, state, version)
 
 
 def as_engine(model_or_engine: Union[Engine, TokenModel], sampling: Sampling = Sampling()) -> Engine:

@@ -76,7 +76,7 @@ class HFEngine(BatchingEngine):
         return await asyncio.to_thread(self.step, rows)
 
     async def _load(self, state: WeightState, version: int) -> None:
-        await asyncio.to_thread(self.policy.load_state, state, version)
+        await asyncio.to_thread(self.policy.load_weights, state, version)
         if self.kv_after_update == "recompute":
             self._drop_all()
 

@@ -250,7 +250,7 @@ class RolloutInstance:
             if self._failed is not None:
                 await self._recover()
                 continue
-            pull = self._wants_pull()
+            pull = self.wants_pull()
             if pull and (self.partial_rollout or not self._active):
                 await self._pull()
                 continue
@@ -263,9 +263,6 @@ class RolloutInstance:
 
     def wants_pull(self) -> bool:
         """A newer version exists and the sync strategy says pull now."""
-        return self._wants_pull()
-
-    def _wants_pull(self) -> bool:
         if self.dead:
             return False
         latest = self.weights.latest_version()
