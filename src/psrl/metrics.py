@@ -4,7 +4,9 @@ Each metric has one name, used alike by the code that computes it, ``metrics.jso
 progress line, the trackers and the plot labels. ``docs/metrics.md`` is generated from this
 table (``python -m psrl.metrics > docs/metrics.md``); a test fails when a run writes a key that
 is not listed here, or when the page is stale. A name ending in ``/*`` stands for a family
-(``counts/*``: one key per counter).
+(``counts/*``: one key per counter); a name ending in ``@s<k>`` for one key per staleness level ``k``
+present in the batch (``divergence/ess@s<k>``: ``divergence/ess@s0``, ``divergence/ess@s2`` ...). A
+family never matches a per-level key: those are listed one by one.
 
 Standard library only: the simulator and the viewer read these names too.
 """
@@ -13,7 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "known", "markdown"]
+__all__ = ["Metric", "METRICS", "LEVEL", "known", "markdown"]
+
+LEVEL = "@s<k>"
+"""The suffix of a per-staleness-level name in the table; a key carries ``@s`` and the level's digits instead."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ _A = "psrl.rollout.client.records"
 _P = "psrl.rollout.serving.pool"
 _E = "psrl.rollout.serving.pool"
 _V = "psrl.runtime.validate"
+_D = "psrl.algo.divergence"
 
 METRICS: tuple[Metric, ...] = (
     # progress and time
@@ -94,6 +100,24 @@ METRICS: tuple[Metric, ...] = (
     _m("correction/is_weight_max", "-", "Max truncated importance weight.", _X),
     _m("correction/is_truncated_frac", "fraction", "Tokens whose IS weight hit the truncation C.", _X),
     _m("correction/rs_masked_frac", "fraction", "Tokens masked by rejection sampling.", _X),
+    _m("correction/m2po_masked_frac", "fraction", "Valid tokens M2PO masked out of the batch (largest squared "
+       "log-ratio first, until the rest's second moment is <= m2po_threshold); only with "
+       "algorithm.rollout_correction.m2po.", _X),
+    _m("correction/ess_lr_scale", "-", "The factor on this step's learning rate: max(ess_lr_min, sqrt(ESS)) of the "
+       "batch's sequence importance weights (VCPO); only with algorithm.rollout_correction.ess_lr.", _X),
+    # divergence of the batch: behaviour policy vs the trainer's pre-update policy (section below the table)
+    _m("divergence/ess", "fraction", "Normalised effective sample size (sum w)^2 / (n sum w^2) of the batch's token "
+       "weights w = exp(old_logp - behav_logp) (pre-update over behaviour policy) over its n valid tokens.", _D),
+    _m("divergence/m2", "nats^2", "Second moment of the token log-ratio, mean (old_logp - behav_logp)^2 over the "
+       "batch's valid tokens (M2PO's statistic).", _D),
+    _m("divergence/kl", "nats", "k3 estimate of KL(pi_behaviour || pi_old): mean (w - 1 - log w) over the batch's "
+       "valid tokens.", _D),
+    _m("divergence/ess@s<k>", "fraction", "divergence/ess over the tokens of the batch's trajectories of staleness "
+       "k (version - V_traj); only for levels with valid tokens.", _D),
+    _m("divergence/m2@s<k>", "nats^2", "divergence/m2 over the tokens of staleness k.", _D),
+    _m("divergence/kl@s<k>", "nats", "divergence/kl over the tokens of staleness k.", _D),
+    _m("staleness/tokens@s<k>", "fraction", "Token-weighted staleness histogram: the fraction of the batch's valid "
+       "tokens whose trajectory has staleness k (version - V_traj).", _D),
     # the rollout side (cumulative)
     _m("counts/*", "count", "Cumulative trajectory / group counters of the agent manager (see Counts).", _A),
     _m("rollout/*", "count", "Cumulative counters of the rollout instances, summed (steps, tokens, loads, ...).", _P),
@@ -113,9 +137,13 @@ _BY_NAME = {m.name: m for m in METRICS}
 
 
 def known(name: str) -> bool:
-    """Is ``name`` in the table (directly or through a ``prefix/*`` family)?"""
+    """Is ``name`` in the table: directly, as a level of a listed ``...@s<k>`` name, or through a ``prefix/*``
+    family (which never covers a per-level name)?"""
     if name in _BY_NAME:
-        return True
+        return not name.endswith(LEVEL)  # the template itself is no key
+    base, at, level = name.rpartition("@s")
+    if at:
+        return level.isdigit() and level.isascii() and f"{base}{LEVEL}" in _BY_NAME
     head = name.split("/", 1)[0]
     return "/" in name and f"{head}/*" in _BY_NAME
 
@@ -126,7 +154,8 @@ def markdown() -> str:
         "# Metric names",
         "",
         "Generated from `src/psrl/metrics.py` by `python -m psrl.metrics > docs/metrics.md`; a test fails",
-        "when a run writes a key missing here or this page is stale. `prefix/*` is a family of keys.",
+        "when a run writes a key missing here or this page is stale. `prefix/*` is a family of keys;",
+        "`name@s<k>` is one key per staleness level `k` present in the batch (`divergence/ess@s0`, ...).",
         "",
         "| name | unit | meaning | computed in |",
         "|---|---|---|---|",
@@ -134,7 +163,37 @@ def markdown() -> str:
     for m in METRICS:
         cells = [f"`{m.name}`", m.unit, m.meaning, f"`{m.owner}`"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + DIVERGENCE_NOTES
+
+
+DIVERGENCE_NOTES = """
+## Divergence: what to watch as staleness grows, and its neighbours
+
+On every valid (loss) token, `d = old_logp - behav_logp` and `w = exp(d)`: the trainer's pre-update
+policy over the behaviour policy that sampled the token, so staleness and engine mismatch together
+(`d` clamped to +-20). `divergence/ess`, `divergence/m2` and `divergence/kl` are taken over the whole
+batch before the update (ratios of sums, so a batch split over minibatches or trainer ranks gives the
+same figures). On-policy they are 1, 0 and 0. A falling ESS (a few tokens hold the weight), an `m2`
+above M2PO's 0.04 or a rising `kl` say the data is staler than the corrections in use absorb; the
+`@s<k>` figures say at which staleness it happens. The level is the trajectory's staleness
+`version - V_traj`, as for `staleness/mean` and the bound of `psrl.staleness` (a trajectory's later
+segments may come from newer weights, so it is the largest lag of its tokens).
+`staleness/tokens@s<k>` weighs the levels by valid tokens; `staleness/mean` by trajectories.
+
+The neighbours, one name per figure:
+
+| name | compares | over | relation |
+|---|---|---|---|
+| `correction/rho_mean` | the same weights `w` | valid tokens, per minibatch, mean over minibatches | first moment of `w`: with one minibatch, `m2po` off and no clamped token, `divergence/ess = rho_mean^2 / mean(w^2)` |
+| `engine/logprob_mismatch_*` | the same pair, as `abs(d)` | tokens generated at the trainer's own version | engine mismatch without staleness; the staleness-0 trajectories' tokens are among them, so `divergence/m2@s0` is the squared twin of `logprob_mismatch_mean` on those |
+| `actor/approx_kl` | current weights vs pre-update policy, `KL(pi_old \\|\\| pi_theta)` (k3) | loss tokens during the update | how far the update moved the policy, not how far the data is from it |
+| `divergence/kl` | pre-update vs behaviour, `KL(pi_behaviour \\|\\| pi_old)` (k3) | all valid tokens, before the update | how far the data is from the policy being trained |
+
+The corrections for high staleness act on the same `d`: `algorithm.rollout_correction.m2po` masks
+tokens until the kept tokens' `m2` is at most `m2po_threshold` (`correction/m2po_masked_frac`), and
+`ess_lr` scales the step's learning rate by `sqrt` of the ESS of the sequence weights
+`exp(sum_t d_t)` (`correction/ess_lr_scale`; the sequence ESS, not the token ESS of `divergence/ess`).
+"""
 
 
 if __name__ == "__main__":  # pragma: no cover
