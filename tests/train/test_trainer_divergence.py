@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from psrl.algo.advantages import group_advantages
 from psrl.algo.corrections import m2po_keep
 from psrl.algo.divergence import divergence_metrics, token_log_ratio
 from psrl.algo.losses import policy_loss
@@ -85,12 +86,12 @@ def test_row_gains_only_the_divergence_keys_and_they_are_the_batchs():
 
 def test_m2po_masks_the_loss_tokens_before_the_minibatches():
     """m2po: the step's loss is policy_loss with the batch's M2PO mask applied to the loss mask, and the masked
-    fraction is reported."""
+    fraction is reported (the advantages and the mask are tested against references in tests/algo)."""
     task, policy = _policy()
     batch = _batch(task, policy, spread=0.6)
     old, behav, mask, _ = _by_hand(policy, batch)
     keep = m2po_keep(*token_log_ratio(old, behav, mask), 0.04).float()
-    adv = torch.tensor(_grpo(batch))
+    adv = torch.tensor([a for g in group_advantages([[t.reward for t in g] for g in batch.groups]) for a in g])
     algo = AlgorithmConfig(rollout_correction=RolloutCorrectionConfig(m2po=True))
     ref, _ = policy_loss(old, old, behav, adv, mask * keep, algo)
     m = Trainer(policy, algo, TrainerConfig()).step(batch)
@@ -98,16 +99,6 @@ def test_m2po_masks_the_loss_tokens_before_the_minibatches():
     assert 0 < frac < 1
     assert m["correction/m2po_masked_frac"] == pytest.approx(frac)
     assert m["train/loss"] == pytest.approx(float(ref), abs=1e-5)
-
-
-def _grpo(batch):
-    out = []
-    for g in batch.groups:
-        r = [t.reward for t in g]
-        mu = sum(r) / len(r)
-        sd = (sum((x - mu) ** 2 for x in r) / len(r)) ** 0.5
-        out += [(x - mu) / (sd + 1e-6) for x in r]
-    return out
 
 
 @pytest.mark.parametrize("minibatches", [1, 2])
