@@ -53,3 +53,12 @@ def test_no_writer_emits_a_key_the_table_does_not_list(tmp_path, sink):
     assert rows == [good] and unknown(good) == [] and checked(good) is good
     if sink == "recorder":
         out.close()
+
+
+def test_per_level_names_are_known_only_as_listed_patterns():
+    """``divergence/ess@s<k>`` in the table stands for ``divergence/ess@s0``, ``@s1``, ...: a level needs digits, an
+    unlisted base is unknown, a ``prefix/*`` family never covers a per-level key, the template is no key."""
+    assert known("divergence/ess@s0") and known("divergence/kl@s12") and known("staleness/tokens@s3")
+    assert not known("divergence/ess@s") and not known("divergence/ess@sx") and not known("divergence/ess@s-1")
+    assert not known("divergence/nosuch@s1") and not known("staleness/reserves@s1")  # staleness/* is a family
+    assert not known("divergence/ess@s<k>") and known("staleness/reserves") and known("val/pass@k")

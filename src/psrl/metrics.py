@@ -6,7 +6,10 @@ table (``python -m psrl.metrics > docs/metrics.md``; a test fails when the page 
 writer of ``metrics.jsonl`` rows (the run recorder, the memory sink) passes each row through
 :func:`checked`, which refuses a key this table does not list, so no code path can emit one.
 A name ending in ``/*`` stands for a family whose members are listed (``counts/*``: one key per
-counter). ``step``, ``version`` and ``time`` are the rows' index keys (:data:`INDEX`).
+counter); a name ending in ``@s<k>`` for one key per staleness level ``k`` present in the batch
+(``divergence/ess@s<k>``: ``divergence/ess@s0``, ``divergence/ess@s2`` ...). A family never matches a
+per-level key: those are listed one by one. ``step``, ``version`` and ``time`` are the rows' index
+keys (:data:`INDEX`).
 
 Standard library only: the simulator and the viewer read these names too.
 """
@@ -16,7 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["Metric", "METRICS", "INDEX", "known", "unknown", "checked", "markdown"]
+__all__ = ["Metric", "METRICS", "INDEX", "LEVEL", "known", "unknown", "checked", "markdown"]
+
+LEVEL = "@s<k>"
+"""The suffix of a per-staleness-level name in the table; a key carries ``@s`` and the level's digits instead."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ _A = "psrl.rollout.client.records"
 _P = "psrl.rollout.serving.pool"
 _E = "psrl.rollout.serving.pool"
 _V = "psrl.runtime.validate"
+_D = "psrl.algo.divergence"
 
 METRICS: tuple[Metric, ...] = (
     # progress and time
@@ -99,6 +106,24 @@ METRICS: tuple[Metric, ...] = (
     _m("correction/is_weight_max", "-", "Max truncated importance weight.", _X),
     _m("correction/is_truncated_frac", "fraction", "Tokens whose IS weight hit the truncation C.", _X),
     _m("correction/rs_masked_frac", "fraction", "Tokens masked by rejection sampling.", _X),
+    _m("correction/m2po_masked_frac", "fraction", "Valid tokens M2PO masked out of the batch (largest squared "
+       "log-ratio first, until the rest's second moment is <= m2po_threshold); only with "
+       "algorithm.rollout_correction.m2po.", _X),
+    _m("correction/ess_lr_scale", "-", "The factor on this step's learning rate: max(ess_lr_min, sqrt(ESS)) of the "
+       "batch's sequence importance weights (VCPO); only with algorithm.rollout_correction.ess_lr.", _X),
+    # divergence of the batch: behaviour policy vs the trainer's pre-update policy (section below the table)
+    _m("divergence/ess", "fraction", "Normalised effective sample size (sum w)^2 / (n sum w^2) of the batch's token "
+       "weights w = exp(old_logp - behav_logp) (pre-update over behaviour policy) over its n valid tokens.", _D),
+    _m("divergence/m2", "nats^2", "Second moment of the token log-ratio, mean (old_logp - behav_logp)^2 over the "
+       "batch's valid tokens (M2PO's statistic).", _D),
+    _m("divergence/kl", "nats", "k3 estimate of KL(pi_behaviour || pi_old): mean (w - 1 - log w) over the batch's "
+       "valid tokens.", _D),
+    _m("divergence/ess@s<k>", "fraction", "divergence/ess over the tokens of the batch's trajectories of staleness "
+       "k (version - V_traj); only for levels with valid tokens.", _D),
+    _m("divergence/m2@s<k>", "nats^2", "divergence/m2 over the tokens of staleness k.", _D),
+    _m("divergence/kl@s<k>", "nats", "divergence/kl over the tokens of staleness k.", _D),
+    _m("staleness/tokens@s<k>", "fraction", "Token-weighted staleness histogram: the fraction of the batch's valid "
+       "tokens whose trajectory has staleness k (version - V_traj).", _D),
     # the rollout side (cumulative)
     _m("counts/*", "count", "Cumulative trajectory / group counters of the agent manager (see Counts).", _A,
        "groups generated trained skipped cancelled aborted filtered surplus rejected retried truncated failed "
@@ -125,9 +150,13 @@ _BY_NAME = {m.name: m for m in METRICS}
 
 
 def known(name: str) -> bool:
-    """Is ``name`` a key the table lists (a metric, or a listed member of a ``prefix/*`` family)?"""
+    """Is ``name`` a key the table lists: a metric, a level of a listed ``...@s<k>`` name, or a listed member of a
+    ``prefix/*`` family (which never covers a per-level name)?"""
     if name in _BY_NAME:
-        return not name.endswith("/*")
+        return not name.endswith(("/*", LEVEL))  # a family or a per-level template is no key itself
+    base, at, level = name.rpartition("@s")
+    if at:
+        return level.isdigit() and level.isascii() and f"{base}{LEVEL}" in _BY_NAME
     head, _, tail = name.partition("/")
     family = _BY_NAME.get(f"{head}/*")
     return family is not None and tail in family.members
@@ -158,7 +187,8 @@ def markdown() -> str:
         "",
         "Generated from `src/psrl/metrics.py` by `python -m psrl.metrics > docs/metrics.md`; a test fails",
         "when this page is stale. A run cannot write a key missing here: the run recorder refuses the row.",
-        "`prefix/*` is a family of keys, one per member listed.",
+        "`prefix/*` is a family of keys, one per member listed; `name@s<k>` is one key per staleness level `k`",
+        "present in the batch (`divergence/ess@s0`, ...).",
         "",
         "Index keys: " + ", ".join(f"`{k}`" for k in INDEX) + ". A step's row has all three, a validation row",
         "`step` and `version`; benchmarks, `benchmarks/sim_vs_real.py` and outside checks read them.",
@@ -170,7 +200,37 @@ def markdown() -> str:
         meaning = m.meaning + (f" Members: {', '.join(m.members)}." if m.members else "")
         cells = [f"`{m.name}`", m.unit, meaning, f"`{m.owner}`"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + DIVERGENCE_NOTES
+
+
+DIVERGENCE_NOTES = """
+## Divergence: what to watch as staleness grows, and its neighbours
+
+On every valid (loss) token, `d = old_logp - behav_logp` and `w = exp(d)`: the trainer's pre-update
+policy over the behaviour policy that sampled the token, so staleness and engine mismatch together
+(`d` clamped to +-20). `divergence/ess`, `divergence/m2` and `divergence/kl` are taken over the whole
+batch before the update (ratios of sums, so a batch split over minibatches or trainer ranks gives the
+same figures). On-policy they are 1, 0 and 0. A falling ESS (a few tokens hold the weight), an `m2`
+above M2PO's 0.04 or a rising `kl` say the data is staler than the corrections in use absorb; the
+`@s<k>` figures say at which staleness it happens. The level is the trajectory's staleness
+`version - V_traj`, as for `staleness/mean` and the bound of `psrl.staleness` (a trajectory's later
+segments may come from newer weights, so it is the largest lag of its tokens).
+`staleness/tokens@s<k>` weighs the levels by valid tokens; `staleness/mean` by trajectories.
+
+The neighbours, one name per figure:
+
+| name | compares | over | relation |
+|---|---|---|---|
+| `correction/rho_mean` | the same weights `w` | valid tokens, per minibatch, mean over minibatches | first moment of `w`: with one minibatch, `m2po` off and no clamped token, `divergence/ess = rho_mean^2 / mean(w^2)` |
+| `engine/logprob_mismatch_*` | the same pair, as `abs(d)` | tokens generated at the trainer's own version | engine mismatch without staleness; the staleness-0 trajectories' tokens are among them, so `divergence/m2@s0` is the squared twin of `logprob_mismatch_mean` on those |
+| `actor/approx_kl` | current weights vs pre-update policy, `KL(pi_old \\|\\| pi_theta)` (k3) | loss tokens during the update | how far the update moved the policy, not how far the data is from it |
+| `divergence/kl` | pre-update vs behaviour, `KL(pi_behaviour \\|\\| pi_old)` (k3) | all valid tokens, before the update | how far the data is from the policy being trained |
+
+The corrections for high staleness act on the same `d`: `algorithm.rollout_correction.m2po` masks
+tokens until the kept tokens' `m2` is at most `m2po_threshold` (`correction/m2po_masked_frac`), and
+`ess_lr` scales the step's learning rate by `sqrt` of the ESS of the sequence weights
+`exp(sum_t d_t)` (`correction/ess_lr_scale`; the sequence ESS, not the token ESS of `divergence/ess`).
+"""
 
 
 if __name__ == "__main__":  # pragma: no cover

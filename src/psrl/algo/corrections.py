@@ -18,6 +18,13 @@ Everything is computed in float64 log space, so long sequences neither overflow 
 underflow; boundaries are inclusive (a ratio exactly at ``lo`` or ``hi`` is kept). A sequence
 without valid tokens has product 1 and geometric mean 1 (empty product), so it is never the
 cause of a NaN. Inputs are detached: the weights are constants of the loss.
+
+Two batch-global corrections for high staleness (:func:`batch_corrections`), computed once over the
+whole batch before the first minibatch, from the token log-ratios ``d_t = old_logp_t - behav_logp_t``
+of :mod:`psrl.algo.divergence`:
+
+* M2PO's second-moment masking (``m2po``, :func:`m2po_keep`);
+* VCPO's ESS-scaled learning rate (``ess_lr``, :func:`ess_lr_scale`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,10 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["rollout_correction", "rollout_correction_from_config", "IS_MODES", "RS_MODES"]
+from psrl.algo.divergence import token_log_ratio, weight_sums
+
+__all__ = ["rollout_correction", "rollout_correction_from_config", "IS_MODES", "RS_MODES", "batch_corrections",
+           "m2po_keep", "sequence_ess", "ess_lr_scale"]
 
 IS_MODES = (None, "token", "sequence")
 RS_MODES = (None, "token", "sequence", "geometric")
@@ -156,3 +166,87 @@ def _metrics(log_rho, weights, valid, keep, truncated) -> dict[str, float]:
         "correction/is_truncated_frac": float(truncated.sum()) / n_keep if n_keep else 0.0,
         "correction/rs_masked_frac": (n_valid - n_keep) / n_valid if n_valid else 0.0,
     }
+
+
+# ------------------------------------------------------------------ batch-global corrections (high staleness)
+
+
+def batch_corrections(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, rc: Any
+                      ) -> tuple[Optional[Tensor], float, dict[str, float]]:
+    """``(keep, lr_scale, metrics)`` of ``algorithm.rollout_correction``'s ``m2po`` and ``ess_lr`` on a whole batch.
+
+    ``keep`` (``[B, T]``, the dtype of ``mask``) is M2PO's mask, None when ``m2po`` is off; ``lr_scale`` multiplies
+    the learning rate of the batch's optimiser steps (1.0 when ``ess_lr`` is off). A correction that is off adds
+    no metric, so rows without them are unchanged.
+    """
+    d, valid = token_log_ratio(old_logp, behav_logp, mask)
+    keep, lr_scale, metrics = None, 1.0, {}
+    if rc.m2po:
+        kept = m2po_keep(d, valid, rc.m2po_threshold)
+        n = int(valid.sum())
+        metrics["correction/m2po_masked_frac"] = (n - int(kept.sum())) / n if n else 0.0
+        keep = kept.to(mask.dtype)
+    if rc.ess_lr:
+        lr_scale = ess_lr_scale(sequence_ess(d, valid), rc.ess_lr_min)
+        metrics["correction/ess_lr_scale"] = lr_scale
+    return keep, lr_scale, metrics
+
+
+def m2po_keep(d: Tensor, valid: Tensor, tau: float) -> Tensor:
+    """M2PO's second-moment token masking (Zheng et al., arXiv 2510.01161); boolean ``[B, T]``, True where kept.
+
+    With ``M2(S) = sum_{t in S} d_t^2 / |S|`` over a set ``S`` of valid tokens, sort the valid tokens by
+    ``d_t^2``, largest first, and mask the first ``k`` of them, ``k`` the smallest count for which the rest ``R``
+    satisfies ``sum_{t in R} d_t^2 <= tau * |R|`` (that is, ``M2(R) <= tau``; the paper uses ``tau = 0.04``).
+    Masked tokens get no gradient and leave the loss's denominators, as rejection-sampled ones do. Only extreme
+    tokens are masked: nothing is when ``M2`` of the whole batch is already ``<= tau``. Ties are masked in
+    row-major token order (a stable sort). If even the single smallest ``d_t^2`` exceeds ``tau`` every token is
+    masked (the paper's loop "mask the largest while M2 > tau" run to its end; AReaL keeps one token instead).
+
+    ``d`` is :func:`psrl.algo.divergence.token_log_ratio`'s: pre-update policy over behaviour, the ratio whose
+    second moment is ``divergence/m2`` (AReaL's implementation takes the same pair of policies).
+    """
+    if not tau > 0:
+        raise ValueError(f"algorithm.rollout_correction.m2po_threshold must be > 0, got {tau}")
+    x = d[valid] ** 2
+    n = x.numel()
+    order = torch.sort(x, descending=True, stable=True).indices
+    suffix = x[order].flip(0).cumsum(0).flip(0)  # suffix[i] = sum of the squares left after masking i tokens
+    left = torch.arange(n, 0, -1, dtype=x.dtype, device=x.device)
+    ok = (suffix <= tau * left).nonzero()
+    k = int(ok[0]) if len(ok) else n
+    kept = torch.ones(n, dtype=torch.bool, device=x.device)
+    kept[order[:k]] = False
+    out = torch.zeros_like(valid)
+    out[valid] = kept
+    return out
+
+
+def sequence_ess(d: Tensor, valid: Tensor) -> float:
+    """Normalised ESS of the batch's sequence importance weights, the statistic VCPO scales the step with:
+
+        l_i = sum_t d_it (valid tokens of sequence i),  w_i = exp(l_i),  ESS = (sum_i w_i)^2 / (N sum_i w_i^2)
+
+    over the ``N`` sequences holding a valid token (those that reach the loss). Computed shifted by ``max l_i``
+    (:class:`psrl.algo.divergence.WeightSums`), so a long sequence's weight neither overflows nor underflows.
+    """
+    rows = valid.any(dim=1)
+    return weight_sums(d.sum(dim=1)[rows]).ess
+
+
+def ess_lr_scale(ess: float, floor: float) -> float:
+    """VCPO's ESS-scaled step (Huang et al., arXiv 2602.17616): ``lr_t = lr * max(floor, sqrt(min(1, ESS)))``.
+
+    ``ESS`` is :func:`sequence_ess`, over the whole batch, and the scale applies to the learning rate of every
+    optimiser step on that batch. The learning rate, not the loss: AdamW divides each update by the running RMS
+    of the gradient, so a loss multiplier would be all but cancelled. The square root is the rule for Adam-style
+    optimisers, for which the step grows like the square root of the batch size: the batch counts as ``ESS * N``
+    samples. This follows the authors' code (github.com/mit-han-lab/vcpo: ``compute_ess_info`` and
+    ``ess_scaling`` with its defaults ``scaling_rule=sqrt``, ``base_ess_ratio=1``, unclipped weights), where the
+    ESS is taken per optimiser minibatch; the paper's own formula could not be read through our search tool.
+    The ``floor`` (``ess_lr_min``) is ours: VCPO's only floor is ``sqrt(1 / N)``, reached when one sequence holds
+    all the weight.
+    """
+    if not 0 < floor <= 1:
+        raise ValueError(f"algorithm.rollout_correction.ess_lr_min must be in (0, 1], got {floor}")
+    return max(floor, math.sqrt(min(1.0, ess)))

@@ -28,12 +28,11 @@ import torch
 from torch import Tensor
 
 from psrl.algo.corrections import rollout_correction_from_config
+from psrl.algo.divergence import LOG_RATIO_CLAMP
 
 __all__ = ["aggregate", "policy_loss", "AGG_MODES", "LOG_RATIO_CLAMP"]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-LOG_RATIO_CLAMP = 20.0
-"""Log-ratios are clamped to +-20 before exp, so a wild token gives a large finite ratio, not inf."""
 
 
 def aggregate(loss_mat: Tensor, mask: Tensor, mode: str) -> Tensor:

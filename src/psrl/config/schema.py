@@ -53,6 +53,13 @@ class RolloutCorrectionConfig:
                              note=">= 1 unless rs_threshold_lower is set")
     rs_threshold_lower: Optional[float] = _f(None, "lo, the lower bound (default 1 / rs_threshold).",
                                              gt=0, note="<= rs_threshold")
+    m2po: bool = _f(False, "M2PO (arXiv 2510.01161): mask the batch's tokens with the largest squared log-ratio "
+                           "log(pi_old / pi_behaviour) until the second moment of the rest is <= m2po_threshold; "
+                           "masked tokens get no gradient.")
+    m2po_threshold: float = _f(0.04, "tau, M2PO's bound on the second moment of the kept tokens' log-ratio.", gt=0)
+    ess_lr: bool = _f(False, "VCPO (arXiv 2602.17616): scale the learning rate of each step by "
+                             "sqrt(ESS) of the batch's sequence importance weights, at least ess_lr_min.")
+    ess_lr_min: float = _f(0.1, "Floor of the ess_lr learning-rate scale.", gt=0, le=1)
 
     def check(self) -> None:
         """The rejection-sampling interval [lo, hi] is not empty (lo defaults to 1 / rs_threshold)."""

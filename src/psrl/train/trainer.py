@@ -26,6 +26,8 @@ from typing import Any, Iterable, Optional
 import torch
 
 from psrl.algo.advantages import ADV_ESTIMATORS
+from psrl.algo.corrections import batch_corrections
+from psrl.algo.divergence import divergence_metrics
 from psrl.algo.losses import policy_loss
 
 __all__ = ["Trainer"]
@@ -65,7 +67,10 @@ class Trainer:
 
     def step(self, batch) -> dict[str, float]:
         """One training step on ``batch`` (``.version``, ``.groups``: lists of Trajectory). Returns the ``train/*``,
-        loss and correction metrics (what the batch was is the coordinator's row)."""
+        loss and correction metrics and the batch's ``divergence/*`` (:mod:`psrl.algo.divergence`: behaviour vs
+        pre-update policy, per staleness level ``batch.version - V_traj`` too); what the batch was is the
+        coordinator's row. The batch-global corrections (M2PO's mask, VCPO's learning-rate scale) are computed
+        once, before the first minibatch."""
         groups = [list(g) for g in batch.groups if len(g) > 0]
         trajs = [t for g in groups for t in g]
         if not trajs:
@@ -82,6 +87,13 @@ class Trainer:
         with torch.no_grad():
             old = self.policy.sequence_logprobs(prompts, responses, temp)
         mismatch = logprob_mismatch(old, behav, mask, _pad([t.token_versions for t in trajs], dev), self.policy.version)
+        w = old.shape[1]  # every response's log-probs and mask are as long as the response: the widths agree
+        behav_w, mask_w = behav[:, :w], mask[:, :w]
+        lag = torch.tensor([int(batch.version) - int(t.v_traj) for t in trajs])  # each row's staleness
+        divergence = divergence_metrics(old, behav_w, mask_w, lag)
+        keep, lr_scale, corrections = batch_corrections(old, behav_w, mask_w, self.algo_cfg.rollout_correction)
+        if keep is not None:  # M2PO: masked tokens leave the loss like padding
+            mask = mask_w * keep
         chunks = _split(len(trajs), self.cfg.minibatches)
         before = self._snapshot() if len(chunks) > 1 else None  # a later minibatch may go NaN
         self.last_skip = None
@@ -92,20 +104,21 @@ class Trainer:
             loss, m = policy_loss(logp, old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg)
             where = f" (minibatch {k + 1}/{len(chunks)})" if len(chunks) > 1 else ""
             if not math.isfinite(float(loss.detach())):
-                return self._skip(f"loss is {float(loss.detach())!r}{where}", before)
-            norm = self._optimise(loss)
+                return self._skip(f"loss is {float(loss.detach())!r}{where}", before, divergence)
+            norm = self._optimise(loss, lr_scale)
             if norm is None:
-                return self._skip(f"gradient norm is not finite{where}", before)
+                return self._skip(f"gradient norm is not finite{where}", before, divergence)
             m["train/grad_norm"] = norm
             m["train/loss"] = float(loss.detach())
             per_mb.append(m)
         self.skipped_in_a_row = 0
-        return {**_mean_metrics(per_mb), **mismatch, "train/adv_abs_mean": float(adv.abs().mean()),
-                "train/skipped_steps": self.skipped_steps}
+        return {**_mean_metrics(per_mb), **mismatch, **divergence, **corrections,
+                "train/adv_abs_mean": float(adv.abs().mean()), "train/skipped_steps": self.skipped_steps}
 
-    def _skip(self, reason: str, before: Optional[tuple]) -> dict[str, float]:
+    def _skip(self, reason: str, before: Optional[tuple], divergence: dict[str, float]) -> dict[str, float]:
         """Leave the weights as they were before ``batch`` and report why; the coordinator still moves the version
-        on (the buffer was consumed), publishing the same weights, so the rollout side never waits for it."""
+        on (the buffer was consumed), publishing the same weights, so the rollout side never waits for it. The
+        batch's ``divergence/*`` are reported still: a skipped step is when they are looked for."""
         self.optimizer.zero_grad(set_to_none=True)
         if before is not None:
             self.policy.model.load_state_dict(before[0])
@@ -113,20 +126,29 @@ class Trainer:
         self.last_skip = reason
         self.skipped_steps += 1
         self.skipped_in_a_row += 1
-        return {"train/skipped_steps": self.skipped_steps}
+        return {**divergence, "train/skipped_steps": self.skipped_steps}
 
     def _snapshot(self) -> tuple:
         """Weights and optimiser state, copied (only taken with several minibatches: one more model copy)."""
         return copy.deepcopy(self.policy.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
 
-    def _optimise(self, loss: torch.Tensor) -> Optional[float]:
-        """Backward, clip, step; None (and no step) when the gradient norm is NaN or infinite."""
+    def _optimise(self, loss: torch.Tensor, lr_scale: float = 1.0) -> Optional[float]:
+        """Backward, clip, step with the learning rate times ``lr_scale`` (``ess_lr``: this step only); None (and no
+        step) when the gradient norm is NaN or infinite."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = float(torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip))
         if not math.isfinite(norm):
             return None
-        self.optimizer.step()
+        groups = self.optimizer.param_groups
+        base = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] = g["lr"] * lr_scale
+        try:
+            self.optimizer.step()
+        finally:
+            for g, lr in zip(groups, base):
+                g["lr"] = lr
         return norm
 
     # ------------------------------------------------------------------ warm start

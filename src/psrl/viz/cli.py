@@ -2,7 +2,7 @@
 
 Writes ``timeline.png`` (below) and ``curves.png`` (:mod:`psrl.viz.curves`: reward and
 validation against step and wall-clock, staleness per step, importance weights and masked
-fractions) in the run directory.
+fractions, divergence per step and ESS per staleness level) in the run directory.
 
 Top panel: for each buffer version, reserved (light) and occupied (dark) entries over time,
 rebuilt from ``events.jsonl`` -- the Reserve / Occupy / Consume animation of the seed, from a real

@@ -1,8 +1,10 @@
 """Learning curves of a run (``RUN_DIR/curves.png``), from ``metrics.jsonl`` and ``trajectories.jsonl``.
 
-Six panels: batch reward and validation accuracy against step and against wall-clock time;
+Eight panels: batch reward and validation accuracy against step and against wall-clock time;
 the staleness of the trained trajectories per step (a stacked histogram); the importance
-weights, rejection-sampled and masked fractions per step. Names are those of :mod:`psrl.metrics`.
+weights, rejection-sampled and masked fractions per step; the divergence of the behaviour from the
+pre-update policy (``divergence/ess``, ``divergence/m2``, ``divergence/kl``) per step, and the ESS per
+staleness level (``divergence/ess@s<k>``). Names are those of :mod:`psrl.metrics`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from psrl.viz.events import read_valid, valid
 
-__all__ = ["draw_curves", "staleness_by_step"]
+__all__ = ["curves_figure", "draw_curves", "ess_by_level", "staleness_by_step"]
 
 
 NUM = (int, float)
@@ -36,12 +38,36 @@ def staleness_by_step(traj_path: Path) -> dict[int, Counter]:
     return dict(out)
 
 
+def ess_by_level(rows: list[dict]) -> dict[int, list[float]]:
+    """``{staleness level: [divergence/ess@s<level> of every step row that has it]}``."""
+    out: dict[int, list[float]] = defaultdict(list)
+    head = "divergence/ess@s"
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith(head) and k[len(head):].isdigit() and _num(v):
+                out[int(k[len(head):])].append(float(v))
+    return dict(out)
+
+
 def _legend(ax, **kw) -> None:
     if ax.get_legend_handles_labels()[0]:  # a run without corrections has nothing to label
         ax.legend(fontsize=8, **kw)
 
 
 def draw_curves(run_dir: Path, out: Path) -> Path:
+    """Write :func:`curves_figure` of ``run_dir`` to ``out``."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(run_dir)
+    try:
+        fig.savefig(out, dpi=100)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def curves_figure(run_dir: Path):
+    """The figure of :func:`draw_curves` (a matplotlib ``Figure``; the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,7 +75,7 @@ def draw_curves(run_dir: Path, out: Path) -> Path:
 
     steps = _rows(run_dir / "metrics.jsonl", ("step", "time", "reward/mean"))
     vals = _rows(run_dir / "metrics.jsonl", ("step", "val/time", "val/accuracy", "val/pass@k"))
-    fig, axes = plt.subplots(3, 2, figsize=(11, 10))
+    fig, axes = plt.subplots(4, 2, figsize=(11, 13))
     for ax, x_key, vx_key, label in ((axes[0, 0], "step", "step", "step"), (axes[0, 1], "time", "val/time", "wall-clock (s)")):
         ax.plot([r[x_key] for r in steps], [r["reward/mean"] for r in steps], color="tab:blue", label="reward/mean (batch)")
         if vals:
@@ -89,8 +115,37 @@ def draw_curves(run_dir: Path, out: Path) -> Path:
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         _legend(ax)
+    _divergence_panels(axes[3, 0], axes[3, 1], steps)
     fig.suptitle(f"learning curves of {run_dir.name}")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
+
+
+def _divergence_panels(by_step, by_level, steps: list[dict]) -> None:
+    """ESS (left axis) with M2 and KL (right axis, nats) against step; ESS against staleness level, every step's
+    value as a dot and the mean over steps as a line."""
+    right = by_step.twinx()
+    for ax, key, style in ((by_step, "divergence/ess", "-"), (right, "divergence/m2", "--"),
+                           (right, "divergence/kl", ":")):
+        pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
+        if pts:
+            ax.plot(*zip(*pts), style, label=key, color={"-": "tab:blue", "--": "tab:red", ":": "tab:purple"}[style])
+    by_step.set_xlabel("step")
+    by_step.set_ylabel("ESS (normalised)")
+    right.set_ylabel("M2 (nats^2), KL (nats)")
+    by_step.set_title("divergence of the behaviour from the pre-update policy", fontsize=9)
+    handles = [h for ax in (by_step, right) for h in ax.get_legend_handles_labels()[0]]
+    if handles:
+        by_step.legend(handles=handles, fontsize=8)
+    levels = ess_by_level(steps)
+    for k, ys in sorted(levels.items()):
+        by_level.plot([k] * len(ys), ys, ".", color="tab:blue", alpha=0.3)
+    if levels:
+        xs = sorted(levels)
+        by_level.plot(xs, [sum(levels[k]) / len(levels[k]) for k in xs], "o-", color="tab:blue",
+                      label="divergence/ess@s<k>, mean over steps")
+        by_level.set_xticks(xs)
+    by_level.set_xlabel("staleness (version - V_traj)")
+    by_level.set_ylabel("ESS (normalised)")
+    by_level.set_title("ESS per staleness level", fontsize=9)
+    _legend(by_level)
