@@ -129,7 +129,9 @@ def jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any, Optional[str]]]:
 
 class EventLog:
     """``events.jsonl``: an ``on_event`` callback for :class:`psrl.staleness.StalenessManager` appending each
-    transition (:class:`psrl.staleness.Event`) as a JSON line ``{"t", "kind", "entry", "buffer", ...}``.
+    transition (:class:`psrl.staleness.Event`) as a JSON line ``{"t", "kind", "entry", "buffer", ...}``, ``t`` in
+    seconds of ``clock`` since the first event this log writes (``psrl train`` opens the log before it builds the
+    run, so the build and the warm start are not on the timeline).
 
     Lines are buffered and flushed every ``flush_every`` events and on :meth:`flush`; ``psrl train``
     flushes after every training step, so a run that is killed keeps its log up to the last step.
@@ -139,12 +141,15 @@ class EventLog:
         self.path = Path(path)
         self._fh = self.path.open("a", buffering=1 << 16)
         self._clock = clock or time.monotonic
-        self._t0 = self._clock()
+        self._t0: Optional[float] = None
         self._n = 0
         self._flush_every = flush_every
 
     def __call__(self, ev: Any) -> None:
-        rec = {"t": round(self._clock() - self._t0, 6), **ev._asdict()}
+        now = self._clock()
+        if self._t0 is None:
+            self._t0 = now
+        rec = {"t": round(now - self._t0, 6), **ev._asdict()}
         self._fh.write(json.dumps(rec, default=str) + "\n")
         self._n += 1
         if self._n % self._flush_every == 0:
