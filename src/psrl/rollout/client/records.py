@@ -1,4 +1,5 @@
-"""Bookkeeping of the rollout side: worker slots, counters and per-trajectory records.
+"""Bookkeeping of the rollout side: worker slots, counters, per-trajectory records and the agent manager's
+groups (a reserved entry and its members).
 
 Every trajectory that reaches the staleness manager ends in exactly one record with a
 ``status`` (``trained``, ``skipped``, ``surplus``, ``filtered``, ``rejected``, ``aborted``,
@@ -10,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict, dataclass
-from typing import Optional
-
-from psrl.types import Trajectory
+from typing import TYPE_CHECKING, Hashable, Optional
 
 from psrl.metrics import checked
+from psrl.types import Trajectory
 
-__all__ = ["WorkerSlots", "Counts", "trajectory_record", "MemorySink"]
+if TYPE_CHECKING:
+    from psrl.rollout.serving.session import Session
+    from psrl.tasks.base import Prompt
+
+__all__ = ["WorkerSlots", "Counts", "trajectory_record", "MemorySink", "Member", "Group"]
 
 
 class WorkerSlots:
@@ -121,3 +125,40 @@ class MemorySink:
     def metric(self, row: dict) -> None:
         """One row, once :func:`psrl.metrics.checked` says every key is in the metric table (as the recorder)."""
         self.metrics.append(checked(row))
+
+
+class Member:
+    """One launched trajectory of a group (one agent worker)."""
+
+    __slots__ = ("idx", "uid", "task", "session", "started", "cancelled", "done", "keep_slot")
+
+    def __init__(self, idx: int, uid: str):
+        self.idx = idx
+        self.uid = uid
+        self.task: Optional[asyncio.Task] = None
+        self.session: Optional[Session] = None
+        self.started = 0.0
+        self.cancelled = False
+        self.done = False
+        self.keep_slot = False
+
+
+class Group:
+    """A reserved group entry and the members generating for it. What the entry holds (its completed
+    trajectories) and whether it occupies a buffer is the staleness manager's: ``entry_members``,
+    ``entry_buffer``, ``drain_aborted_groups``."""
+
+    __slots__ = ("eid", "uid", "prompt", "version", "members", "next_idx", "proactive")
+
+    def __init__(self, eid: Hashable, uid: str, prompt: Prompt, version: int):
+        self.eid = eid
+        self.uid = uid
+        self.prompt = prompt
+        self.version = version
+        self.members: dict[int, Member] = {}
+        self.next_idx = 0
+        self.proactive = False
+
+    def live(self) -> list[Member]:
+        """Members still generating (not finished, not being cancelled), in launch order."""
+        return [m for m in self.members.values() if not m.done and not m.cancelled]
