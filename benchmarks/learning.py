@@ -42,13 +42,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real import compare_run  # noqa: E402
-from sync_vs_async import WORKLOAD, warm_weights  # noqa: E402
-
 from psrl.config import load_config  # noqa: E402
 from psrl.runtime.local import build  # noqa: E402
 from psrl.runtime.recorder import RunRecorder  # noqa: E402
 from psrl.runtime.validate import validate  # noqa: E402
+from sim_vs_real import compare_run  # noqa: E402
+from sync_vs_async import WORKLOAD, warm_weights  # noqa: E402
 
 
 def smollm2_overrides(root: Path) -> list[str]:

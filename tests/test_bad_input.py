@@ -7,7 +7,6 @@ directory, so "nothing written" covers the default ``runs/<time>`` too. ``psrl -
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

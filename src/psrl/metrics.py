@@ -16,8 +16,8 @@ Standard library only: the simulator and the viewer read these names too.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 __all__ = ["Metric", "METRICS", "INDEX", "LEVEL", "known", "unknown", "checked", "markdown"]
 

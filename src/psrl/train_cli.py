@@ -74,9 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from psrl.runtime.local import Terminated, run
-
     from psrl.config import ConfigError
+    from psrl.runtime.local import Terminated, run
     from psrl.tasks.dataset import DataError
 
     try:

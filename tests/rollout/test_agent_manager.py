@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 from psrl.rollout.fakes import FakeTask
-from tests.rollout.harness import check_bound, config, coordinator, run, statuses
+from tests.rollout.harness import check_bound, config, coordinator, run
 
 
 def slow_episodes(slow: set, slow_latency: float = 1e6, fast: float = 1.0, each: dict | None = None):

@@ -10,10 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from psrl.rollout.engines.base import NoCacheEngine
-from psrl.rollout.fakes import FakeEngine
-from psrl.rollout.fakes import FakeTask, FakeTrainer
 from psrl.rollout.client.records import MemorySink
+from psrl.rollout.engines.base import NoCacheEngine
+from psrl.rollout.fakes import FakeEngine, FakeTask, FakeTrainer
 from psrl.runtime.coordinator import Coordinator
 from tests.rollout.harness import check_bound, config, run, statuses
 

@@ -9,11 +9,11 @@
 
 import asyncio
 import copy
-import random
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.engines.hf import HFEngine
@@ -124,7 +124,9 @@ def test_mismatch_metric_jumps_when_an_engine_skips_a_weight_update(tiny, engine
         return reqs
 
     reqs = asyncio.run(main())
-    pad = lambda rows: torch.nn.utils.rnn.pad_sequence([torch.tensor(r, dtype=torch.float32) for r in rows], batch_first=True)
+    def pad(rows):
+        return torch.nn.utils.rnn.pad_sequence([torch.tensor(r, dtype=torch.float32) for r in rows], batch_first=True)
+
     with torch.no_grad():
         recomputed = new.sequence_logprobs([r.context for r in reqs], [r.tokens for r in reqs])
     m = logprob_mismatch(recomputed, pad([r.logprobs for r in reqs]), pad([[1] * len(r.tokens) for r in reqs]),

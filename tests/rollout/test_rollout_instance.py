@@ -8,15 +8,16 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.serving.instance import RolloutInstance
 from psrl.rollout.serving.pool import InstancePool
 from psrl.rollout.serving.router import RequestNumBalanceRouter, RoundRobinRouter
-from psrl.rollout.serving.sync import GreedySync, StatusBasedSync
 from psrl.rollout.serving.session import Session
+from psrl.rollout.serving.sync import GreedySync, StatusBasedSync
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 from tests.rollout.harness import pool_of, stub_pool

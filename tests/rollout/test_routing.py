@@ -11,17 +11,26 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.serving.instance import RolloutInstance
-from psrl.runtime.profile import profile_engine
-from psrl.rollout.serving.router import (CostModel, RandomRouter, RequestNumBalanceRouter, RoundRobinRouter,
-                                 ThroughputOptimalRouter, build_router, fit_cost_model, load_cost_model,
-                                 save_cost_model)
+from psrl.rollout.serving.router import (
+    CostModel,
+    RandomRouter,
+    RequestNumBalanceRouter,
+    RoundRobinRouter,
+    ThroughputOptimalRouter,
+    build_router,
+    fit_cost_model,
+    load_cost_model,
+    save_cost_model,
+)
 from psrl.rollout.serving.session import Session
 from psrl.rollout.serving.sync import GreedySync
+from psrl.runtime.profile import profile_engine
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 from psrl.types import EngineLoad
@@ -203,7 +212,7 @@ def test_without_trajectory_stickiness_every_turn_is_routed_again():
         pool.start()
         s = Session(pool, 0, CTX)
         seg1 = await s.generate(CTX, 3)
-        seg2 = await s.generate(CTX + seg1.tokens + [5], 3)
+        await s.generate(CTX + seg1.tokens + [5], 3)
         await pool.stop()
         return s.instances, s.v_traj
 

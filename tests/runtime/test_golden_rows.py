@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from psrl.rollout.fakes import FakeTask
 from psrl.rollout.client.records import MemorySink
+from psrl.rollout.fakes import FakeTask
 from tests.rollout.harness import config, coordinator, run
 
 GOLDEN = Path(__file__).parent / "golden"

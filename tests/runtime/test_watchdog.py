@@ -14,8 +14,7 @@ import pytest
 
 from psrl.errors import RunError
 from psrl.rollout.fakes import FakeTask
-from psrl.runtime.recorder import RunRecorder, read_jsonl
-from psrl.runtime.recorder import EventLog
+from psrl.runtime.recorder import EventLog, RunRecorder, read_jsonl
 from tests.rollout.harness import config, coordinator, run
 
 

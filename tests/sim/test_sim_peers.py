@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psrl.config import ConfigError, load_config
-from psrl.sim import POLICIES, Workload, simulate
+from psrl.sim import POLICIES, Workload
 from psrl.sim.baselines import verl_max_required_samples
 
 K = 20

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from psrl.staleness import BufferState, NotReadyError, StaleVersionError, StalenessManager
+from psrl.staleness import BufferState, NotReadyError, StalenessManager, StaleVersionError
 
 from .reference import RefManager
 

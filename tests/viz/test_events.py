@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import random
 
-from psrl.staleness import StaleVersionError, StalenessManager
-from psrl.viz.cli import main as viz_main
 from psrl.runtime.recorder import EventLog
+from psrl.staleness import StalenessManager, StaleVersionError
+from psrl.viz.cli import main as viz_main
 from psrl.viz.events import buffer_timeline, read_events
 
 

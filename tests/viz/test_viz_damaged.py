@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from psrl.errors import PsrlError
+from psrl.runtime.recorder import EventLog
 from psrl.staleness import StalenessManager
 from psrl.viz.cli import load_run
 from psrl.viz.cli import main as viz_main
 from psrl.viz.events import read_valid
-from psrl.runtime.recorder import EventLog
 from tests.viz.test_events import drive
 
 ALLOWED = {PsrlError: "psrl's own one-line error (e.g. a directory with neither file)"}

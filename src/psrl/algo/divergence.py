@@ -28,8 +28,8 @@ with ``staleness/tokens@s<k>``, the fraction of the batch's valid tokens at that
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 from torch import Tensor
@@ -53,7 +53,7 @@ class WeightSums:
     """``sum_i exp(2 (l_i - shift))``."""
     shift: float = 0.0
 
-    def __add__(self, other: "WeightSums") -> "WeightSums":
+    def __add__(self, other: WeightSums) -> WeightSums:
         if not other.n:
             return self
         if not self.n:
@@ -78,7 +78,7 @@ class DivergenceSums:
     k3: float = 0.0
     """``sum_t (exp(d_t) - 1 - d_t)``."""
 
-    def __add__(self, other: "DivergenceSums") -> "DivergenceSums":
+    def __add__(self, other: DivergenceSums) -> DivergenceSums:
         return DivergenceSums(self.weights + other.weights, self.d2 + other.d2, self.k3 + other.k3)
 
     @property

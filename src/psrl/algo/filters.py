@@ -7,7 +7,8 @@ processes into the staleness manager, so it must be a module-level class, never 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from psrl.errors import ConfigError
 
@@ -67,7 +68,7 @@ class DynamicSamplingFilter:
         return hash((DynamicSamplingFilter, self.metric))
 
 
-def build_group_filter(psrl_cfg: Any, algo_cfg: Any) -> Optional[GroupFilter]:
+def build_group_filter(psrl_cfg: Any, algo_cfg: Any) -> GroupFilter | None:
     """The group filter ``psrl.group_post_process`` asks for, or None when it is disabled.
 
     ``name: dynamic_sampling_filter`` reads ``algorithm.filter_groups.metric``; ``module:callable``

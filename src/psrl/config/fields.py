@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from psrl.config.rules import check_file, check_out_dir, one_of
 from psrl.errors import ConfigError, resolve_target
@@ -23,10 +23,10 @@ from psrl.errors import ConfigError, resolve_target
 class Rule:
     """The values one key accepts. ``None`` (null) is accepted exactly when the key's type is Optional."""
 
-    ge: Optional[float] = None
-    gt: Optional[float] = None
-    le: Optional[float] = None
-    lt: Optional[float] = None
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
     choices: tuple = ()
     """Allowed values; with ``target`` set, a value outside them is resolved as module:attr."""
     target: str = ""

@@ -9,7 +9,6 @@ keys for PSRL's GPU infrastructure are in :data:`~psrl.config.compat.OUT_OF_SCOP
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from psrl.config.fields import _f, _sub
 from psrl.config.rules import require
@@ -20,18 +19,18 @@ _NO_SHAPE = "psrl runs every rollout instance as one engine on this machine: the
 @dataclass(frozen=True)
 class RedundantRolloutConfig:
     enable: bool = _f(False, "Master switch: the four sizes below act only when true (set them only then).")
-    alg_global_batch_size: Optional[int] = _f(
+    alg_global_batch_size: int | None = _f(
         None, "B: group entries one training step consumes (null: psrl.staleness_buffer_entries).",
         ge=1, fix="set it to the entries one step trains on (>= 1), or null for psrl.staleness_buffer_entries"
     )
-    redundant_global_batch_size: Optional[int] = _f(
+    redundant_global_batch_size: int | None = _f(
         None, "B': entries each buffer holds, B' >= B; extra entries are passively aborted (null: B).", ge=1
     )
-    alg_rollout_n: Optional[int] = _f(
+    alg_rollout_n: int | None = _f(
         None, "N: trajectories per group the algorithm needs (null: psrl.rollout_n).",
         ge=1, fix="set it to the trajectories per group the algorithm needs (>= 1), or null for psrl.rollout_n"
     )
-    redundant_rollout_n: Optional[int] = _f(
+    redundant_rollout_n: int | None = _f(
         None, "N': trajectories launched per group, N' >= N; the slowest N'-N are cancelled (null: N).", ge=1
     )
 
@@ -47,12 +46,12 @@ class RedundantRolloutConfig:
 @dataclass(frozen=True)
 class GroupPostProcessConfig:
     enable: bool = _f(False, "Run a group filter on every completed group before it occupies a slot.")
-    name: Optional[str] = _f(
+    name: str | None = _f(
         None, "Filter name: 'dynamic_sampling_filter' (drop groups whose metric has zero std) or module:callable.",
         choices=("dynamic_sampling_filter",), target="callable"
     )
 
-    def check(self, filter_metric: Optional[str]) -> None:
+    def check(self, filter_metric: str | None) -> None:
         """An enabled filter needs a name; the dynamic sampling filter needs ``algorithm.filter_groups.metric``."""
         if not self.enable:
             return
@@ -65,7 +64,7 @@ class GroupPostProcessConfig:
 
 @dataclass(frozen=True)
 class ProactiveFilterConfig:
-    method: Optional[str] = _f(
+    method: str | None = _f(
         None, "What to do with the last RESERVED entries of a STUCK buffer: null | retry | truncate.",
         choices=(None, "retry", "truncate")
     )
@@ -92,7 +91,7 @@ class RoutingConfig:
         "request_num_balance", "Which instance gets a trajectory: random | round_robin | request_num_balance (fewest "
         "running) | throughput_optimal (largest marginal gain of a fitted decode-throughput model).",
         choices=("random", "round_robin", "request_num_balance", "throughput_optimal"))
-    cost_model_path: Optional[str] = _f(
+    cost_model_path: str | None = _f(
         None, "throughput_optimal: JSON cost model (psrl profile writes one); null: fitted online from the engines' "
               "own running-requests and tokens/s figures.", path="file")
     request_budget: int = _f(1024, "Assumed tokens per request of throughput_optimal_with_budget.", ge=1,
@@ -127,7 +126,7 @@ class SyncConfig:
         "request_num", "status_based: what the instance's status is: request_num (running trajectories) | throughput "
                        "(tokens/s) | kv_cache (KV-cache use, engines that report it: vllm).",
         choices=("request_num", "throughput", "kv_cache"))
-    threshold: Optional[float] = _f(None, "status_based: pull when the indicator is below this (a count, tokens/s "
+    threshold: float | None = _f(None, "status_based: pull when the indicator is below this (a count, tokens/s "
                                           "or a fraction); required by status_based.", ge=0)
     check_req_before_sync: bool = _f(True, "Pull only when no request waits at the instance to be admitted.")
     seamless_train_version: int = _f(
@@ -140,11 +139,11 @@ class MigConfig:
     enable: bool = _f(False, "Migrate requests between instances to balance load (partial rollout keeps their tokens).")
     indicator: str = _f("request_num", "Imbalance measure: request_num | throughput | kv_cache.",
                         choices=("request_num", "throughput", "kv_cache"))
-    threshold: Optional[float] = _f(None, "Start migrating when max/min of the indicator across instances exceeds "
+    threshold: float | None = _f(None, "Start migrating when max/min of the indicator across instances exceeds "
                                           "this (e.g. 2.0); required when mig.enable.", ge=1)
     stop_indicator: str = _f("request_num", "Measure for stopping: request_num | throughput | kv_cache.",
                              choices=("request_num", "throughput", "kv_cache"))
-    stop_threshold: Optional[float] = _f(None, "Stop migrating once max/min of stop_indicator is at or below this "
+    stop_threshold: float | None = _f(None, "Stop migrating once max/min of stop_indicator is at or below this "
                                                "(e.g. 1.2; null: mig.threshold).", ge=1)
 
     def check(self, partial_rollout: bool) -> None:
@@ -218,7 +217,7 @@ class PsrlConfig:
     group_post_process: GroupPostProcessConfig = _sub(GroupPostProcessConfig, "Filter on OCCUPIED entries.")
     deployment: DeploymentConfig = _sub(DeploymentConfig, "Resource shape.")
 
-    def check(self, engine: str, filter_metric: Optional[str]) -> None:
+    def check(self, engine: str, filter_metric: str | None) -> None:
         """The rules between ``psrl.*`` keys, then each section's own; ``engine`` is ``rollout.engine`` and
         ``filter_metric`` is ``algorithm.filter_groups.metric``, which the kv_cache indicator and the
         dynamic sampling filter depend on."""

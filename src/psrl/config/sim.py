@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from psrl.config.fields import _f, _sub
 from psrl.config.rules import require
@@ -14,10 +13,10 @@ class GenTimeConfig:
     dist: str = _f("lognormal", "lognormal | pareto | constant | trace.",
                    choices=("lognormal", "pareto", "constant", "trace"))
     median: float = _f(1.0, "Median generation time of one trajectory (simulated seconds).", gt=0)
-    sigma: Optional[float] = _f(None, "lognormal: sigma of log-time (null = 1.0). Not used by pareto (see alpha).",
+    sigma: float | None = _f(None, "lognormal: sigma of log-time (null = 1.0). Not used by pareto (see alpha).",
                                 ge=0, note="not with dist=pareto")
     alpha: float = _f(1.5, "pareto: tail index alpha (> 1, so the mean is finite); smaller = heavier tail.", gt=1)
-    trace: Optional[str] = _f(None, "trace: a trajectories.jsonl whose timings are replayed.",
+    trace: str | None = _f(None, "trace: a trajectories.jsonl whose timings are replayed.",
                               path="file", note="only with sim.gen_time.dist=trace")
 
     def check(self) -> None:
@@ -36,7 +35,7 @@ class GenTimeConfig:
 
 @dataclass(frozen=True)
 class ArealSimConfig:
-    max_concurrent_rollouts: Optional[int] = _f(
+    max_concurrent_rollouts: int | None = _f(
         None, "Groups generating at once (AReaL InferenceEngineConfig.max_concurrent_rollouts; "
         "null = consumer batch size B, AReaL's default). max_head_offpolicyness is psrl.staleness.", ge=1
     )
@@ -44,7 +43,7 @@ class ArealSimConfig:
 
 @dataclass(frozen=True)
 class TinkerSimConfig:
-    groups_per_batch: Optional[int] = _f(
+    groups_per_batch: int | None = _f(
         None, "Worker coroutines, each generating one group at a time (Tinker AsyncConfig.groups_per_batch; "
         "null = B, which is what it is in Tinker). max_steps_off_policy is psrl.staleness.", ge=1
     )
@@ -85,7 +84,7 @@ class SimDecodeConfig:
     row_time: float = _f(0.002, "Extra seconds per running request in a decode step.", gt=0)
     speeds: list = _f([], "Relative speed of each instance (e.g. [1.0, 0.5]: a slower second machine); [] = all 1.0.",
                       note="one positive number per instance, or []")
-    max_running: Optional[int] = _f(
+    max_running: int | None = _f(
         None, "Requests an instance decodes at once (vLLM's max_num_seqs); the rest wait at the instance, where "
               "psrl.routing_strategy.enable_multi_priority_queue orders them. null: no limit.", ge=1)
 

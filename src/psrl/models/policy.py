@@ -21,8 +21,8 @@ tests check against it.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,7 @@ class Policy:
         max_new_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        stop_ids: Optional[Iterable[int]] = None,
+        stop_ids: Iterable[int] | None = None,
     ) -> list[tuple[list[int], list[float]]]:
         """Sample up to ``max_new_tokens`` per prompt; a row stops after emitting a stop token (kept)."""
         stop = set(stop_ids or ())
@@ -114,7 +114,7 @@ class Policy:
         """CPU copies of every weight (what a ParameterStore publishes)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
-    def replica(self, seed: int) -> "Policy":
+    def replica(self, seed: int) -> Policy:
         """An independent copy (same weights and version, its own sampling seed) for a rollout instance:
         cheaper than loading ``model.path`` again (a GGUF file is dequantized on every load)."""
         model = copy.deepcopy(self.model)

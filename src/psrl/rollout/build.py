@@ -9,7 +9,8 @@ through the pool. The sampling settings take one route: :func:`sampling_of` is w
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from psrl.rollout.client.agents import AgentManager
 from psrl.rollout.engines.base import TokenModel, as_engine
@@ -33,8 +34,8 @@ def sampling_of(cfg: Config, task: Task) -> Sampling:
     return Sampling(temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p, stop_ids=stop_ids)
 
 
-def build_rollout(cfg: Config, engines: Sequence[Union[Engine, TokenModel]], store: WeightSource,
-                  manager: StalenessManager, *, task: Task, sink: Optional[Sink] = None,
+def build_rollout(cfg: Config, engines: Sequence[Engine | TokenModel], store: WeightSource,
+                  manager: StalenessManager, *, task: Task, sink: Sink | None = None,
                   log: Callable[[str], None] = print) -> tuple[InstancePool, AgentManager]:
     """The instance pool over ``engines`` and the agent manager that feeds ``manager`` from it.
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from psrl.staleness import Batch
 from psrl.tasks.base import Episode, GenerateFn, Prompt, Task
@@ -47,7 +47,7 @@ class FakeEngine:
     """
 
     def __init__(self, token_cost: float = 0.01, step_cost: float = 0.0, sync_cost: float = 0.0,
-                 vocab: int = 97, stop_id: Optional[int] = None, stop_at: Optional[int] = None,
+                 vocab: int = 97, stop_id: int | None = None, stop_at: int | None = None,
                  version: int = 0, record: bool = False):
         self.token_cost = float(token_cost)
         self.step_cost = float(step_cost)
@@ -56,7 +56,7 @@ class FakeEngine:
         self.stop_id = stop_id
         self.stop_at = stop_at
         self.version = int(version)
-        self.state: Optional[WeightState] = None
+        self.state: WeightState | None = None
         self.calls = 0
         self.rows = 0
         self.loads = 0
@@ -126,9 +126,9 @@ class FakeTask:
     max_context = 10**6
 
     def __init__(self, turns: int = 2, turn_tokens: int = 4, tool_latency: float = 0.0,
-                 latency_fn: Optional[LatencyFn] = None, score_fn: Optional[ScoreFn] = None,
-                 reward_fn: Optional[Callable[[Prompt, Episode], dict]] = None,
-                 episode_fn: Optional[Callable[[Prompt], None]] = None):
+                 latency_fn: LatencyFn | None = None, score_fn: ScoreFn | None = None,
+                 reward_fn: Callable[[Prompt, Episode], dict] | None = None,
+                 episode_fn: Callable[[Prompt], None] | None = None):
         self.turns = int(turns)
         self.turn_tokens = int(turn_tokens)
         self.tool_latency = float(tool_latency)
@@ -185,12 +185,12 @@ class FakeTrainer:
     skips a step.
     """
 
-    def __init__(self, policy: Optional[FakeEngine] = None, train_time: float = 0.1):
+    def __init__(self, policy: FakeEngine | None = None, train_time: float = 0.1):
         self.policy = policy if policy is not None else FakeEngine()
         self.train_time = float(train_time)
         self.batches: list = []
         self.intervals: list[tuple[float, float]] = []
-        self.last_skip: Optional[str] = None
+        self.last_skip: str | None = None
         self.skipped_in_a_row = 0
 
     @property

@@ -8,8 +8,9 @@ strategy (:class:`SyncStrategy`), and what a sync strategy reads of the stalenes
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Hashable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from psrl.rollout.serving.instance import InstanceRequest, RolloutInstance
@@ -55,8 +56,8 @@ class Pool(Protocol):
     trajectory_sticky: bool
     """Later turns of a trajectory stay on its instance."""
 
-    def route(self, v_min: int, group: Optional[Hashable] = None,
-              avoid: Optional[RolloutInstance] = None) -> RolloutInstance:
+    def route(self, v_min: int, group: Hashable | None = None,
+              avoid: RolloutInstance | None = None) -> RolloutInstance:
         """An instance holding a version ``>= v_min`` for a trajectory of ``group`` (not ``avoid`` if another
         will do)."""
 

@@ -30,8 +30,9 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from psrl.errors import RunError, describe
 from psrl.rollout.client.records import trajectory_record
@@ -140,7 +141,7 @@ def _write(run_dir: Path, version: int, keep: int, trainer_state: Any, coord_sta
     return final
 
 
-def _version_of(path: Path) -> Optional[int]:
+def _version_of(path: Path) -> int | None:
     """The version in a checkpoint's manifest (None for a checkpoint written before manifests, or damaged)."""
     try:
         return int(json.loads((path / _MANIFEST).read_text())["version"])
@@ -175,7 +176,7 @@ def _read_state(path: Path) -> dict:
     return state
 
 
-def load_checkpoint(run_dir: str | Path) -> Optional[dict]:
+def load_checkpoint(run_dir: str | Path) -> dict | None:
     """The state :func:`save_checkpoint` wrote plus ``dir`` (for ``trainer.load``) of the newest checkpoint
     whose state reads, or None when there is none; if none reads, RunError naming the newest."""
     damaged = []
@@ -194,7 +195,7 @@ def load_checkpoint(run_dir: str | Path) -> Optional[dict]:
 
 
 def restore_manager(snapshot: dict, group_filter: Any = None, sink: Any = None,
-                    on_event: Optional[Callable[[Event], Any]] = None) -> StalenessManager:
+                    on_event: Callable[[Event], Any] | None = None) -> StalenessManager:
     """The staleness manager of a checkpoint, with every RESERVED entry aborted and its trajectories reported;
     ``on_event`` hears it from then on (the aborts belong to the process that died, not to the event log)."""
     m = StalenessManager.restore(snapshot, group_filter=group_filter)
@@ -213,8 +214,8 @@ def restore_manager(snapshot: dict, group_filter: Any = None, sink: Any = None,
 
 
 def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any = None,
-           log: Optional[Callable[[str], None]] = None,
-           on_event: Optional[Callable[[Event], Any]] = None) -> Optional[dict]:
+           log: Callable[[str], None] | None = None,
+           on_event: Callable[[Event], Any] | None = None) -> dict | None:
     """Restore the newest intact checkpoint of ``run_dir`` into ``trainer`` and ``recorder``; None when there
     is none (then the logs a run killed before its first checkpoint left are cut to empty).
 

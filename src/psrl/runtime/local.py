@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -68,11 +69,11 @@ class _StepHook:
             self.saver.save(self.run_dir, self.coord, self.recorder, wait=row["step"] >= self.total)
 
 
-def build(cfg: Config, recorder: Optional[RunRecorder] = None, log: Callable[[str], None] = print, *,
-          task: Optional[Task] = None, trainer: Optional[StepTrainer] = None,
-          engines: Optional[Sequence[Union[Engine, TokenModel]]] = None, weights: Optional[WeightState] = None,
-          sink: Optional[Sink] = None, manager: Optional[StalenessManager] = None,
-          on_event: Optional[Callable[[Event], Any]] = None) -> Coordinator:
+def build(cfg: Config, recorder: RunRecorder | None = None, log: Callable[[str], None] = print, *,
+          task: Task | None = None, trainer: StepTrainer | None = None,
+          engines: Sequence[Engine | TokenModel] | None = None, weights: WeightState | None = None,
+          sink: Sink | None = None, manager: StalenessManager | None = None,
+          on_event: Callable[[Event], Any] | None = None) -> Coordinator:
     """The one builder of a run: task, trainer, rollout engines, staleness manager and coordinator for ``cfg``.
 
     ``psrl train``, the tests, the benchmarks and the simulator's ``coordinator`` policy all build here; a part

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from psrl.rollout.engines.base import as_engine
 from psrl.rollout.serving.router import CostModel, fit_cost_model, save_cost_model

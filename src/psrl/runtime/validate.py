@@ -21,7 +21,8 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from psrl.rollout.engines.base import turns
 from psrl.rollout.engines.hf import HFEngine

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 __all__ = ["Trackers", "RunWatch", "scalars"]
 
@@ -92,14 +93,14 @@ class RunWatch:
     """
 
     def __init__(self, cfg: Any, run_dir: Path, coord: Any, recorder: Any, log: Callable[[str], None],
-                 line: Callable[[dict, int], str], tty: Optional[bool] = None):
+                 line: Callable[[dict, int], str], tty: bool | None = None):
         self.cfg, self.coord, self.recorder, self.log, self.line = cfg, coord, recorder, log, line
         self.total = cfg.trainer.total_steps
         self.console = "console" in cfg.trainer.logger
         tty = sys.stdout.isatty() if tty is None else tty
         self.bar = _Bar(self.total, coord.version) if self.console and tty else None
         self.trackers = Trackers(cfg, Path(run_dir), resume_version=coord.version)
-        self._val_prompts: Optional[list] = None
+        self._val_prompts: list | None = None
         dropped = getattr(coord.agents.task, "dropped", 0) if hasattr(coord, "agents") else 0
         if dropped:
             log(f"data: dropped {dropped} prompts longer than data.max_prompt_length (data.filter_overlong_prompts)")

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from psrl.errors import RunError
 
@@ -41,7 +42,7 @@ class Watchdog:
         log: the console.
     """
 
-    def __init__(self, coord: Coordinator, timeout: float, run_dir: Optional[Path] = None,
+    def __init__(self, coord: Coordinator, timeout: float, run_dir: Path | None = None,
                  log: Callable[[str], None] = print):
         self.coord, self.timeout, self.run_dir, self.log = coord, float(timeout), run_dir, log
         self.dumps: list[Path] = []

@@ -29,7 +29,7 @@ the simulator's model and the real code. It costs about 0.1 ms of real time per 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any
 
 from psrl.sim.metrics import Recorder, Result
 from psrl.sim.workload import Workload
@@ -141,7 +141,7 @@ class _SimTrainer:
 
         self.meter = meter
         self.policy = FakeEngine(token_cost=0.0)
-        self.last_skip: Optional[str] = None
+        self.last_skip: str | None = None
         self.skipped_in_a_row = 0
 
     async def step(self, batch: Any) -> dict:

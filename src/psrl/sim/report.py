@@ -8,8 +8,9 @@ throughput among its points whose true worst case is <= s.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 from psrl.sim import compare
 from psrl.sim.metrics import Result

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class Workload:
     """lognormal: sigma of log-time."""
     alpha: float = 1.5
     """pareto: tail index (> 1, so the mean is finite); the scale puts the median at ``median``."""
-    trace: Optional[tuple] = None
+    trace: tuple | None = None
     """trace: generation seconds replayed in order (cycled)."""
     train_time: float = 1.0
     """Fixed seconds per training step."""
@@ -64,7 +65,7 @@ class Workload:
     """Seconds from the end of a training step until generators hold the new weights."""
     filter_drop_rate: float = 0.0
     """Probability that the group filter drops a completed group."""
-    proactive_method: Optional[str] = None
+    proactive_method: str | None = None
     """psrl proactive filter on the last RESERVED entries of a STUCK buffer: None | retry | truncate."""
     proactive_threshold: int = 4
     proactive_scope: str = "window"
@@ -73,9 +74,9 @@ class Workload:
     proactive_grace: float = 0.0
     """head scope: act only after the trainer has waited this many seconds for buffer T."""
     """Act when the STUCK buffer has at most this many RESERVED entries."""
-    areal_max_concurrent_rollouts: Optional[int] = None
+    areal_max_concurrent_rollouts: int | None = None
     """areal: groups generating at once (None: B, AReaL's default)."""
-    tinker_groups_per_batch: Optional[int] = None
+    tinker_groups_per_batch: int | None = None
     """discard_requeue (Tinker): worker coroutines, one group each (None: B, as in Tinker)."""
     verl_staleness_threshold: float = 0.1
     """sample_budget (verl fully-async): async_training.staleness_threshold."""
@@ -95,10 +96,10 @@ class Workload:
     decode_step_time: float = 0.02
     decode_row_time: float = 0.002
     decode_speeds: tuple = ()
-    decode_max_running: Optional[int] = None
+    decode_max_running: int | None = None
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "Workload":
+    def from_config(cls, cfg: Config) -> Workload:
         """Read ``sim.*`` and ``psrl.*``; a trace is loaded here, once."""
         s, p = cfg.sim, cfg.psrl
         gt = s.gen_time
@@ -131,7 +132,7 @@ class Workload:
         )
         return wl.check()
 
-    def check(self) -> "Workload":
+    def check(self) -> Workload:
         """Reject workloads the simulator cannot run, naming the key and the fix."""
         if self.decode_speeds and (len(self.decode_speeds) != self.instances or min(self.decode_speeds) <= 0):
             raise ConfigError("sim.decode.speeds", f"needs {self.instances} positive numbers (one per instance), "
@@ -169,7 +170,7 @@ class Workload:
             raise ConfigError("sim.gen_time.trace", "the trace holds no gen_seconds")
         return self
 
-    def replace(self, **changes) -> "Workload":
+    def replace(self, **changes) -> Workload:
         """A copy with some fields changed (validated)."""
         return dataclasses.replace(self, **changes).check()
 
@@ -208,11 +209,11 @@ class Workload:
 
     # ------------------------------------------------------------------ streams
 
-    def gen_stream(self) -> "GenTimeStream":
+    def gen_stream(self) -> GenTimeStream:
         """The generation time of the i-th launched trajectory, the same for every policy."""
         return GenTimeStream(self)
 
-    def filter_stream(self) -> "UniformStream":
+    def filter_stream(self) -> UniformStream:
         """Uniform numbers, the i-th for the i-th created group (filter decisions)."""
         return UniformStream(self.seed)
 
@@ -324,7 +325,7 @@ def _seconds(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
-def _launch_key(rec: dict) -> Optional[tuple[int, int]]:
+def _launch_key(rec: dict) -> tuple[int, int] | None:
     """(group number, member number) from ids like group 'g12', uid 'g12-3'; None if not that shape."""
     group, uid = str(rec.get("group", "")), str(rec.get("uid", ""))
     head, _, member = uid.rpartition("-")
@@ -336,7 +337,7 @@ def _launch_key(rec: dict) -> Optional[tuple[int, int]]:
 _TRAIN_KEYS = ("time/train_s",)
 
 
-def trace_train_time(trace_path: str | Path) -> Optional[float]:
+def trace_train_time(trace_path: str | Path) -> float | None:
     """Mean training seconds per step from the ``metrics.jsonl`` beside the trace, if it records them."""
     p = Path(trace_path).with_name("metrics.jsonl")
     if not p.exists():

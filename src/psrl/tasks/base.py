@@ -13,8 +13,9 @@ import abc
 import inspect
 import math
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any
 
 from psrl.types import Trajectory
 
@@ -125,7 +126,7 @@ class Task(abc.ABC):
         """What a checkpoint must keep of the task (a dataset's position); stateless tasks keep nothing."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 -- an optional hook: stateless tasks keep nothing
         """Restore :meth:`state_dict`."""
 
     @abc.abstractmethod
@@ -153,7 +154,7 @@ def lognormal_latency(rng: random.Random, median: float, sigma: float) -> float:
 
 def episode_to_trajectory(
     prompt: Prompt, episode: Episode, reward: dict[str, float], *, uid: str, group: str, v_traj: int,
-    instances: Optional[list[int]] = None, gen_seconds: float = 0.0,
+    instances: list[int] | None = None, gen_seconds: float = 0.0,
 ) -> Trajectory:
     """Package a finished episode and its reward as the :class:`psrl.types.Trajectory` the trainer reads."""
     return Trajectory(

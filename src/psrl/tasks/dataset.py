@@ -18,15 +18,13 @@ epoch instead of restarting it.
 
 from __future__ import annotations
 
-from psrl.errors import PsrlError
-
 import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from psrl.errors import ConfigError
+from psrl.errors import ConfigError, PsrlError
 from psrl.models.tokenizer import CharTokenizer
 from psrl.tasks.base import Demo, Episode, GenerateFn, Prompt, Task
 from psrl.tasks.rewards import build_reward
@@ -123,7 +121,7 @@ class DatasetTask(Task):
         if not self.rows:
             raise DataError(f"data.train_files: no usable rows in {data.train_files}"
                             + (f" ({self.dropped} over-long prompts were dropped)" if self.dropped else ""))
-        self._val: Optional[list[Row]] = None
+        self._val: list[Row] | None = None
         self.epoch, self.cursor, self.draws = 0, 0, 0
         self.order = self._order(0)
 
@@ -140,7 +138,7 @@ class DatasetTask(Task):
                         self.data.max_prompt_length)
         return rows
 
-    def _row(self, f: str, i: int, raw: dict) -> Optional[Row]:
+    def _row(self, f: str, i: int, raw: dict) -> Row | None:
         d = self.data
         where = f"{f} row {i}"
         try:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from psrl.errors import resolve_target
-from psrl.errors import ConfigError
+from psrl.errors import ConfigError, resolve_target
 
 __all__ = ["get_task", "register_task", "resolve_task", "TASKS"]
 

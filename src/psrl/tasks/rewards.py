@@ -20,8 +20,9 @@ import importlib.util
 import inspect
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from psrl.errors import ConfigError
 
@@ -87,7 +88,7 @@ def _load_function(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def build_reward(spec: str, timeout: float) -> "RewardFn":
+def build_reward(spec: str, timeout: float) -> RewardFn:
     """The reward of ``task.reward``."""
     if spec == "math":
         return RewardFn("math", math_score, timeout)
@@ -120,7 +121,7 @@ class RewardFn:
                 out = await asyncio.wait_for(self.fn(**kw), self.timeout)
             else:
                 out = await asyncio.wait_for(asyncio.to_thread(self.fn, **kw), self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RewardError(f"reward {self.name} timed out after {self.timeout:g}s{at} "
                               "(raise task.reward_timeout if it needs longer)") from None
         except Exception as e:

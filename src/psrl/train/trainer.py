@@ -20,8 +20,9 @@ from __future__ import annotations
 import copy
 import math
 import random
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ class Trainer:
         self.rng = random.Random(trainer_cfg.seed)
         torch.manual_seed(trainer_cfg.seed)
         self.optimizer = self._adamw(trainer_cfg.lr)
-        self.last_skip: Optional[str] = None
+        self.last_skip: str | None = None
         """Why the last step was skipped (a NaN / infinite loss or gradient), or None if it trained."""
         self.skipped_steps = 0
         """Steps skipped over the run (checkpointed)."""
@@ -115,7 +116,7 @@ class Trainer:
         return {**_mean_metrics(per_mb), **mismatch, **divergence, **corrections,
                 "train/adv_abs_mean": float(adv.abs().mean()), "train/skipped_steps": self.skipped_steps}
 
-    def _skip(self, reason: str, before: Optional[tuple], divergence: dict[str, float]) -> dict[str, float]:
+    def _skip(self, reason: str, before: tuple | None, divergence: dict[str, float]) -> dict[str, float]:
         """Leave the weights as they were before ``batch`` and report why; the coordinator still moves the version
         on (the buffer was consumed), publishing the same weights, so the rollout side never waits for it. The
         batch's ``divergence/*`` are reported still: a skipped step is when they are looked for."""
@@ -132,7 +133,7 @@ class Trainer:
         """Weights and optimiser state, copied (only taken with several minibatches: one more model copy)."""
         return copy.deepcopy(self.policy.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
 
-    def _optimise(self, loss: torch.Tensor, lr_scale: float = 1.0) -> Optional[float]:
+    def _optimise(self, loss: torch.Tensor, lr_scale: float = 1.0) -> float | None:
         """Backward, clip, step with the learning rate times ``lr_scale`` (``ess_lr``: this step only); None (and no
         step) when the gradient norm is NaN or infinite."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -153,7 +154,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ warm start
 
-    def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: Optional[float] = None) -> list[float]:
+    def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: float | None = None) -> list[float]:
         """Supervised steps (masked next-token cross-entropy) on ``demos``; returns the loss per step.
 
         Uses its own AdamW (``lr``, default ``trainer.warm_start_lr``) so the RL optimiser starts fresh.
@@ -189,7 +190,7 @@ class Trainer:
             state["optimizer"] = copy.deepcopy(opt) if copied else opt
         return state
 
-    def save(self, directory: str | Path, state: Optional[dict] = None) -> Path:
+    def save(self, directory: str | Path, state: dict | None = None) -> Path:
         """Write weights, optimiser state (unless ``trainer.save_optimizer`` is false), version, skip counters
         and generator states (``state``, else taken now) to ``directory/trainer.pt``."""
         path = Path(directory)

@@ -32,7 +32,8 @@ import asyncio
 import functools
 import logging
 import random
-from typing import TYPE_CHECKING, Awaitable, Callable, Hashable, Optional, Sequence, TypeVar
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from psrl.errors import PsrlError, RunError, describe
 from psrl.rollout.client.proactive import ProactiveFilter
@@ -69,7 +70,7 @@ class AgentManager:
     """
 
     def __init__(self, task: Task, manager: StalenessManager, pool: Pool, cfg: Config, *, workers: int,
-                 sink: Optional[Sink] = None):
+                 sink: Sink | None = None):
         p = cfg.psrl
         self.task = task
         self.manager = manager
@@ -98,7 +99,7 @@ class AgentManager:
         error: a reward function or agent loop that always raises would otherwise retry groups forever."""
         self.groups: dict[Hashable, Group] = {}
         self.next_group = 0
-        self.failure: Optional[asyncio.Future] = None
+        self.failure: asyncio.Future | None = None
         self._deferred: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ dispatch
@@ -191,9 +192,9 @@ class AgentManager:
                 self.failure.set_exception(err)
 
     async def _retried(self, g: Group, m: Member, stage: str, attempt: Callable[[], Awaitable[_T]],
-                       episode: Optional[Episode] = None) -> Optional[_T]:
+                       episode: Episode | None = None) -> _T | None:
         """``await attempt()``, retried ``task.reward_retries`` times when it raises; None once reported failed."""
-        err: Optional[BaseException] = None
+        err: BaseException | None = None
         for n in range(1 + self.retries):
             try:
                 return await attempt()
@@ -204,16 +205,16 @@ class AgentManager:
         self._fail(g, m, stage, err, episode)
         return None
 
-    async def _episode(self, g: Group, m: Member, rng: random.Random) -> Optional[Episode]:
+    async def _episode(self, g: Group, m: Member, rng: random.Random) -> Episode | None:
         """Run the episode, retrying a raising agent loop; None once reported as failed."""
         return await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, m.session.generate, rng))
 
-    async def _reward(self, g: Group, m: Member, episode: Episode) -> Optional[dict]:
+    async def _reward(self, g: Group, m: Member, episode: Episode) -> dict | None:
         """The task's reward (sync or async), retrying a raising, hanging or non-finite reward; None once
         reported as failed."""
         return await self._retried(g, m, "reward", lambda: self.reward(g.prompt, episode), episode)
 
-    def reward_now(self, g: Group, m: Member, episode: Episode) -> Optional[dict]:
+    def reward_now(self, g: Group, m: Member, episode: Episode) -> dict | None:
         """:meth:`_reward` (the same retries) run to its end here, for a task whose reward is synchronous, so the
         proactive filter acts at once: with a synchronous reward that coroutine never suspends."""
         return run_to_end(self._reward(g, m, episode), f"reward_now: the reward of {type(self.task).__name__}")
@@ -272,7 +273,7 @@ class AgentManager:
             self._end_group(g, str(status), keep=m, held=held + [traj])
         self.after_change()
 
-    def _end_group(self, g: Group, status: str, abort: bool = False, keep: Optional[Member] = None,
+    def _end_group(self, g: Group, status: str, abort: bool = False, keep: Member | None = None,
                    held: Sequence[Trajectory] = ()) -> None:
         """Forget a group that will not be trained: record what its entry held (``held``, or, for an abort, what
         the manager holds now), cancel what runs."""
@@ -289,15 +290,15 @@ class AgentManager:
                 setattr(self.counts, counter, getattr(self.counts, counter) + 1)
         self._cancel_members(g, keep=keep)
 
-    def _cancel_members(self, g: Group, keep: Optional[Member] = None) -> None:
+    def _cancel_members(self, g: Group, keep: Member | None = None) -> None:
         for m in g.live():
             if m is not keep:
                 m.cancelled = True
                 m.task.cancel()
                 self.counts.cancelled += 1
 
-    def _fail(self, g: Group, m: Member, stage: str, err: Optional[BaseException],
-              episode: Optional[Episode] = None) -> None:
+    def _fail(self, g: Group, m: Member, stage: str, err: BaseException | None,
+              episode: Episode | None = None) -> None:
         """Report a member whose episode or reward kept raising; abort the entry if the group cannot fill."""
         m.done = True
         self.counts.failed += 1
@@ -336,7 +337,7 @@ class AgentManager:
             self.groups.pop(eid, None)
         self.after_change()
 
-    def record_batch(self, batch: Batch, skipped: Optional[str] = None) -> None:
+    def record_batch(self, batch: Batch, skipped: str | None = None) -> None:
         """Record a consumed batch's trajectories: ``trained``, or ``skipped`` with the reason when the
         trainer skipped the step (NaN / infinite loss or gradient)."""
         for trajs in batch.groups:
@@ -385,7 +386,7 @@ class AgentManager:
                 self._complete_as_truncated(g, m, episode, reward)
         return True
 
-    def _proactive(self, eid: Hashable) -> Optional[Group]:
+    def _proactive(self, eid: Hashable) -> Group | None:
         """The group of ``eid`` if the proactive filter may act on it, marked as acted on."""
         g = self.groups.get(eid)
         if g is None or g.proactive or self.manager.entry_buffer(eid) is not None:
@@ -402,7 +403,7 @@ class AgentManager:
 
     # ------------------------------------------------------------------ records and shutdown
 
-    def _record(self, traj: Trajectory, status: str, consumed_version: Optional[int] = None) -> None:
+    def _record(self, traj: Trajectory, status: str, consumed_version: int | None = None) -> None:
         self._emit(trajectory_record(traj, status, consumed_version))
 
     def _emit(self, rec: dict) -> None:

@@ -10,8 +10,9 @@ Every trajectory that reaches the staleness manager ends in exactly one record w
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Hashable, Optional
+from typing import TYPE_CHECKING
 
 from psrl.metrics import checked
 from psrl.types import Trajectory
@@ -92,7 +93,7 @@ class Counts:
         return {f"counts/{k}": v for k, v in asdict(self).items()}
 
 
-def trajectory_record(traj: Trajectory, status: str, consumed_version: Optional[int] = None, **extra: object) -> dict:
+def trajectory_record(traj: Trajectory, status: str, consumed_version: int | None = None, **extra: object) -> dict:
     """One ``trajectories.jsonl`` line for a :class:`psrl.types.Trajectory`."""
     rec: dict[str, object] = {
         "uid": traj.uid,
@@ -135,8 +136,8 @@ class Member:
     def __init__(self, idx: int, uid: str):
         self.idx = idx
         self.uid = uid
-        self.task: Optional[asyncio.Task] = None
-        self.session: Optional[Session] = None
+        self.task: asyncio.Task | None = None
+        self.session: Session | None = None
         self.started = 0.0
         self.cancelled = False
         self.done = False

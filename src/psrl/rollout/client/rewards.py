@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from typing import Coroutine, Optional, TypeVar
+from collections.abc import Coroutine
+from typing import TypeVar
 
 from psrl.tasks.base import Episode, Prompt, Task
 
@@ -43,7 +44,7 @@ class TaskReward:
             reward runs on the event loop and cannot be interrupted: dataset rewards run in a thread for this.
     """
 
-    def __init__(self, task: Task, timeout: Optional[float]):
+    def __init__(self, task: Task, timeout: float | None):
         self.task = task
         self.timeout = timeout
 
@@ -63,7 +64,7 @@ class TaskReward:
             return await awaitable
         try:
             return await asyncio.wait_for(awaitable, self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RewardTimeout(f"no reward within task.reward_timeout={self.timeout:g}s") from None
 
 

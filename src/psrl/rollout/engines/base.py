@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Protocol
 
 from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, WeightState
 
@@ -96,7 +96,7 @@ class BatchingEngine:
         max_batch: most requests per decode step (None: all); the rest wait, counted as queued.
     """
 
-    def __init__(self, *, sampling: Sampling = Sampling(), max_batch: Optional[int] = None):
+    def __init__(self, *, sampling: Sampling = Sampling(), max_batch: int | None = None):
         self.sampling = sampling
         self.max_batch = max_batch
         self.steps = 0
@@ -105,9 +105,9 @@ class BatchingEngine:
         self._waiting: list[GenRequest] = []
         self._done: dict[int, asyncio.Future] = {}
         self._paused = False
-        self._wake: Optional[asyncio.Event] = None
-        self._idle: Optional[asyncio.Event] = None
-        self._task: Optional[asyncio.Task] = None
+        self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
         self._rate = TokenRate()
 
     # ------------------------------------------------------------------ the Engine interface
@@ -176,7 +176,7 @@ class BatchingEngine:
     async def _load(self, state: WeightState, version: int) -> None:
         raise NotImplementedError
 
-    def _kv_usage(self) -> Optional[float]:
+    def _kv_usage(self) -> float | None:
         return None
 
     # ------------------------------------------------------------------ the loop
@@ -246,7 +246,7 @@ class BatchingEngine:
 class NoCacheEngine(BatchingEngine):
     """A :class:`BatchingEngine` over a ``next_token`` model: every step re-runs whole sequences (no cache)."""
 
-    def __init__(self, model: TokenModel, *, sampling: Sampling = Sampling(), max_batch: Optional[int] = None):
+    def __init__(self, model: TokenModel, *, sampling: Sampling = Sampling(), max_batch: int | None = None):
         super().__init__(sampling=sampling, max_batch=max_batch)
         self.model = model
 
@@ -262,7 +262,7 @@ class NoCacheEngine(BatchingEngine):
         await load_weights_into(self.model, state, version)
 
 
-def as_engine(model_or_engine: Union[Engine, TokenModel], sampling: Sampling = Sampling()) -> Engine:
+def as_engine(model_or_engine: Engine | TokenModel, sampling: Sampling = Sampling()) -> Engine:
     """An engine as is; a bare :class:`TokenModel` wrapped in a :class:`NoCacheEngine` with ``sampling``."""
     if isinstance(model_or_engine, Engine):
         return model_or_engine

@@ -27,7 +27,6 @@ Across a weight update under partial rollout (``rollout.kv_after_update``):
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
 
 import torch
 from transformers import DynamicCache
@@ -52,7 +51,7 @@ class HFEngine(BatchingEngine):
     """
 
     def __init__(self, policy: Policy, kv_after_update: str = "recompute", *, sampling: Sampling = Sampling(),
-                 max_batch: Optional[int] = None):
+                 max_batch: int | None = None):
         super().__init__(sampling=sampling, max_batch=max_batch)
         if kv_after_update not in KV_MODES:
             raise ValueError(f"kv_after_update must be one of {KV_MODES}, got {kv_after_update!r}")
@@ -61,8 +60,8 @@ class HFEngine(BatchingEngine):
         self.prefills = 0
         """Requests prefilled (joins, and re-prefills after a ``recompute`` update)."""
         self._cached: list[GenRequest] = []
-        self._cache: Optional[Cache] = None
-        self._mask: Optional[torch.Tensor] = None
+        self._cache: Cache | None = None
+        self._mask: torch.Tensor | None = None
 
     @property
     def version(self) -> int:

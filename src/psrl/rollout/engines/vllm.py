@@ -43,7 +43,7 @@ import json
 import re
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from psrl.rollout.engines.base import TokenRate
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
@@ -68,7 +68,7 @@ class WeightFiles(WeightSource, Protocol):
     """A weight source that also writes a version as a Hugging Face directory (what ``reload_weights`` reads):
     :meth:`psrl.train.ParameterStore.path`."""
 
-    def path(self, version: int, root: Path, config_dir: Optional[Path] = None) -> Path:
+    def path(self, version: int, root: Path, config_dir: Path | None = None) -> Path:
         """The directory holding ``version``'s weights under ``root``, written on first use."""
 
 
@@ -82,8 +82,8 @@ class VLLMEngine:
         config_dir: a model directory whose ``config.json`` goes beside each version's weights.
     """
 
-    def __init__(self, url: Optional[str] = None, server: Optional[VLLMServer] = None, *, weights_root: Path,
-                 config_dir: Optional[Path] = None, sampling: Sampling = Sampling(), request_timeout_s: float = 300.0,
+    def __init__(self, url: str | None = None, server: VLLMServer | None = None, *, weights_root: Path,
+                 config_dir: Path | None = None, sampling: Sampling = Sampling(), request_timeout_s: float = 300.0,
                  model_name: str = "psrl"):
         if (url is None) == (server is None):
             raise ValueError("VLLMEngine needs exactly one of url (attach) and server (start)")
@@ -113,9 +113,9 @@ class VLLMEngine:
         """Requests :meth:`abort` was called on (by ``id``): they end as ``abort`` unless they finished first."""
         self._aborts: set[asyncio.Task] = set()
         self._rate = TokenRate()
-        self._kv: Optional[float] = None
+        self._kv: float | None = None
         self._waiting = 0
-        self._poller: Optional[asyncio.Task] = None
+        self._poller: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -344,8 +344,8 @@ class VLLMEngine:
         """Name the server's weights ``version``: vLLM labels every output produced from now on with it."""
         await self._post("/update_weight_version", json={"new_version": str(int(version))})
 
-    async def _post(self, path: str, *, params: Optional[dict] = None, json: Optional[dict] = None,
-                    timeout: Optional[float] = None) -> Any:
+    async def _post(self, path: str, *, params: dict | None = None, json: dict | None = None,
+                    timeout: float | None = None) -> Any:
         """POST a control call (pause, resume, reload, version, abort: all idempotent), sent again up to
         ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`_resend_delay`). ``timeout``:
         seconds instead of the client's ``request_timeout_s``."""
@@ -383,7 +383,7 @@ class VLLMEngine:
             await asyncio.sleep(every_s)
 
 
-def _resend_delay(attempt: int, exc: BaseException) -> Optional[float]:
+def _resend_delay(attempt: int, exc: BaseException) -> float | None:
     """Seconds to wait before sending a request again whose try number ``attempt`` (from 0) failed with
     ``exc``: 0.2, then 0.4; None once ``SEND_ATTEMPTS`` tries are spent, or when ``exc`` is not a connection
     that failed before the server answered. Those are refused, reset, or closed by the server (an idle
@@ -409,12 +409,12 @@ def _versions(spans: list[dict], n: int) -> list[int]:
     return out
 
 
-def _gauge(text: str, name: str) -> Optional[float]:
+def _gauge(text: str, name: str) -> float | None:
     m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
     return float(m.group(1)) if m else None
 
 
-def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Optional[Path], sampling: Sampling) -> list[VLLMEngine]:
+def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Path | None, sampling: Sampling) -> list[VLLMEngine]:
     """One engine per rollout instance: attached to ``rollout.vllm.urls`` or each with a server psrl starts.
 
     The servers start from the policy itself, saved as a Hugging Face directory in the run directory
@@ -432,7 +432,7 @@ def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Optional[Path], sam
         return [engine(url=u) for u in r.vllm.urls]
     python = find_vllm_python(r.vllm.python)
     mcfg = policy.model.config
-    max_len = r.vllm.max_model_len or getattr(mcfg, "max_position_embeddings", None) or getattr(mcfg, "n_positions")
+    max_len = r.vllm.max_model_len or getattr(mcfg, "max_position_embeddings", None) or mcfg.n_positions
     return [engine(server=VLLMServer(python, model_dir, root / f"server-{i}.log", dtype=cfg.model.dtype,
                                      max_model_len=max_len, kv_cache_gb=r.vllm.kv_cache_gb, extra_args=r.vllm.args,
                                      startup_timeout_s=r.vllm.startup_timeout_s))

@@ -24,8 +24,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from psrl.errors import RunError
 
@@ -51,7 +51,7 @@ class EngineSetupError(RunError):
         super().__init__(source, problem, fix)
 
 
-def find_vllm_python(configured: Optional[str]) -> str:
+def find_vllm_python(configured: str | None) -> str:
     """The interpreter of the vLLM environment: ``rollout.vllm.python``, ``$PSRL_VLLM_PYTHON``, ``.venv-vllm``."""
     candidates = [configured] if configured else [os.environ.get("PSRL_VLLM_PYTHON"), ".venv-vllm/bin/python"]
     for cand in candidates:
@@ -126,9 +126,9 @@ class VLLMServer:
         self.extra_args = list(extra_args)
         self.startup_timeout_s = float(startup_timeout_s)
         self.name = name
-        self.proc: Optional[subprocess.Popen] = None
-        self.watcher: Optional[subprocess.Popen] = None
-        self.port: Optional[int] = None
+        self.proc: subprocess.Popen | None = None
+        self.watcher: subprocess.Popen | None = None
+        self.port: int | None = None
         self.starts = 0
 
     @property

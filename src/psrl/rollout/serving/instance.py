@@ -35,8 +35,9 @@ the router stops choosing it, and the run stops only when no instance is left.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from psrl.types import Engine, EngineLoad, GenRequest, WeightSource
 
@@ -84,10 +85,10 @@ class RolloutInstance:
     """
 
     def __init__(self, index: int, engine: Engine, weights: WeightSource, sync: SyncStrategy, *,
-                 on_version: Optional[Callable[[RolloutInstance], None]] = None,
-                 on_round: Optional[Callable[[RolloutInstance], None]] = None, log: Callable[[str], None] = print,
-                 partial_rollout: bool = False, interrupt_as_prompt: bool = False, max_batch: Optional[int] = None,
-                 max_new_tokens: Optional[int] = None, max_restarts: int = 0, multi_priority_queue: bool = False,
+                 on_version: Callable[[RolloutInstance], None] | None = None,
+                 on_round: Callable[[RolloutInstance], None] | None = None, log: Callable[[str], None] = print,
+                 partial_rollout: bool = False, interrupt_as_prompt: bool = False, max_batch: int | None = None,
+                 max_new_tokens: int | None = None, max_restarts: int = 0, multi_priority_queue: bool = False,
                  request_sort: str = "small_id"):
         self.index = int(index)
         self.engine = engine
@@ -114,8 +115,8 @@ class RolloutInstance:
         self._active: list[InstanceRequest] = []
         self._serving: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
-        self._failed: Optional[str] = None
+        self._task: asyncio.Task | None = None
+        self._failed: str | None = None
         self.ready = asyncio.Event()
         """Set once the engine is started and holds the newest published version."""
         self.loads = 0

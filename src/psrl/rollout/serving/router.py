@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -107,7 +108,7 @@ class CostModel:
         return {"k1": self.k1, "k2": self.k2, "k3": self.k3, "k4": self.k4}
 
 
-def fit_cost_model(samples: Sequence[tuple[int, float, float]]) -> Optional[CostModel]:
+def fit_cost_model(samples: Sequence[tuple[int, float, float]]) -> CostModel | None:
     """Least-squares fit of ``step = k1*kv + k3*n + k4`` (``k2 = 0``) to ``(n, kv, tokens_per_s)`` samples.
 
     A sample's step time is ``n / tokens_per_s``. None until the samples hold two different ``n``.
@@ -152,7 +153,7 @@ class ThroughputOptimalRouter:
 
     name = "throughput_optimal"
 
-    def __init__(self, models: Optional[Sequence[CostModel]] = None, delta_threshold: float = 0.5,
+    def __init__(self, models: Sequence[CostModel] | None = None, delta_threshold: float = 0.5,
                  max_samples: int = 256):
         self.fixed = list(models) if models else None
         self.delta_threshold = float(delta_threshold)
@@ -160,7 +161,7 @@ class ThroughputOptimalRouter:
         self.samples: dict[int, list[tuple[int, float, float]]] = {}
         self.fitted: dict[int, CostModel] = {}
 
-    def model(self, inst: RolloutInstance) -> Optional[CostModel]:
+    def model(self, inst: RolloutInstance) -> CostModel | None:
         if self.fixed is not None:
             return self.fixed[inst.index % len(self.fixed)]
         return self.fitted.get(inst.index)

@@ -16,7 +16,8 @@ filter can force-complete a trajectory with its partial output after cancelling 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Hashable, Optional
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 from psrl.tasks.base import Episode, Segment
 
@@ -30,7 +31,7 @@ __all__ = ["Session"]
 class Session:
     """Generation for one trajectory of ``V_traj = instance.version`` at open time."""
 
-    def __init__(self, pool: Pool, v_min: int, prompt_ids: list[int], group: Optional[Hashable] = None):
+    def __init__(self, pool: Pool, v_min: int, prompt_ids: list[int], group: Hashable | None = None):
         self.pool = pool
         self.instance = pool.route(v_min, group)
         self.instance.attach()
@@ -40,7 +41,7 @@ class Session:
         self._prompt_len = len(prompt_ids)
         self._prompt = list(prompt_ids)
         self._ep = Episode()
-        self._req: Optional[InstanceRequest] = None
+        self._req: InstanceRequest | None = None
         self._closed = False
 
     async def generate(self, context_ids: list[int], max_new_tokens: int) -> Segment:
