@@ -211,8 +211,12 @@ def test_request_num_instance_waits_for_running_requests_to_drop():
 
     async def main():
         store = store_at()
-        inst = instance(FakeEngine(token_cost=0.1), store, sync=request_num_sync(2, 5, SimpleNamespace(train_version=1)),
-                        partial_rollout=True)
+        inst = instance(
+            FakeEngine(token_cost=0.1),
+            store,
+            sync=request_num_sync(2, 5, SimpleNamespace(train_version=1)),
+            partial_rollout=True,
+        )
         inst.start()
         short, long = inst.submit(CTX, 3, 0), inst.submit(CTX, 30, 0)
         await asyncio.sleep(0.05)

@@ -306,7 +306,12 @@ class TestStatesAndSnapshot:
 
     @pytest.mark.parametrize(
         "kwargs",
-        [dict(staleness=-1), dict(batch_size=0), dict(redundant_batch_size=1, batch_size=2), dict(redundant_group_size=1, group_size=2)],
+        [
+            dict(staleness=-1),
+            dict(batch_size=0),
+            dict(redundant_batch_size=1, batch_size=2),
+            dict(redundant_group_size=1, group_size=2),
+        ],
     )
     def test_bad_arguments(self, kwargs):
         base = dict(staleness=1, batch_size=2, group_size=2)

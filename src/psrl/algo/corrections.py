@@ -37,8 +37,16 @@ from torch import Tensor
 
 from psrl.algo.divergence import token_log_ratio, weight_sums
 
-__all__ = ["rollout_correction", "rollout_correction_from_config", "IS_MODES", "RS_MODES", "batch_corrections",
-           "m2po_keep", "sequence_ess", "ess_lr_scale"]
+__all__ = [
+    "rollout_correction",
+    "rollout_correction_from_config",
+    "IS_MODES",
+    "RS_MODES",
+    "batch_corrections",
+    "m2po_keep",
+    "sequence_ess",
+    "ess_lr_scale",
+]
 
 IS_MODES = (None, "token", "sequence")
 RS_MODES = (None, "token", "sequence", "geometric")
@@ -171,8 +179,9 @@ def _metrics(log_rho, weights, valid, keep, truncated) -> dict[str, float]:
 # ------------------------------------------------------------------ batch-global corrections (high staleness)
 
 
-def batch_corrections(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, rc: Any
-                      ) -> tuple[Tensor | None, float, dict[str, float]]:
+def batch_corrections(
+    old_logp: Tensor, behav_logp: Tensor, mask: Tensor, rc: Any
+) -> tuple[Tensor | None, float, dict[str, float]]:
     """``(keep, lr_scale, metrics)`` of ``algorithm.rollout_correction``'s ``m2po`` and ``ess_lr`` on a whole batch.
 
     ``keep`` (``[B, T]``, the dtype of ``mask``) is M2PO's mask, None when ``m2po`` is off; ``lr_scale`` multiplies

@@ -32,8 +32,11 @@ class DynamicSamplingFilter:
 
     def __init__(self, metric: str):
         if not isinstance(metric, str) or not metric:
-            raise ConfigError("algorithm.filter_groups.metric", f"must be a metric name, got {metric!r}",
-                              "set it to score, acc, seq_reward or seq_final_reward")
+            raise ConfigError(
+                "algorithm.filter_groups.metric",
+                f"must be a metric name, got {metric!r}",
+                "set it to score, acc, seq_reward or seq_final_reward",
+            )
         self.metric = metric
 
     def __call__(self, group: Sequence[Any]) -> bool:
@@ -79,13 +82,19 @@ def build_group_filter(psrl_cfg: Any, algo_cfg: Any) -> GroupFilter | None:
         return None
     key = "psrl.group_post_process.name"
     if gpp.name is None:
-        raise ConfigError(key, "is null but group_post_process.enable is true",
-                          "set name: dynamic_sampling_filter (or module:callable), or enable: false")
+        raise ConfigError(
+            key,
+            "is null but group_post_process.enable is true",
+            "set name: dynamic_sampling_filter (or module:callable), or enable: false",
+        )
     if gpp.name == "dynamic_sampling_filter":
         metric = algo_cfg.filter_groups.metric
         if metric is None:
-            raise ConfigError("algorithm.filter_groups.metric", "dynamic_sampling_filter needs a metric",
-                              "set it to score, acc, seq_reward or seq_final_reward")
+            raise ConfigError(
+                "algorithm.filter_groups.metric",
+                "dynamic_sampling_filter needs a metric",
+                "set it to score, acc, seq_reward or seq_final_reward",
+            )
         return DynamicSamplingFilter(metric)
     if ":" not in gpp.name:
         raise ConfigError(key, f"unknown filter {gpp.name!r}", "use dynamic_sampling_filter or module:callable")
@@ -98,7 +107,9 @@ def _import_filter(spec: str, key: str) -> GroupFilter:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
-        raise ConfigError(key, f"cannot import module {module_name!r} ({e})", "give an importable module:callable") from e
+        raise ConfigError(
+            key, f"cannot import module {module_name!r} ({e})", "give an importable module:callable"
+        ) from e
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(key, f"module {module_name!r} has no attribute {attr!r}", "check the name after ':'")
@@ -108,4 +119,3 @@ def _import_filter(spec: str, key: str) -> GroupFilter:
     if not callable(obj):
         raise ConfigError(key, f"{spec!r} is not callable", "point it at a function or class taking a group")
     return obj
-

@@ -51,16 +51,24 @@ class Rule:
             if self.target and isinstance(value, str) and ":" in value:
                 resolve_target(key, value, self.target)
                 return
-            one_of(key, value, list(self.choices), extra="module:Class" if self.target == "class" else
-                   "module:function" if self.target else "")
+            one_of(
+                key,
+                value,
+                list(self.choices),
+                extra="module:Class" if self.target == "class" else "module:function" if self.target else "",
+            )
         if self.path == "file":
             check_file(key, value)
         elif self.path == "out_dir":
             check_out_dir(key, value)
 
     def _check_number(self, key: str, v: float) -> None:
-        bad = ((self.ge is not None and v < self.ge) or (self.gt is not None and v <= self.gt)
-               or (self.le is not None and v > self.le) or (self.lt is not None and v >= self.lt))
+        bad = (
+            (self.ge is not None and v < self.ge)
+            or (self.gt is not None and v <= self.gt)
+            or (self.le is not None and v > self.le)
+            or (self.lt is not None and v >= self.lt)
+        )
         if bad:
             fix = self.fix or f"set {key} to a value {self.describe()}"
             raise ConfigError(key, f"must be {self.describe()}, got {v}", fix)

@@ -87,8 +87,13 @@ class CharTokenizer:
 
         names = {i: t for t, i in self._tk.get_vocab(with_added_tokens=True).items()}
         bos = None if self.bos_id is None else names[self.bos_id]
-        PreTrainedTokenizerFast(tokenizer_object=self._tk, eos_token=names[self.eos_id], pad_token=names[self.pad_id],
-                                unk_token="<unk>", bos_token=bos).save_pretrained(str(directory))
+        PreTrainedTokenizerFast(
+            tokenizer_object=self._tk,
+            eos_token=names[self.eos_id],
+            pad_token=names[self.pad_id],
+            unk_token="<unk>",
+            bos_token=bos,
+        ).save_pretrained(str(directory))
 
 
 class HFTokenizer:

@@ -45,14 +45,21 @@ if TYPE_CHECKING:
 __all__ = ["Coordinator", "build_staleness_manager", "batch_metrics"]
 
 
-def build_staleness_manager(cfg: Config, train_version: int = 0,
-                            on_event: Callable[[Event], Any] | None = None) -> StalenessManager:
+def build_staleness_manager(
+    cfg: Config, train_version: int = 0, on_event: Callable[[Event], Any] | None = None
+) -> StalenessManager:
     """The staleness manager of ``psrl.*`` (with its group filter) at ``train_version``; ``on_event`` hears every
     transition (``events.jsonl``)."""
     p = cfg.psrl
     return StalenessManager(
-        p.staleness, p.batch_size, p.group_size, p.redundant_batch_size, p.redundant_group_size,
-        group_filter=build_group_filter(p, cfg.algorithm), on_event=on_event, train_version=train_version,
+        p.staleness,
+        p.batch_size,
+        p.group_size,
+        p.redundant_batch_size,
+        p.redundant_group_size,
+        group_filter=build_group_filter(p, cfg.algorithm),
+        on_event=on_event,
+        train_version=train_version,
     )
 
 
@@ -76,9 +83,17 @@ class Coordinator:
     instead of one with a consumed but untrained batch. Cancelling again stops at once.
     """
 
-    def __init__(self, cfg: Config, task: Task, trainer: StepTrainer, engines: Sequence[Engine | TokenModel], *,
-                 sink: Sink | None = None, manager: StalenessManager | None = None,
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        task: Task,
+        trainer: StepTrainer,
+        engines: Sequence[Engine | TokenModel],
+        *,
+        sink: Sink | None = None,
+        manager: StalenessManager | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.cfg = cfg
         self.log = log or print
         self.trainer = trainer
@@ -87,8 +102,9 @@ class Coordinator:
         self.store = ParameterStore(keep=cfg.psrl.staleness + 2)
         self.store.publish(int(policy.version), policy.export_state())
         self.manager = manager or build_staleness_manager(cfg, int(policy.version))
-        self.pool, self.agents = build_rollout(cfg, engines, self.store, self.manager, task=task, sink=sink,
-                                               log=self.log)
+        self.pool, self.agents = build_rollout(
+            cfg, engines, self.store, self.manager, task=task, sink=sink, log=self.log
+        )
         self.rows: list[dict] = []
         self.in_step = False
         self.watchdog: Watchdog | None = None
@@ -171,8 +187,9 @@ class Coordinator:
         except asyncio.CancelledError:
             interrupted = True
             if not step.done():
-                self.log(f"interrupted: finishing training step {int(batch.version) + 1} first "
-                         "(interrupt again to stop now)")
+                self.log(
+                    f"interrupted: finishing training step {int(batch.version) + 1} first (interrupt again to stop now)"
+                )
                 try:
                     await asyncio.wait([step])
                 except asyncio.CancelledError:
@@ -202,12 +219,17 @@ class Coordinator:
         """Say that step ``version`` was skipped; stop after ``trainer.max_skipped_steps`` in a row."""
         in_a_row = int(self.trainer.skipped_in_a_row)
         limit = self.cfg.trainer.max_skipped_steps
-        self.log(f"step {version} skipped ({reason}): its trajectories are recorded 'skipped', "
-                 f"{in_a_row} in a row of trainer.max_skipped_steps={limit}")
+        self.log(
+            f"step {version} skipped ({reason}): its trajectories are recorded 'skipped', "
+            f"{in_a_row} in a row of trainer.max_skipped_steps={limit}"
+        )
         if in_a_row >= limit:
-            raise RunError(f"trainer at step {version}", f"{in_a_row} steps in a row skipped, the last: {reason}",
-                           "lower trainer.lr or trainer.grad_clip, or check the model's dtype and the rewards; "
-                           "the run is checkpointed here and the same command resumes it")
+            raise RunError(
+                f"trainer at step {version}",
+                f"{in_a_row} steps in a row skipped, the last: {reason}",
+                "lower trainer.lr or trainer.grad_clip, or check the model's dtype and the rewards; "
+                "the run is checkpointed here and the same command resumes it",
+            )
 
     async def _step(self, batch: Batch) -> dict:
         step = self.trainer.step

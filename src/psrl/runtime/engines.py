@@ -36,5 +36,7 @@ def build_engines(cfg: Config, policy: Any, task: Task, run_dir: Path | None = N
         return build_vllm_engines(cfg, policy, run_dir, sampling)
     from psrl.rollout.engines.hf import HFEngine
 
-    return [HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, sampling=sampling)
-            for i in range(n)]
+    return [
+        HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, sampling=sampling)
+        for i in range(n)
+    ]

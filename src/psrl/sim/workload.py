@@ -111,41 +111,65 @@ class Workload:
             if measured is not None:
                 train_time = measured
         wl = cls(
-            slots=s.slots, steps=s.steps, staleness=p.staleness,
-            batch_size=p.batch_size, redundant_batch_size=p.redundant_batch_size,
-            group_size=p.group_size, redundant_group_size=p.redundant_group_size,
-            dist=gt.dist, median=gt.median, sigma=1.0 if gt.sigma is None else gt.sigma, alpha=gt.alpha, trace=trace,
-            train_time=train_time, train_time_per_token=s.train_time_per_token,
-            tokens_per_second=s.gen_tokens_per_second, sync_time=s.sync_time,
+            slots=s.slots,
+            steps=s.steps,
+            staleness=p.staleness,
+            batch_size=p.batch_size,
+            redundant_batch_size=p.redundant_batch_size,
+            group_size=p.group_size,
+            redundant_group_size=p.redundant_group_size,
+            dist=gt.dist,
+            median=gt.median,
+            sigma=1.0 if gt.sigma is None else gt.sigma,
+            alpha=gt.alpha,
+            trace=trace,
+            train_time=train_time,
+            train_time_per_token=s.train_time_per_token,
+            tokens_per_second=s.gen_tokens_per_second,
+            sync_time=s.sync_time,
             filter_drop_rate=s.filter_drop_rate,
             proactive_method=p.proactive_filter_strategy.method,
             proactive_threshold=p.proactive_filter_strategy.threshold,
-            proactive_scope=s.proactive.scope, proactive_grace=s.proactive.grace,
+            proactive_scope=s.proactive.scope,
+            proactive_grace=s.proactive.grace,
             areal_max_concurrent_rollouts=s.areal.max_concurrent_rollouts,
             tinker_groups_per_batch=s.tinker.groups_per_batch,
             verl_staleness_threshold=s.verl.staleness_threshold,
             verl_trigger_parameter_sync_step=s.verl.trigger_parameter_sync_step,
-            verl_max_concurrent_samples=s.verl.max_concurrent_samples, seed=s.seed,
-            instances=p.deployment.n_rollout_instances, routing=_routing(cfg),
-            decode=s.decode.enable, decode_step_time=s.decode.step_time, decode_row_time=s.decode.row_time,
-            decode_speeds=_speeds(s.decode.speeds), decode_max_running=s.decode.max_running,
+            verl_max_concurrent_samples=s.verl.max_concurrent_samples,
+            seed=s.seed,
+            instances=p.deployment.n_rollout_instances,
+            routing=_routing(cfg),
+            decode=s.decode.enable,
+            decode_step_time=s.decode.step_time,
+            decode_row_time=s.decode.row_time,
+            decode_speeds=_speeds(s.decode.speeds),
+            decode_max_running=s.decode.max_running,
         )
         return wl.check()
 
     def check(self) -> Workload:
         """Reject workloads the simulator cannot run, naming the key and the fix."""
         if self.decode_speeds and (len(self.decode_speeds) != self.instances or min(self.decode_speeds) <= 0):
-            raise ConfigError("sim.decode.speeds", f"needs {self.instances} positive numbers (one per instance), "
-                              f"got {list(self.decode_speeds)}", "give one speed per psrl.deployment.n_rollout_instances, "
-                              "or [] for all 1.0")
+            raise ConfigError(
+                "sim.decode.speeds",
+                f"needs {self.instances} positive numbers (one per instance), got {list(self.decode_speeds)}",
+                "give one speed per psrl.deployment.n_rollout_instances, or [] for all 1.0",
+            )
         if self.dist == "pareto" and self.alpha <= 1.0:
-            raise ConfigError("sim.gen_time.alpha", f"pareto tail index must be > 1 (finite mean), got {self.alpha}",
-                              "use e.g. alpha=1.5 for a heavy but finite tail")
+            raise ConfigError(
+                "sim.gen_time.alpha",
+                f"pareto tail index must be > 1 (finite mean), got {self.alpha}",
+                "use e.g. alpha=1.5 for a heavy but finite tail",
+            )
         if self.dist in ("lognormal", "pareto", "constant") and self.median <= 0:
             raise ConfigError("sim.gen_time.median", "must be > 0")
         if not 0.0 <= self.filter_drop_rate < 1.0:
-            raise ConfigError("sim.filter_drop_rate", f"must be in [0, 1), got {self.filter_drop_rate}",
-                              "a filter that drops every group never trains")
+            raise ConfigError(
+                "sim.filter_drop_rate",
+                f"must be in [0, 1), got {self.filter_drop_rate}",
+                "a filter that drops every group never trains",
+            )
         if self.train_time < 0 or self.sync_time < 0:
             raise ConfigError("sim.train_time", "train_time and sync_time must be >= 0")
         if self.proactive_scope not in ("window", "head"):
@@ -156,16 +180,22 @@ class Workload:
             raise ConfigError("sim.verl.trigger_parameter_sync_step", "must be >= 1")
         if self.verl_staleness_threshold < 0:
             raise ConfigError("sim.verl.staleness_threshold", "must be >= 0")
-        for key, val in [("sim.areal.max_concurrent_rollouts", self.areal_max_concurrent_rollouts),
-                         ("sim.tinker.groups_per_batch", self.tinker_groups_per_batch),
-                         ("sim.verl.max_concurrent_samples", self.verl_max_concurrent_samples)]:
+        for key, val in [
+            ("sim.areal.max_concurrent_rollouts", self.areal_max_concurrent_rollouts),
+            ("sim.tinker.groups_per_batch", self.tinker_groups_per_batch),
+            ("sim.verl.max_concurrent_samples", self.verl_max_concurrent_samples),
+        ]:
             if val is not None and val < 1:
                 raise ConfigError(key, f"must be >= 1, got {val}")
         if self.steps < 1:
             raise ConfigError("sim.steps", "must be >= 1")
         if self.slots < self.redundant_group_size:
-            raise ConfigError("sim.slots", f"a group launches {self.redundant_group_size} trajectories at once but "
-                              f"there are only {self.slots} slots", "raise sim.slots or lower the group size")
+            raise ConfigError(
+                "sim.slots",
+                f"a group launches {self.redundant_group_size} trajectories at once but "
+                f"there are only {self.slots} slots",
+                "raise sim.slots or lower the group size",
+            )
         if self.dist == "trace" and not self.trace:
             raise ConfigError("sim.gen_time.trace", "the trace holds no gen_seconds")
         return self
@@ -181,7 +211,7 @@ class Workload:
         if self.dist == "constant":
             return self.median
         if self.dist == "lognormal":
-            return self.median * math.exp(self.sigma ** 2 / 2)
+            return self.median * math.exp(self.sigma**2 / 2)
         if self.dist == "pareto":
             xm = self.median / 2 ** (1 / self.alpha)
             return self.alpha * xm / (self.alpha - 1)
@@ -285,8 +315,11 @@ def load_trace(path: str | Path) -> list[float]:
         # an aborted (cancelled) record holds a partial time: not a full generation
         if "gen_seconds" in rec and rec.get("status") != "aborted":
             if not _seconds(rec["gen_seconds"]):
-                raise ConfigError("sim.gen_time.trace", f"{p}:{n}: gen_seconds is {rec['gen_seconds']!r}, not a "
-                                  "number of seconds >= 0", "give a trajectories.jsonl written by psrl train")
+                raise ConfigError(
+                    "sim.gen_time.trace",
+                    f"{p}:{n}: gen_seconds is {rec['gen_seconds']!r}, not a number of seconds >= 0",
+                    "give a trajectories.jsonl written by psrl train",
+                )
             recs.append(rec)
     if not recs:
         raise ConfigError("sim.gen_time.trace", f"no 'gen_seconds' field in {p}")
@@ -303,8 +336,11 @@ def _speeds(value: Any) -> tuple:
             raise TypeError
         return tuple(float(x) for x in value)
     except (TypeError, ValueError):
-        raise ConfigError("sim.decode.speeds", f"needs a list of numbers, got {value!r}",
-                          "give one relative speed per instance, e.g. sim.decode.speeds=[1.0,0.5]") from None
+        raise ConfigError(
+            "sim.decode.speeds",
+            f"needs a list of numbers, got {value!r}",
+            "give one relative speed per instance, e.g. sim.decode.speeds=[1.0,0.5]",
+        ) from None
 
 
 def _jsonl(p: Path, key: str) -> Iterator[tuple[int, dict]]:
@@ -312,8 +348,11 @@ def _jsonl(p: Path, key: str) -> Iterator[tuple[int, dict]]:
     try:
         for n, rec, why in jsonl_lines(p):
             if why is not None:
-                raise ConfigError(key, f"{p}:{n} is not a JSON line ({why})",
-                                  "give a trajectories.jsonl written by psrl train (or delete the damaged line)")
+                raise ConfigError(
+                    key,
+                    f"{p}:{n} is not a JSON line ({why})",
+                    "give a trajectories.jsonl written by psrl train (or delete the damaged line)",
+                )
             if not isinstance(rec, dict):
                 raise ConfigError(key, f"{p}:{n} is not a JSON object", "give a trajectories.jsonl of psrl train")
             yield n, rec

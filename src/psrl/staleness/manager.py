@@ -128,9 +128,7 @@ class StalenessManager:
         """Passively aborted entries not yet drained: (id, the trajectories they held)."""
         self._lock = threading.RLock()
         self._events: dict[asyncio.AbstractEventLoop, tuple[asyncio.Event, int]] = {}
-        self.stats = Stats(
-            occupies_by_offset=[0] * (staleness + 1), staleness_hist=[0] * (staleness + 1)
-        )
+        self.stats = Stats(occupies_by_offset=[0] * (staleness + 1), staleness_hist=[0] * (staleness + 1))
 
     # ------------------------------------------------------------------ reading
 
@@ -448,6 +446,7 @@ class StalenessManager:
         whose fields :class:`~psrl.staleness.types.SnapshotEntry` names; ``snap["train_version"]`` is ``T``.
         """
         with self._lock:
+
             def dump(e: _Entry) -> tuple:
                 return (e.id, e.version, e.slot, e.state, list(e.members), e.min_version)
 
@@ -511,4 +510,3 @@ class StalenessManager:
 def _require_int(name: str, value: Any, low: int, why: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}" + (f" ({why})" if why else ""))
-

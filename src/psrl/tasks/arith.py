@@ -57,8 +57,9 @@ class ArithTask(BuiltinTask):
 
     warm_start_steps = 150
 
-    def __init__(self, task_cfg, seed: int = 0, tokenizer=None, max_value: int = 9, demo_noise: float = 0.5,
-                 turn_tokens: int = 4):
+    def __init__(
+        self, task_cfg, seed: int = 0, tokenizer=None, max_value: int = 9, demo_noise: float = 0.5, turn_tokens: int = 4
+    ):
         super().__init__(task_cfg, seed, tokenizer)
         self.max_value = int(max_value)
         self.demo_noise = float(demo_noise)

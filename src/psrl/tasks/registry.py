@@ -27,8 +27,12 @@ def resolve_task(name: str) -> type:
         import difflib
 
         close = difflib.get_close_matches(name, list(TASKS), n=1)
-        raise ConfigError("task.name", f"unknown task {name!r}", f"use one of {', '.join(sorted(TASKS))} or "
-                          "module:Class" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        raise ConfigError(
+            "task.name",
+            f"unknown task {name!r}",
+            f"use one of {', '.join(sorted(TASKS))} or "
+            "module:Class" + (f" (did you mean '{close[0]}'?)" if close else ""),
+        )
     return resolve_target("task.name", target, "class")
 
 

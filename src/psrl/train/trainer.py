@@ -102,7 +102,9 @@ class Trainer:
         for k, idx in enumerate(chunks):
             logp = self.policy.sequence_logprobs([prompts[i] for i in idx], [responses[i] for i in idx], temp)
             width = logp.shape[1]
-            loss, m = policy_loss(logp, old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg)
+            loss, m = policy_loss(
+                logp, old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg
+            )
             where = f" (minibatch {k + 1}/{len(chunks)})" if len(chunks) > 1 else ""
             if not math.isfinite(float(loss.detach())):
                 return self._skip(f"loss is {float(loss.detach())!r}{where}", before, divergence)
@@ -113,8 +115,14 @@ class Trainer:
             m["train/loss"] = float(loss.detach())
             per_mb.append(m)
         self.skipped_in_a_row = 0
-        return {**_mean_metrics(per_mb), **mismatch, **divergence, **corrections,
-                "train/adv_abs_mean": float(adv.abs().mean()), "train/skipped_steps": self.skipped_steps}
+        return {
+            **_mean_metrics(per_mb),
+            **mismatch,
+            **divergence,
+            **corrections,
+            "train/adv_abs_mean": float(adv.abs().mean()),
+            "train/skipped_steps": self.skipped_steps,
+        }
 
     def _skip(self, reason: str, before: tuple | None, divergence: dict[str, float]) -> dict[str, float]:
         """Leave the weights as they were before ``batch`` and report why; the coordinator still moves the version
@@ -181,8 +189,11 @@ class Trainer:
         """What :meth:`save` writes. ``copied``: the optimiser state is a deep copy, so the caller may write it
         while training goes on (a synchronous save writes the live state and skips that copy)."""
         state = {
-            "model": self.policy.export_state(), "version": self.policy.version, "rng": self.rng.getstate(),
-            "sampler": self.policy.generator.get_state().clone(), "torch_rng": torch.get_rng_state(),
+            "model": self.policy.export_state(),
+            "version": self.policy.version,
+            "rng": self.rng.getstate(),
+            "sampler": self.policy.generator.get_state().clone(),
+            "torch_rng": torch.get_rng_state(),
             "skipped": (self.skipped_steps, self.skipped_in_a_row),
         }
         if self.cfg.save_optimizer:
@@ -230,8 +241,9 @@ def _split(n: int, parts: int) -> list[torch.Tensor]:
     return [c for c in torch.arange(n).tensor_split(min(max(parts, 1), n)) if len(c)]
 
 
-def logprob_mismatch(recomputed: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor,
-                     version: int) -> dict[str, float]:
+def logprob_mismatch(
+    recomputed: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor, version: int
+) -> dict[str, float]:
     """Train-inference mismatch: mean and max |behaviour - recomputed log-prob| over the generated tokens the
     engines produced at the trainer's own ``version`` (the only tokens where both sides used the same weights).
 
@@ -243,11 +255,13 @@ def logprob_mismatch(recomputed: torch.Tensor, behav: torch.Tensor, mask: torch.
     diff = (recomputed[:, :width] - behav[:, :width]).abs()[same]
     if diff.numel() == 0:
         return {"engine/logprob_mismatch_mean": 0.0, "engine/logprob_mismatch_max": 0.0, "engine/mismatch_tokens": 0.0}
-    return {"engine/logprob_mismatch_mean": float(diff.mean()), "engine/logprob_mismatch_max": float(diff.max()),
-            "engine/mismatch_tokens": float(diff.numel())}
+    return {
+        "engine/logprob_mismatch_mean": float(diff.mean()),
+        "engine/logprob_mismatch_max": float(diff.max()),
+        "engine/mismatch_tokens": float(diff.numel()),
+    }
 
 
 def _mean_metrics(per_mb: list[dict[str, Any]]) -> dict[str, float]:
     keys = {k for m in per_mb for k in m}
     return {k: sum(float(m[k]) for m in per_mb if k in m) / sum(1 for m in per_mb if k in m) for k in sorted(keys)}
-

@@ -69,8 +69,9 @@ class AgentManager:
         sink: gets one ``trajectory(record)`` call per trajectory that reached the manager.
     """
 
-    def __init__(self, task: Task, manager: StalenessManager, pool: Pool, cfg: Config, *, workers: int,
-                 sink: Sink | None = None):
+    def __init__(
+        self, task: Task, manager: StalenessManager, pool: Pool, cfg: Config, *, workers: int, sink: Sink | None = None
+    ):
         p = cfg.psrl
         self.task = task
         self.manager = manager
@@ -85,9 +86,11 @@ class AgentManager:
         self.reward = TaskReward(task, self.reward_timeout)
         self.slots = WorkerSlots(workers)
         if self.redundant_group_size > workers:
-            raise ValueError(f"a group launches {self.redundant_group_size} trajectories but only {workers} agent workers exist "
-                             "(raise psrl.routing_strategy.max_concurrent_seqs_per_instance or lower "
-                             "psrl.redundant_rollout.redundant_rollout_n)")
+            raise ValueError(
+                f"a group launches {self.redundant_group_size} trajectories but only {workers} agent workers exist "
+                "(raise psrl.routing_strategy.max_concurrent_seqs_per_instance or lower "
+                "psrl.redundant_rollout.redundant_rollout_n)"
+            )
         pf = p.proactive_filter_strategy
         self.proactive = ProactiveFilter(self, pf.method, pf.threshold, p.staleness)
         self.sink = sink
@@ -184,15 +187,22 @@ class AgentManager:
             exc = task.exception()
             log.error("agent worker %s crashed: %r", m.uid, exc)
             if self.failure is not None and not self.failure.done():
-                err = exc if isinstance(exc, PsrlError) else RunError(
-                    f"trajectory {m.uid} (group {g.uid})", f"its agent worker crashed: {describe(exc)}",
-                    "set PSRL_DEBUG=1 for the traceback")
+                err = (
+                    exc
+                    if isinstance(exc, PsrlError)
+                    else RunError(
+                        f"trajectory {m.uid} (group {g.uid})",
+                        f"its agent worker crashed: {describe(exc)}",
+                        "set PSRL_DEBUG=1 for the traceback",
+                    )
+                )
                 if err is not exc:  # a psrl error is reported as is (a cause pointing at itself is a cycle)
                     err.__cause__ = exc
                 self.failure.set_exception(err)
 
-    async def _retried(self, g: Group, m: Member, stage: str, attempt: Callable[[], Awaitable[_T]],
-                       episode: Episode | None = None) -> _T | None:
+    async def _retried(
+        self, g: Group, m: Member, stage: str, attempt: Callable[[], Awaitable[_T]], episode: Episode | None = None
+    ) -> _T | None:
         """``await attempt()``, retried ``task.reward_retries`` times when it raises; None once reported failed."""
         err: BaseException | None = None
         for n in range(1 + self.retries):
@@ -246,7 +256,12 @@ class AgentManager:
         s = m.session
         v_traj = s.v_traj if s is not None else g.version
         return episode_to_trajectory(
-            g.prompt, episode, reward, uid=m.uid, group=g.uid, v_traj=v_traj,
+            g.prompt,
+            episode,
+            reward,
+            uid=m.uid,
+            group=g.uid,
+            v_traj=v_traj,
             instances=list(s.instances) if s is not None else [],
             gen_seconds=asyncio.get_running_loop().time() - m.started,
         )
@@ -273,8 +288,9 @@ class AgentManager:
             self._end_group(g, str(status), keep=m, held=held + [traj])
         self.after_change()
 
-    def _end_group(self, g: Group, status: str, abort: bool = False, keep: Member | None = None,
-                   held: Sequence[Trajectory] = ()) -> None:
+    def _end_group(
+        self, g: Group, status: str, abort: bool = False, keep: Member | None = None, held: Sequence[Trajectory] = ()
+    ) -> None:
         """Forget a group that will not be trained: record what its entry held (``held``, or, for an abort, what
         the manager holds now), cancel what runs."""
         if self.groups.pop(g.eid, None) is None:
@@ -297,8 +313,7 @@ class AgentManager:
                 m.task.cancel()
                 self.counts.cancelled += 1
 
-    def _fail(self, g: Group, m: Member, stage: str, err: BaseException | None,
-              episode: Episode | None = None) -> None:
+    def _fail(self, g: Group, m: Member, stage: str, err: BaseException | None, episode: Episode | None = None) -> None:
         """Report a member whose episode or reward kept raising; abort the entry if the group cannot fill."""
         m.done = True
         self.counts.failed += 1
@@ -306,13 +321,23 @@ class AgentManager:
         self.failed_in_a_row += 1
         if self.failed_in_a_row >= self.max_failed_in_a_row and self.failure is not None and not self.failure.done():
             what = "reward function" if stage == "reward" else "agent loop (run_episode)"
-            self.failure.set_exception(RunError(
-                f"task {type(self.task).__name__} {what}",
-                f"the last {self.failed_in_a_row} trajectories all failed; last one {m.uid}: {describe(err)}",
-                "fix the task (trajectories.jsonl has every failure with status 'error'); PSRL_DEBUG=1 logs more"))
-        rec = {"uid": m.uid, "group": g.uid, "v_traj": m.session.v_traj if m.session else g.version,
-               "segment_versions": [], "instances": list(m.session.instances) if m.session else [],
-               "status": "error", "error": f"{stage}: {err!r}", "prompt": getattr(g.prompt, "text", "")}
+            self.failure.set_exception(
+                RunError(
+                    f"task {type(self.task).__name__} {what}",
+                    f"the last {self.failed_in_a_row} trajectories all failed; last one {m.uid}: {describe(err)}",
+                    "fix the task (trajectories.jsonl has every failure with status 'error'); PSRL_DEBUG=1 logs more",
+                )
+            )
+        rec = {
+            "uid": m.uid,
+            "group": g.uid,
+            "v_traj": m.session.v_traj if m.session else g.version,
+            "segment_versions": [],
+            "instances": list(m.session.instances) if m.session else [],
+            "status": "error",
+            "error": f"{stage}: {err!r}",
+            "prompt": getattr(g.prompt, "text", ""),
+        }
         if episode is not None:
             rec["segment_versions"] = segment_versions(episode.token_versions)
         self._emit(rec)
@@ -397,9 +422,17 @@ class AgentManager:
     def in_flight(self) -> list[InFlight]:
         """Every trajectory being generated now (the stall watchdog's report)."""
         now = asyncio.get_running_loop().time()
-        return [InFlight(m.uid, str(g.eid), m.session.instance.index if m.session is not None else -1,
-                         now - m.started, m.session is not None and m.session.in_model_turn)
-                for g in self.groups.values() for m in g.live()]
+        return [
+            InFlight(
+                m.uid,
+                str(g.eid),
+                m.session.instance.index if m.session is not None else -1,
+                now - m.started,
+                m.session is not None and m.session.in_model_turn,
+            )
+            for g in self.groups.values()
+            for m in g.live()
+        ]
 
     # ------------------------------------------------------------------ records and shutdown
 
@@ -439,8 +472,12 @@ class AgentManager:
         """What a checkpoint needs to continue the prompt stream and the counters."""
         from dataclasses import asdict
 
-        return {"rng": self.rng.getstate(), "counts": asdict(self.counts), "next_group": self.next_group,
-                "task": self.task.state_dict() if hasattr(self.task, "state_dict") else {}}
+        return {
+            "rng": self.rng.getstate(),
+            "counts": asdict(self.counts),
+            "next_group": self.next_group,
+            "task": self.task.state_dict() if hasattr(self.task, "state_dict") else {},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.setstate(state["rng"])

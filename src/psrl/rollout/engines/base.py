@@ -28,8 +28,16 @@ from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, W
 if TYPE_CHECKING:
     from psrl.tasks.base import GenerateFn
 
-__all__ = ["BatchingEngine", "NoCacheEngine", "TokenModel", "TokenRate", "decode_step", "load_weights_into", "as_engine",
-           "turns"]
+__all__ = [
+    "BatchingEngine",
+    "NoCacheEngine",
+    "TokenModel",
+    "TokenRate",
+    "decode_step",
+    "load_weights_into",
+    "as_engine",
+    "turns",
+]
 
 
 class TokenModel(Protocol):
@@ -49,8 +57,9 @@ class TokenModel(Protocol):
         """Hold ``state`` as ``version``."""
 
 
-async def decode_step(model: TokenModel, seqs: list[list[int]], temperature: float,
-                      top_p: float) -> tuple[list[int], list[float]]:
+async def decode_step(
+    model: TokenModel, seqs: list[list[int]], temperature: float, top_p: float
+) -> tuple[list[int], list[float]]:
     """One decode step of ``model`` over ``seqs`` without blocking the event loop."""
     fast = getattr(model, "anext_token", None)
     if fast is not None:
@@ -157,8 +166,12 @@ class BatchingEngine:
         await self._load(state, int(version))
 
     def load(self) -> EngineLoad:
-        return EngineLoad(running=len(self._rows), queued=len(self._waiting), tokens_per_s=self._rate.per_s(),
-                          kv_usage=self._kv_usage())
+        return EngineLoad(
+            running=len(self._rows),
+            queued=len(self._waiting),
+            tokens_per_s=self._rate.per_s(),
+            kv_usage=self._kv_usage(),
+        )
 
     async def close(self) -> None:
         if self._task is not None:
@@ -255,8 +268,9 @@ class NoCacheEngine(BatchingEngine):
         return int(self.model.version)
 
     async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
-        return await decode_step(self.model, [r.context + r.tokens for r in rows], self.sampling.temperature,
-                                 self.sampling.top_p)
+        return await decode_step(
+            self.model, [r.context + r.tokens for r in rows], self.sampling.temperature, self.sampling.top_p
+        )
 
     async def _load(self, state: WeightState, version: int) -> None:
         await load_weights_into(self.model, state, version)

@@ -84,12 +84,24 @@ class RolloutInstance:
         max_restarts: engine restarts after failures before the instance is ``dead``.
     """
 
-    def __init__(self, index: int, engine: Engine, weights: WeightSource, sync: SyncStrategy, *,
-                 on_version: Callable[[RolloutInstance], None] | None = None,
-                 on_round: Callable[[RolloutInstance], None] | None = None, log: Callable[[str], None] = print,
-                 partial_rollout: bool = False, interrupt_as_prompt: bool = False, max_batch: int | None = None,
-                 max_new_tokens: int | None = None, max_restarts: int = 0, multi_priority_queue: bool = False,
-                 request_sort: str = "small_id"):
+    def __init__(
+        self,
+        index: int,
+        engine: Engine,
+        weights: WeightSource,
+        sync: SyncStrategy,
+        *,
+        on_version: Callable[[RolloutInstance], None] | None = None,
+        on_round: Callable[[RolloutInstance], None] | None = None,
+        log: Callable[[str], None] = print,
+        partial_rollout: bool = False,
+        interrupt_as_prompt: bool = False,
+        max_batch: int | None = None,
+        max_new_tokens: int | None = None,
+        max_restarts: int = 0,
+        multi_priority_queue: bool = False,
+        request_sort: str = "small_id",
+    ):
         self.index = int(index)
         self.engine = engine
         self.weights = weights
@@ -380,8 +392,9 @@ class RolloutInstance:
             self.log(f"rollout instance {self.index} is dead after {self.restarts} restarts: {reason}")
         else:
             self.restarts += 1
-            self.log(f"rollout instance {self.index}: restarting its engine "
-                             f"({self.restarts}/{self.max_restarts}): {reason}")
+            self.log(
+                f"rollout instance {self.index}: restarting its engine ({self.restarts}/{self.max_restarts}): {reason}"
+            )
             try:
                 await self.engine.restart()
                 await self.engine.update_weights(self.weights.latest_version(), self.weights)

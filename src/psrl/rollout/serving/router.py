@@ -38,8 +38,17 @@ if TYPE_CHECKING:
     from psrl.rollout.serving.instance import RolloutInstance
     from psrl.rollout.types import Router
 
-__all__ = ["RandomRouter", "RoundRobinRouter", "RequestNumBalanceRouter", "ThroughputOptimalRouter", "CostModel",
-           "fit_cost_model", "load_cost_model", "save_cost_model", "build_router"]
+__all__ = [
+    "RandomRouter",
+    "RoundRobinRouter",
+    "RequestNumBalanceRouter",
+    "ThroughputOptimalRouter",
+    "CostModel",
+    "fit_cost_model",
+    "load_cost_model",
+    "save_cost_model",
+    "build_router",
+]
 
 
 class RandomRouter:
@@ -130,8 +139,10 @@ def fit_cost_model(samples: Sequence[tuple[int, float, float]]) -> CostModel | N
 
 def save_cost_model(path: str | Path, models: Sequence[CostModel]) -> None:
     """Write ``{"instances": [{k1..k4}, ...]}``, what ``routing_strategy.cost_model_path`` reads."""
-    Path(path).write_text(json.dumps({"form": "step = k1*kv + max(k2, k3*n) + k4",
-                                      "instances": [m.as_dict() for m in models]}, indent=1) + "\n")
+    Path(path).write_text(
+        json.dumps({"form": "step = k1*kv + max(k2, k3*n) + k4", "instances": [m.as_dict() for m in models]}, indent=1)
+        + "\n"
+    )
 
 
 def load_cost_model(path: str | Path) -> list[CostModel]:
@@ -144,8 +155,11 @@ def load_cost_model(path: str | Path) -> list[CostModel]:
         items = data["instances"] if isinstance(data, dict) and "instances" in data else [data]
         return [CostModel(**{k: float(v) for k, v in item.items() if k in CostModel.__slots__}) for item in items]
     except (OSError, ValueError, TypeError, KeyError) as e:
-        raise ConfigError(key, f"cannot read a cost model from {path} ({type(e).__name__}: {e})",
-                          "give the JSON file psrl profile writes, or null to fit the model online") from e
+        raise ConfigError(
+            key,
+            f"cannot read a cost model from {path} ({type(e).__name__}: {e})",
+            "give the JSON file psrl profile writes, or null to fit the model online",
+        ) from e
 
 
 class ThroughputOptimalRouter:
@@ -153,8 +167,7 @@ class ThroughputOptimalRouter:
 
     name = "throughput_optimal"
 
-    def __init__(self, models: Sequence[CostModel] | None = None, delta_threshold: float = 0.5,
-                 max_samples: int = 256):
+    def __init__(self, models: Sequence[CostModel] | None = None, delta_threshold: float = 0.5, max_samples: int = 256):
         self.fixed = list(models) if models else None
         self.delta_threshold = float(delta_threshold)
         self.max_samples = int(max_samples)
@@ -175,7 +188,7 @@ class ThroughputOptimalRouter:
             return
         s = self.samples.setdefault(inst.index, [])
         s.append((int(ld.running), float(ld.kv_usage or 0.0), float(ld.tokens_per_s)))
-        del s[:-self.max_samples]
+        del s[: -self.max_samples]
         m = fit_cost_model(s)
         if m is not None:
             self.fitted[inst.index] = m
@@ -220,5 +233,8 @@ def build_router(cfg: Config, seed: int = 0) -> Router:
     if method == "throughput_optimal":
         models = load_cost_model(rs.cost_model_path) if rs.cost_model_path else None
         return ThroughputOptimalRouter(models, rs.delta_throughput_threshold)
-    raise ConfigError("psrl.routing_strategy.method", f"unknown router {method!r}",
-                      "use random, round_robin, request_num_balance or throughput_optimal")
+    raise ConfigError(
+        "psrl.routing_strategy.method",
+        f"unknown router {method!r}",
+        "use random, round_robin, request_num_balance or throughput_optimal",
+    )

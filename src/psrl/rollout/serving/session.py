@@ -104,17 +104,23 @@ class Session:
         """Tokens the context gained since the last call are tool output (masked, version -1)."""
         known = self._prompt + self._ep.response_ids
         if context[: len(known)] == known:
-            extra = list(context[len(known):])
+            extra = list(context[len(known) :])
         else:  # the task rewrote its context: keep what it shows, all as context
             self._ep = Episode()
-            extra = list(context[self._prompt_len:])
+            extra = list(context[self._prompt_len :])
         if extra:
             self._ep.add_tool(extra)
 
     def partial_episode(self) -> Episode:
         """What this trajectory produced so far, including the request in flight, marked truncated."""
-        ep = Episode(list(self._ep.response_ids), list(self._ep.logprobs), list(self._ep.loss_mask),
-                     list(self._ep.token_versions), truncated=True, turns=self._ep.turns)
+        ep = Episode(
+            list(self._ep.response_ids),
+            list(self._ep.logprobs),
+            list(self._ep.loss_mask),
+            list(self._ep.token_versions),
+            truncated=True,
+            turns=self._ep.turns,
+        )
         req = self._req
         if req is not None and req.tokens:
             ep.add_model(Segment(list(req.tokens), list(req.logprobs), list(req.versions)))

@@ -48,8 +48,13 @@ class _Sync:
 
     name = "sync"
 
-    def __init__(self, staleness: int = 0, versions: VersionProvider | None = None,
-                 check_req_before_sync: bool = False, seamless_train_version: int = 0):
+    def __init__(
+        self,
+        staleness: int = 0,
+        versions: VersionProvider | None = None,
+        check_req_before_sync: bool = False,
+        seamless_train_version: int = 0,
+    ):
         self.staleness = int(staleness)
         self.versions = versions
         """Where the trainer is (``train_version``: the staleness manager); None: never too stale."""
@@ -86,9 +91,15 @@ class StatusBasedSync(_Sync):
 
     name = "status_based"
 
-    def __init__(self, indicator_name: str, threshold: float, staleness: int = 0,
-                 versions: VersionProvider | None = None, check_req_before_sync: bool = False,
-                 seamless_train_version: int = 0):
+    def __init__(
+        self,
+        indicator_name: str,
+        threshold: float,
+        staleness: int = 0,
+        versions: VersionProvider | None = None,
+        check_req_before_sync: bool = False,
+        seamless_train_version: int = 0,
+    ):
         super().__init__(staleness, versions, check_req_before_sync, seamless_train_version)
         self.indicator = indicator_name
         self.threshold = float(threshold)
@@ -107,8 +118,9 @@ def build_sync(cfg: Config, versions: VersionProvider) -> _Sync:
         return StatusBasedSync(sm.sync.indicator, sm.sync.threshold, staleness, versions, check, seamless)
     from psrl.errors import ConfigError
 
-    raise ConfigError("psrl.sync_and_mig_strategy.method", f"unknown sync strategy {sm.method!r}",
-                      "use greedy or status_based")
+    raise ConfigError(
+        "psrl.sync_and_mig_strategy.method", f"unknown sync strategy {sm.method!r}", "use greedy or status_based"
+    )
 
 
 def _ratio(values: Sequence[float]) -> float:
