@@ -62,17 +62,36 @@ def main(argv: list[str] | None = None) -> int:
         during.append(time.perf_counter() - t)
         writer.join()
     size = sum(f.stat().st_size for f in (out / "sync0").iterdir()) / 2**30
-    m = {name: round(statistics.mean(v), 3) for name, v in
-         (("sync_save_s", sync), ("capture_s", capture), ("step_alone_s", alone), ("step_during_write_s", during))}
+    m = {
+        name: round(statistics.mean(v), 3)
+        for name, v in (
+            ("sync_save_s", sync),
+            ("capture_s", capture),
+            ("step_alone_s", alone),
+            ("step_during_write_s", during),
+        )
+    }
     blocking_sync = m["sync_save_s"] + m["step_alone_s"]
     blocking_bg = m["capture_s"] + m["step_during_write_s"]
-    print(f"checkpoint {size:.2f} GiB: sync save {m['sync_save_s']:.2f}s | capture {m['capture_s']:.2f}s | step "
-          f"{m['step_alone_s']:.2f}s alone, {m['step_during_write_s']:.2f}s while the writer thread saves")
-    print(f"a checkpointed step: {blocking_sync:.2f}s synchronous vs {blocking_bg:.2f}s in the background "
-          f"({blocking_sync / blocking_bg:.2f}x)")
-    print(json.dumps({**m, "checkpoint_gib": round(size, 3), "step_with_sync_save_s": round(blocking_sync, 3),
-                      "step_with_background_save_s": round(blocking_bg, 3),
-                      "speedup": round(blocking_sync / blocking_bg, 3)}))
+    print(
+        f"checkpoint {size:.2f} GiB: sync save {m['sync_save_s']:.2f}s | capture {m['capture_s']:.2f}s | step "
+        f"{m['step_alone_s']:.2f}s alone, {m['step_during_write_s']:.2f}s while the writer thread saves"
+    )
+    print(
+        f"a checkpointed step: {blocking_sync:.2f}s synchronous vs {blocking_bg:.2f}s in the background "
+        f"({blocking_sync / blocking_bg:.2f}x)"
+    )
+    print(
+        json.dumps(
+            {
+                **m,
+                "checkpoint_gib": round(size, 3),
+                "step_with_sync_save_s": round(blocking_sync, 3),
+                "step_with_background_save_s": round(blocking_bg, 3),
+                "speedup": round(blocking_sync / blocking_bg, 3),
+            }
+        )
+    )
     return 0
 
 

@@ -72,14 +72,20 @@ def main() -> None:
     for name, G in sizes.items():
         s, q = measure(G, args.repeats)
         results[name] = (s, q)
-        print(f"{name:>7} ({G} groups in flight): protocol {s * 1e6:6.3f} us/traj   queue.Queue {q * 1e6:6.3f} us/traj   "
-              f"ratio to queue {s / q:5.2f}x")
+        print(
+            f"{name:>7} ({G} groups in flight): protocol {s * 1e6:6.3f} us/traj   queue.Queue {q * 1e6:6.3f} us/traj   "
+            f"ratio to queue {s / q:5.2f}x"
+        )
     small, large = results["64x8"][0], results["4096x8"][0]
     print(f"scaling: cost at 4096x8 / cost at 64x8 = {large / small:.2f}x")
-    print(json.dumps({
-        "ratio_to_queue": {k: round(s / q, 3) for k, (s, q) in results.items()},
-        "scaling_4096_over_64": round(large / small, 3),
-    }))
+    print(
+        json.dumps(
+            {
+                "ratio_to_queue": {k: round(s / q, 3) for k, (s, q) in results.items()},
+                "scaling_4096_over_64": round(large / small, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

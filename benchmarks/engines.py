@@ -72,9 +72,9 @@ async def run_raw(url: str, ctxs: list[list[int]], budget: int) -> tuple[float, 
     import httpx
 
     async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None), trust_env=False) as client:
+
         async def one(ctx):
-            params = {"max_tokens": budget, "temperature": 1.0, "logprobs": 0, "ignore_eos": True,
-                      "detokenize": False}
+            params = {"max_tokens": budget, "temperature": 1.0, "logprobs": 0, "ignore_eos": True, "detokenize": False}
             body = {"model": "psrl", "token_ids": ctx, "sampling_params": params}  # the endpoint psrl uses
             resp = await client.post(f"{url}/inference/v1/generate", json=body)
             resp.raise_for_status()
@@ -112,8 +112,10 @@ def main() -> None:
     policy = Policy(model, HFTokenizer(hf_tok), seed=0)
     ctxs = prompts(hf_tok, args.requests)
     n, budget = args.requests, args.tokens
-    print(f"SmolLM2-135M fp32, {n} requests x {budget} new tokens, temperature 1, prompts of "
-          f"{min(map(len, ctxs))}-{max(map(len, ctxs))} tokens; {os.cpu_count()} cores")
+    print(
+        f"SmolLM2-135M fp32, {n} requests x {budget} new tokens, temperature 1, prompts of "
+        f"{min(map(len, ctxs))}-{max(map(len, ctxs))} tokens; {os.cpu_count()} cores"
+    )
     tps: dict[str, float] = {}
     secs: dict[str, float] = {}
 
@@ -121,8 +123,9 @@ def main() -> None:
         tps[name], secs[name] = toks / dt, dt
         print(f"  {name:9s} {toks:6d} tokens in {dt:7.1f} s = {toks / dt:7.1f} tokens/s {note}", flush=True)
 
-    dt, toks = asyncio.run(run_engine(NoCacheEngine(policy, sampling=Sampling(temperature=1.0)), ctxs,
-                                      args.nocache_tokens))
+    dt, toks = asyncio.run(
+        run_engine(NoCacheEngine(policy, sampling=Sampling(temperature=1.0)), ctxs, args.nocache_tokens)
+    )
     record("nocache", dt, toks, f"(first {args.nocache_tokens} tokens only: O(L^2), slower still at {budget})")
     dt, toks = asyncio.run(run_engine(HFEngine(policy, sampling=Sampling(temperature=1.0)), ctxs, budget))
     record("hf", dt, toks)
@@ -132,8 +135,9 @@ def main() -> None:
 
         python = find_vllm_python(os.environ.get("PSRL_VLLM_PYTHON"))
         tmp = Path(tempfile.mkdtemp(prefix="psrl-bench-"))
-        server = VLLMServer(python, model_dir, tmp / "server.log", max_model_len=max(map(len, ctxs)) + budget + 8,
-                            kv_cache_gb=2.0)
+        server = VLLMServer(
+            python, model_dir, tmp / "server.log", max_model_len=max(map(len, ctxs)) + budget + 8, kv_cache_gb=2.0
+        )
         try:
             import httpx
 
@@ -159,9 +163,19 @@ def main() -> None:
     targets = {"hf_over_nocache": 5.0, "hf_over_vllm": 0.5, "vllm_over_vllm_raw": 0.8}
     for k, v in ratios.items():
         print(f"  {k:20s} {v:6.2f}  (target >= {targets[k]}: {'met' if v >= targets[k] else 'NOT met'})")
-    print(json.dumps({"tokens_per_s": {k: round(v, 1) for k, v in tps.items()}, "seconds": {k: round(v, 2) for k, v in secs.items()},
-                      "ratios": {k: round(v, 3) for k, v in ratios.items()}, "requests": n, "new_tokens": budget,
-                      "nocache_tokens": args.nocache_tokens, "model": "SmolLM2-135M-Instruct fp32"}))
+    print(
+        json.dumps(
+            {
+                "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
+                "seconds": {k: round(v, 2) for k, v in secs.items()},
+                "ratios": {k: round(v, 3) for k, v in ratios.items()},
+                "requests": n,
+                "new_tokens": budget,
+                "nocache_tokens": args.nocache_tokens,
+                "model": "SmolLM2-135M-Instruct fp32",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -42,13 +42,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real import compare_run  # noqa: E402
-from sync_vs_async import WORKLOAD, warm_weights  # noqa: E402
-
 from psrl.config import load_config  # noqa: E402
 from psrl.runtime.local import build  # noqa: E402
 from psrl.runtime.recorder import RunRecorder  # noqa: E402
 from psrl.runtime.validate import validate  # noqa: E402
+from sim_vs_real import compare_run  # noqa: E402
+from sync_vs_async import WORKLOAD, warm_weights  # noqa: E402
 
 
 def smollm2_overrides(root: Path) -> list[str]:
@@ -65,14 +64,33 @@ def smollm2_overrides(root: Path) -> list[str]:
         lines = []
         for _ in range(n):
             a, b = rng.randint(0, 9), rng.randint(0, 9)
-            lines.append(json.dumps({"prompt": [{"role": "user", "content": f"What is {a}+{b}? Reply with the number only."}],
-                                     "reward_model": {"ground_truth": str(a + b)}, "data_source": "sums"}))
+            lines.append(
+                json.dumps(
+                    {
+                        "prompt": [{"role": "user", "content": f"What is {a}+{b}? Reply with the number only."}],
+                        "reward_model": {"ground_truth": str(a + b)},
+                        "data_source": "sums",
+                    }
+                )
+            )
         (root / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
         rows.append(root / f"{split}.jsonl")
-    return [f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "model.device=cpu", "task.name=dataset",
-            f"data.train_files={rows[0]}", f"data.val_files={rows[1]}", "data.max_prompt_length=64",
-            "data.max_response_length=6", "task.reward=math", "trainer.lr=1e-5", "psrl.staleness_buffer_entries=4",
-            "psrl.rollout_n=4", "psrl.deployment.n_rollout_instances=1", "psrl.routing_strategy.max_concurrent_seqs_per_instance=16"]
+    return [
+        f"model.path={gguf.parent}",
+        f"model.gguf_file={gguf.name}",
+        "model.device=cpu",
+        "task.name=dataset",
+        f"data.train_files={rows[0]}",
+        f"data.val_files={rows[1]}",
+        "data.max_prompt_length=64",
+        "data.max_response_length=6",
+        "task.reward=math",
+        "trainer.lr=1e-5",
+        "psrl.staleness_buffer_entries=4",
+        "psrl.rollout_n=4",
+        "psrl.deployment.n_rollout_instances=1",
+        "psrl.routing_strategy.max_concurrent_seqs_per_instance=16",
+    ]
 
 
 def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -105,8 +123,13 @@ def spread(xs: list[float]) -> dict:
     xs = [x for x in xs if x is not None]
     if not xs:
         return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
-    return {"mean": round(statistics.fmean(xs), 4), "std": round(statistics.pstdev(xs), 4) if len(xs) > 1 else 0.0,
-            "min": round(min(xs), 4), "max": round(max(xs), 4), "n": len(xs)}
+    return {
+        "mean": round(statistics.fmean(xs), 4),
+        "std": round(statistics.pstdev(xs), 4) if len(xs) > 1 else 0.0,
+        "min": round(min(xs), 4),
+        "max": round(max(xs), 4),
+        "n": len(xs),
+    }
 
 
 def time_to_reach(vals: list[dict], target: float):
@@ -132,7 +155,7 @@ def draw(results: dict, out: Path) -> None:
         mean = [statistics.fmean(a) for a in acc]
         times = [statistics.fmean(v[i]["time"] for v in per_seed) for i in range(n)]
         for ax, xs in ((axes[0], steps), (axes[1], times)):
-            line, = ax.plot(xs, mean, "o-", label=f"staleness {eta}" + (" (sync)" if eta == 0 else ""))
+            (line,) = ax.plot(xs, mean, "o-", label=f"staleness {eta}" + (" (sync)" if eta == 0 else ""))
             ax.fill_between(xs, [min(a) for a in acc], [max(a) for a in acc], alpha=0.15, color=line.get_color())
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("wall-clock (s, validation excluded)")
@@ -170,12 +193,16 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = root / f"seed{seed}-staleness{eta}"
             rows, vals = run_one(cfg, weights, args.steps, args.val_every, run_dir)
             sim = compare_run(run_dir)
-            results[eta].append({"seed": seed, "rows": rows, "vals": vals, "sim": sim,
-                                 "s_per_step": rows[-1]["time"] / len(rows)})
-            print(f"seed {seed} staleness {eta}: {rows[-1]['time'] / len(rows):.3f} s/step, val/accuracy "
-                  f"{vals[0]['val/accuracy']:.3f} -> {vals[-1]['val/accuracy']:.3f}, max staleness "
-                  f"{max(r['staleness/max'] for r in rows)}, measured {sim['measured_s_per_step']:.3f} vs simulated "
-                  f"{sim['predicted_s_per_step']:.3f} (ideal {sim['ideal_s_per_step']:.3f})", flush=True)
+            results[eta].append(
+                {"seed": seed, "rows": rows, "vals": vals, "sim": sim, "s_per_step": rows[-1]["time"] / len(rows)}
+            )
+            print(
+                f"seed {seed} staleness {eta}: {rows[-1]['time'] / len(rows):.3f} s/step, val/accuracy "
+                f"{vals[0]['val/accuracy']:.3f} -> {vals[-1]['val/accuracy']:.3f}, max staleness "
+                f"{max(r['staleness/max'] for r in rows)}, measured {sim['measured_s_per_step']:.3f} vs simulated "
+                f"{sim['predicted_s_per_step']:.3f} (ideal {sim['ideal_s_per_step']:.3f})",
+                flush=True,
+            )
     sync_final = statistics.fmean(r["vals"][-1]["val/accuracy"] for r in results[0])
     sync_sps = {r["seed"]: r["s_per_step"] for r in results[0]}
     summary = {}
@@ -183,36 +210,65 @@ def main(argv: list[str] | None = None) -> int:
         summary[str(eta)] = {
             "val_accuracy": spread([r["vals"][-1]["val/accuracy"] for r in runs]),
             "val_pass_at_k": spread([r["vals"][-1]["val/pass@k"] for r in runs]),
-            "train_reward_last_third": spread([statistics.fmean(x["reward/mean"] for x in r["rows"][-max(1, len(r["rows"]) // 3):])
-                                               for r in runs]),
+            "train_reward_last_third": spread(
+                [statistics.fmean(x["reward/mean"] for x in r["rows"][-max(1, len(r["rows"]) // 3) :]) for r in runs]
+            ),
             "seconds_per_step": spread([r["s_per_step"] for r in runs]),
             "speedup_over_sync": spread([sync_sps[r["seed"]] / r["s_per_step"] for r in runs]),
-            "measured_over_simulated": spread([r["sim"]["measured_s_per_step"] / r["sim"]["predicted_s_per_step"]
-                                               for r in runs]),
-            "ideal_over_measured": spread([r["sim"]["ideal_s_per_step"] / r["sim"]["measured_s_per_step"] for r in runs]),
+            "measured_over_simulated": spread(
+                [r["sim"]["measured_s_per_step"] / r["sim"]["predicted_s_per_step"] for r in runs]
+            ),
+            "ideal_over_measured": spread(
+                [r["sim"]["ideal_s_per_step"] / r["sim"]["measured_s_per_step"] for r in runs]
+            ),
             "seconds_to_sync_final_accuracy": spread([time_to_reach(r["vals"], sync_final) for r in runs]),
         }
     print()
-    print(f"{args.workload}: {args.steps} steps, seeds {args.seeds}, validation on "
-          f"{int(results[0][0]['vals'][-1]['val/prompts'])} prompts every {args.val_every} steps "
-          f"({time.perf_counter() - started:.0f}s in all)")
-    print(f"{'staleness':>9} {'val acc mean±std [min-max]':>28} {'s/step':>13} {'speedup':>13} {'meas/sim':>9} "
-          f"{'ideal/meas':>10} {'s to sync acc':>13} {'reached':>7}")
+    print(
+        f"{args.workload}: {args.steps} steps, seeds {args.seeds}, validation on "
+        f"{int(results[0][0]['vals'][-1]['val/prompts'])} prompts every {args.val_every} steps "
+        f"({time.perf_counter() - started:.0f}s in all)"
+    )
+    print(
+        f"{'staleness':>9} {'val acc mean±std [min-max]':>28} {'s/step':>13} {'speedup':>13} {'meas/sim':>9} "
+        f"{'ideal/meas':>10} {'s to sync acc':>13} {'reached':>7}"
+    )
     for eta in etas:
         s = summary[str(eta)]
-        a, sp, up, ms, im, tt = (s["val_accuracy"], s["seconds_per_step"], s["speedup_over_sync"],
-                                 s["measured_over_simulated"], s["ideal_over_measured"], s["seconds_to_sync_final_accuracy"])
+        a, sp, up, ms, im, tt = (
+            s["val_accuracy"],
+            s["seconds_per_step"],
+            s["speedup_over_sync"],
+            s["measured_over_simulated"],
+            s["ideal_over_measured"],
+            s["seconds_to_sync_final_accuracy"],
+        )
         reach = "-" if tt["mean"] is None else f"{tt['mean']:.1f}"
-        print(f"{eta:>9} {a['mean']:>8.3f}±{a['std']:.3f} [{a['min']:.3f}-{a['max']:.3f}] "
-              f"{sp['mean']:>7.3f}±{sp['std']:.3f} {up['mean']:>6.2f}±{up['std']:.2f}x {ms['mean']:>9.3f} "
-              f"{im['mean']:>10.3f} {reach:>13} {tt['n']}/{len(results[eta])}")
-    within = abs(summary["2"]["val_accuracy"]["mean"] - summary["0"]["val_accuracy"]["mean"]) <= \
-        summary["0"]["val_accuracy"]["std"] if "2" in summary else None
+        print(
+            f"{eta:>9} {a['mean']:>8.3f}±{a['std']:.3f} [{a['min']:.3f}-{a['max']:.3f}] "
+            f"{sp['mean']:>7.3f}±{sp['std']:.3f} {up['mean']:>6.2f}±{up['std']:.2f}x {ms['mean']:>9.3f} "
+            f"{im['mean']:>10.3f} {reach:>13} {tt['n']}/{len(results[eta])}"
+        )
+    within = (
+        abs(summary["2"]["val_accuracy"]["mean"] - summary["0"]["val_accuracy"]["mean"])
+        <= summary["0"]["val_accuracy"]["std"]
+        if "2" in summary
+        else None
+    )
     print(f"staleness 2 within one std of sync's final validation accuracy: {within}")
     draw(results, root / "learning.png")
     print(f"figure: {root / 'learning.png'}  (run directories: {root})")
-    print(json.dumps({"workload": args.workload, "steps": args.steps, "seeds": args.seeds,
-                      "staleness_2_within_one_std_of_sync": within, "per_staleness": summary}))
+    print(
+        json.dumps(
+            {
+                "workload": args.workload,
+                "steps": args.steps,
+                "seeds": args.seeds,
+                "staleness_2_within_one_std_of_sync": within,
+                "per_staleness": summary,
+            }
+        )
+    )
     return 0
 
 

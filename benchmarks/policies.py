@@ -51,9 +51,20 @@ FRONTIER_ETAS = (0, 1, 2, 3, 4, 6, 8)
 def workload(sigma: float, setting: str, steps: int, eta: int = 2, seed: int = 0, **changes) -> Workload:
     """The reference workload (``changes``: Workload fields, e.g. redundant_batch_size)."""
     B, N, slots = 16, 4, 64
-    wl = Workload(slots=slots, steps=steps, staleness=eta, batch_size=B, redundant_batch_size=B,
-                  group_size=N, redundant_group_size=N, dist="lognormal", median=1.0, sigma=sigma,
-                  train_time=train_time(sigma, setting, B * N, slots), seed=seed)
+    wl = Workload(
+        slots=slots,
+        steps=steps,
+        staleness=eta,
+        batch_size=B,
+        redundant_batch_size=B,
+        group_size=N,
+        redundant_group_size=N,
+        dist="lognormal",
+        median=1.0,
+        sigma=sigma,
+        train_time=train_time(sigma, setting, B * N, slots),
+        seed=seed,
+    )
     return wl.replace(**changes)
 
 
@@ -61,7 +72,7 @@ def train_time(sigma: float, setting: str, trajectories: int, slots: int) -> flo
     """Seconds of one training step in ``setting`` (lognormal, median 1)."""
     if setting == "sync-balanced":
         return mean_makespan(sigma, trajectories, slots)
-    return _CAPACITY_FACTOR[setting] * trajectories * math.exp(sigma ** 2 / 2) / slots
+    return _CAPACITY_FACTOR[setting] * trajectories * math.exp(sigma**2 / 2) / slots
 
 
 def mean_makespan(sigma: float, trajectories: int, slots: int, batches: int = 20000) -> float:
@@ -98,8 +109,10 @@ PSRL_FAMILY = [
     ("psrl truncate t=1", {"proactive_method": "truncate", "proactive_threshold": 1}),
     # simulator what-if (sim.proactive.scope = head): truncate only buffer T's blockers, only while the trainer waits
     ("psrl head-truncate t=2", {"proactive_method": "truncate", "proactive_threshold": 2, "proactive_scope": "head"}),
-    ("psrl head-truncate t=2 g=0.25", {"proactive_method": "truncate", "proactive_threshold": 2,
-                                       "proactive_scope": "head", "proactive_grace": 0.25}),
+    (
+        "psrl head-truncate t=2 g=0.25",
+        {"proactive_method": "truncate", "proactive_threshold": 2, "proactive_scope": "head", "proactive_grace": 0.25},
+    ),
     ("psrl head-truncate t=8", {"proactive_method": "truncate", "proactive_threshold": 8, "proactive_scope": "head"}),
 ]
 # The families of psrl train's own configurations (head-truncate is not in psrl train yet).
@@ -114,17 +127,28 @@ PEERS = [
     # tuned variants a user of the peer could pick (not their defaults)
     ("areal tuned", "areal mcr=2B", "areal", {"areal_max_concurrent_rollouts": 32}, "eta"),
     ("areal tuned", "areal mcr=4B", "areal", {"areal_max_concurrent_rollouts": 64}, "eta"),
-    ("sample_budget tuned", "verl k=1", "sample_budget",
-     {"verl_trigger_parameter_sync_step": 1, "verl_max_concurrent_samples": 32}, "verl"),
-    ("sample_budget tuned", "verl k=2", "sample_budget",
-     {"verl_trigger_parameter_sync_step": 2, "verl_max_concurrent_samples": 32}, "verl"),
+    (
+        "sample_budget tuned",
+        "verl k=1",
+        "sample_budget",
+        {"verl_trigger_parameter_sync_step": 1, "verl_max_concurrent_samples": 32},
+        "verl",
+    ),
+    (
+        "sample_budget tuned",
+        "verl k=2",
+        "sample_budget",
+        {"verl_trigger_parameter_sync_step": 2, "verl_max_concurrent_samples": 32},
+        "verl",
+    ),
 ]
 ACCEPT_S = range(0, 5)
 ACCEPT_SIGMAS = (0.5, 1.0)
 
 
-def run_variant(label: str, policy: str, changes: dict, sigma: float, setting: str, steps: int, eta: int = 2,
-                seed: int = 0) -> Result:
+def run_variant(
+    label: str, policy: str, changes: dict, sigma: float, setting: str, steps: int, eta: int = 2, seed: int = 0
+) -> Result:
     """One row: the policy on the reference workload, labelled."""
     r = simulate(workload(sigma, setting, steps, eta=eta, seed=seed, **changes), policy)
     r.policy = label
@@ -132,20 +156,26 @@ def run_variant(label: str, policy: str, changes: dict, sigma: float, setting: s
 
 
 def row(sigma: float, setting: str, label: str, r: Result) -> str:
-    return (f"{sigma:>5}  {setting:<13}  {label:<17}  {r.steps_per_hour:>8.0f}  {r.ratio_to_ideal:>5.3f}  "
-            f"{r.trainer_idle:>6.3f}  {r.generator_idle:>6.3f}  {r.staleness_mean:>5.2f}  {r.staleness_p99:>3}  "
-            f"{r.staleness_max:>4}  {r.violations:>6}  {r.discarded_fraction:>6.3f}  {r.wasted_fraction:>6.3f}  "
-            f"{r.length_bias:>6.3f}")
+    return (
+        f"{sigma:>5}  {setting:<13}  {label:<17}  {r.steps_per_hour:>8.0f}  {r.ratio_to_ideal:>5.3f}  "
+        f"{r.trainer_idle:>6.3f}  {r.generator_idle:>6.3f}  {r.staleness_mean:>5.2f}  {r.staleness_p99:>3}  "
+        f"{r.staleness_max:>4}  {r.violations:>6}  {r.discarded_fraction:>6.3f}  {r.wasted_fraction:>6.3f}  "
+        f"{r.length_bias:>6.3f}"
+    )
 
 
-HEADER = ("sigma  setting        policy              steps/h  ratio  tr_idl  gn_idl  st_mn  p99   max  "
-          "violat  discrd  wasted  lenbias")
+HEADER = (
+    "sigma  setting        policy              steps/h  ratio  tr_idl  gn_idl  st_mn  p99   max  "
+    "violat  discrd  wasted  lenbias"
+)
 
 
 def reference_table(steps: int, seed: int) -> dict:
     """Print the big table; return the results keyed by (sigma, setting, label)."""
-    print(f"eta = 2, 64 slots, 16 groups x 4, lognormal(median 1), {steps} steps, seed {seed}; ratio = steps/h over "
-          "min(generation bound, trainer bound); peers at their defaults")
+    print(
+        f"eta = 2, 64 slots, 16 groups x 4, lognormal(median 1), {steps} steps, seed {seed}; ratio = steps/h over "
+        "min(generation bound, trainer bound); peers at their defaults"
+    )
     print(HEADER)
     out = {}
     for sigma in SIGMAS:
@@ -170,13 +200,17 @@ def model_vs_real(results: dict, steps: int, seed: int) -> None:
         for text, sigma, label, changes in checks:
             r = results[(sigma, setting, label)]
             real = simulate(workload(sigma, setting, steps, seed=seed, **changes), "coordinator")
-            print(f"  {text:<32} ratio model {r.ratio_to_ideal:.3f} real {real.ratio_to_ideal:.3f}  "
-                  f"(violations {r.violations}/{real.violations}, wasted {r.wasted_fraction:.3f}, "
-                  f"length_bias {r.length_bias:.3f})")
+            print(
+                f"  {text:<32} ratio model {r.ratio_to_ideal:.3f} real {real.ratio_to_ideal:.3f}  "
+                f"(violations {r.violations}/{real.violations}, wasted {r.wasted_fraction:.3f}, "
+                f"length_bias {r.length_bias:.3f})"
+            )
     no_red = [r for (s, st, lab), r in results.items() if lab == "psrl"]
-    print(f"  psrl without redundancy, all settings: violations {sum(r.violations for r in no_red)}, "
-          f"max discarded {max(r.discarded_fraction for r in no_red):.3f}, "
-          f"length_bias in [{min(r.length_bias for r in no_red):.3f}, {max(r.length_bias for r in no_red):.3f}]")
+    print(
+        f"  psrl without redundancy, all settings: violations {sum(r.violations for r in no_red)}, "
+        f"max discarded {max(r.discarded_fraction for r in no_red):.3f}, "
+        f"length_bias in [{min(r.length_bias for r in no_red):.3f}, {max(r.length_bias for r in no_red):.3f}]"
+    )
     print()
 
 
@@ -186,7 +220,9 @@ def _knob_runs(label, policy, changes, knob, sigma, steps, seed) -> list[Result]
     if knob == "verl":
         out = []
         for t in VERL_THRESHOLDS:
-            r = run_variant(label, policy, {**changes, "verl_staleness_threshold": t}, sigma, "balanced", steps, seed=seed)
+            r = run_variant(
+                label, policy, {**changes, "verl_staleness_threshold": t}, sigma, "balanced", steps, seed=seed
+            )
             r.extra = {**r.extra, "verl_staleness_threshold": t}
             out.append(r)
         return out
@@ -235,16 +271,20 @@ def acceptance_check(results: list[Result], family: dict[str, str], min_length_b
         mine = best_at(plain, s)
         for fam, pts in fams.items():
             peer = best_at(pts, s)
-            rows.append({
-                "s": s, "peer": fam, "min_length_bias": min_length_bias,
-                "peer_steps_per_hour": None if peer is None else peer.steps_per_hour,
-                "peer_config": None if peer is None else _config(peer.result),
-                "psrl_steps_per_hour": None if ours is None else ours.steps_per_hour,
-                "psrl_config": None if ours is None else _config(ours.result),
-                "plain_psrl_steps_per_hour": None if mine is None else mine.steps_per_hour,
-                "holds": peer is None or (ours is not None and ours.steps_per_hour >= peer.steps_per_hour),
-                "plain_holds": peer is None or (mine is not None and mine.steps_per_hour >= peer.steps_per_hour),
-            })
+            rows.append(
+                {
+                    "s": s,
+                    "peer": fam,
+                    "min_length_bias": min_length_bias,
+                    "peer_steps_per_hour": None if peer is None else peer.steps_per_hour,
+                    "peer_config": None if peer is None else _config(peer.result),
+                    "psrl_steps_per_hour": None if ours is None else ours.steps_per_hour,
+                    "psrl_config": None if ours is None else _config(ours.result),
+                    "plain_psrl_steps_per_hour": None if mine is None else mine.steps_per_hour,
+                    "holds": peer is None or (ours is not None and ours.steps_per_hour >= peer.steps_per_hour),
+                    "plain_holds": peer is None or (mine is not None and mine.steps_per_hour >= peer.steps_per_hour),
+                }
+            )
     return rows
 
 
@@ -255,8 +295,10 @@ def frontier_section(steps: int, seeds: list[int], plot_path: str | None) -> lis
         for sigma in ACCEPT_SIGMAS:
             results, family = frontier_runs(sigma, steps, seed)
             ideal = results[0].ideal_steps_per_hour
-            print(f"capacity-balanced, sigma {sigma}, seed {seed}, {steps} steps (ideal {ideal:.1f} steps/h); "
-                  f"eta swept over {list(FRONTIER_ETAS)}, verl staleness_threshold over {list(VERL_THRESHOLDS)}")
+            print(
+                f"capacity-balanced, sigma {sigma}, seed {seed}, {steps} steps (ideal {ideal:.1f} steps/h); "
+                f"eta swept over {list(FRONTIER_ETAS)}, verl staleness_threshold over {list(VERL_THRESHOLDS)}"
+            )
             by_family = _relabel(results, family)
             for mlb in (0.0, 0.95):
                 print(format_frontier([r for r in results if r.policy == "psrl"] + by_family, mlb))
@@ -265,18 +307,26 @@ def frontier_section(steps: int, seeds: list[int], plot_path: str | None) -> lis
                 plain_bad = [r for r in rows if not r["plain_holds"]]
                 where = sorted({f"{r['peer']} s={r['s']}" for r in plain_bad})
                 plain = "HOLDS" if not plain_bad else "below " + ", ".join(where)
-                print(f"  acceptance (s <= {max(ACCEPT_S)}, length_bias >= {mlb:g}): psrl's frontier >= every peer: "
-                      f"{'HOLDS' if not bad else 'FAILS'}; plain psrl (no redundancy, no truncation): {plain}")
+                print(
+                    f"  acceptance (s <= {max(ACCEPT_S)}, length_bias >= {mlb:g}): psrl's frontier >= every peer: "
+                    f"{'HOLDS' if not bad else 'FAILS'}; plain psrl (no redundancy, no truncation): {plain}"
+                )
                 for r in bad:
-                    print(f"    psrl below {r['peer']} at s={r['s']}: {r['psrl_steps_per_hour']} < "
-                          f"{r['peer_steps_per_hour']:.1f} ({r['peer_config']})")
+                    print(
+                        f"    psrl below {r['peer']} at s={r['s']}: {r['psrl_steps_per_hour']} < "
+                        f"{r['peer_steps_per_hour']:.1f} ({r['peer_config']})"
+                    )
                 for r in rows:
                     verdicts.append({"seed": seed, "sigma": sigma, **r})
             print()
             if plot_path:
                 path = plot_path.replace(".png", f"_sigma{sigma}_seed{seed}.png")
-                plot(by_family, path, title=f"capacity-balanced, lognormal sigma {sigma}, seed {seed}",
-                     min_length_bias=0.95)
+                plot(
+                    by_family,
+                    path,
+                    title=f"capacity-balanced, lognormal sigma {sigma}, seed {seed}",
+                    min_length_bias=0.95,
+                )
                 print(f"plot written to {path}\n")
     return verdicts
 
@@ -315,14 +365,25 @@ def markdown_frontier(steps: int, seed: int) -> None:
 
 def million() -> float:
     """Time psrl on ~1M trajectories: 250 steps of 512 groups x 8, 4096 slots, balanced, sigma 1."""
-    wl = Workload(slots=4096, steps=250, staleness=2, batch_size=512, redundant_batch_size=512, group_size=8,
-                  redundant_group_size=8, sigma=1.0, train_time=math.exp(0.5))
+    wl = Workload(
+        slots=4096,
+        steps=250,
+        staleness=2,
+        batch_size=512,
+        redundant_batch_size=512,
+        group_size=8,
+        redundant_group_size=8,
+        sigma=1.0,
+        train_time=math.exp(0.5),
+    )
     t0 = time.perf_counter()
     r = simulate(wl, "psrl")
     dt = time.perf_counter() - t0
-    print(f"1M-trajectory run: psrl, {r.launched_trajectories} trajectories launched, "
-          f"{r.trained_trajectories} trained, {wl.steps} steps: {dt:.1f} s wall, {dt / 60:.2f} of the 60 s budget "
-          f"(ratio {r.ratio_to_ideal:.3f}, violations {r.violations})")
+    print(
+        f"1M-trajectory run: psrl, {r.launched_trajectories} trajectories launched, "
+        f"{r.trained_trajectories} trained, {wl.steps} steps: {dt:.1f} s wall, {dt / 60:.2f} of the 60 s budget "
+        f"(ratio {r.ratio_to_ideal:.3f}, violations {r.violations})"
+    )
     return dt
 
 
@@ -333,8 +394,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--plot", default=None, help="write the frontier plots to FILE_sigma<s>_seed<k>.png")
     ap.add_argument("--million", action="store_true", help="also time the 1M-trajectory psrl run")
     ap.add_argument("--quick", action="store_true", help="tiny run (smoke test)")
-    ap.add_argument("--markdown", action="store_true", help="print only the frontier tables of docs/simulate.md "
-                    "(first seed)")
+    ap.add_argument(
+        "--markdown", action="store_true", help="print only the frontier tables of docs/simulate.md (first seed)"
+    )
     ns = ap.parse_args(argv)
     steps = 12 if ns.quick else ns.steps
     seeds = [int(x) for x in ns.seeds.split(",") if x.strip()]
@@ -347,16 +409,36 @@ def main(argv: list[str]) -> int:
     verdicts = frontier_section(steps, seeds[:1] if ns.quick else seeds, ns.plot)
     million_s = million() if ns.million else None
     print(f"({time.perf_counter() - t0:.1f} s)")
-    print(json.dumps({
-        "benchmark": "policies", "steps": steps, "seeds": seeds,
-        "acceptance_holds": all(v["holds"] for v in verdicts),
-        "plain_psrl_holds": all(v["plain_holds"] for v in verdicts),
-        "failures": [v for v in verdicts if not v["holds"]],
-        "plain_psrl_below": [{k: v[k] for k in ("seed", "sigma", "s", "peer", "min_length_bias",
-                                                "plain_psrl_steps_per_hour", "peer_steps_per_hour", "peer_config")}
-                             for v in verdicts if not v["plain_holds"]],
-        "million_seconds": million_s,
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "policies",
+                "steps": steps,
+                "seeds": seeds,
+                "acceptance_holds": all(v["holds"] for v in verdicts),
+                "plain_psrl_holds": all(v["plain_holds"] for v in verdicts),
+                "failures": [v for v in verdicts if not v["holds"]],
+                "plain_psrl_below": [
+                    {
+                        k: v[k]
+                        for k in (
+                            "seed",
+                            "sigma",
+                            "s",
+                            "peer",
+                            "min_length_bias",
+                            "plain_psrl_steps_per_hour",
+                            "peer_steps_per_hour",
+                            "peer_config",
+                        )
+                    }
+                    for v in verdicts
+                    if not v["plain_holds"]
+                ],
+                "million_seconds": million_s,
+            }
+        )
+    )
     return 0
 
 

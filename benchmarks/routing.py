@@ -27,20 +27,35 @@ import sys
 from psrl.config import load_config
 from psrl.sim import Workload, simulate
 
-BASE = ["sim.decode.enable=true", "sim.decode.speeds=[1.0,0.5]", "sim.decode.max_running=16",
-        "sim.gen_time.dist=pareto", "sim.gen_time.alpha=1.5", "sim.gen_time.median=1.0",
-        "sim.gen_tokens_per_second=64", "sim.slots=64", "sim.train_time=4.0",
-        "psrl.staleness=2", "psrl.staleness_buffer_entries=16", "psrl.rollout_n=4",
-        "psrl.deployment.n_rollout_instances=2", "psrl.routing_strategy.enable_group_sticky=false",
-        "psrl.partial_rollout.enable=true", "psrl.partial_rollout.interrupt_as_prompt=true",
-        "psrl.sync_and_mig_strategy.sync.check_req_before_sync=false"]
+BASE = [
+    "sim.decode.enable=true",
+    "sim.decode.speeds=[1.0,0.5]",
+    "sim.decode.max_running=16",
+    "sim.gen_time.dist=pareto",
+    "sim.gen_time.alpha=1.5",
+    "sim.gen_time.median=1.0",
+    "sim.gen_tokens_per_second=64",
+    "sim.slots=64",
+    "sim.train_time=4.0",
+    "psrl.staleness=2",
+    "psrl.staleness_buffer_entries=16",
+    "psrl.rollout_n=4",
+    "psrl.deployment.n_rollout_instances=2",
+    "psrl.routing_strategy.enable_group_sticky=false",
+    "psrl.partial_rollout.enable=true",
+    "psrl.partial_rollout.interrupt_as_prompt=true",
+    "psrl.sync_and_mig_strategy.sync.check_req_before_sync=false",
+]
 METHODS = ("round_robin", "request_num_balance", "throughput_optimal")
 
 
 def workload(method: str, mlq: bool, steps: int, seed: int) -> Workload:
-    over = BASE + [f"psrl.routing_strategy.method={method}",
-                   f"psrl.routing_strategy.enable_multi_priority_queue={str(mlq).lower()}",
-                   f"sim.steps={steps}", f"sim.seed={seed}"]
+    over = BASE + [
+        f"psrl.routing_strategy.method={method}",
+        f"psrl.routing_strategy.enable_multi_priority_queue={str(mlq).lower()}",
+        f"sim.steps={steps}",
+        f"sim.seed={seed}",
+    ]
     return Workload.from_config(load_config(None, over))
 
 
@@ -66,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         sph = statistics.mean(r.steps_per_hour for r in res)
         ratio = statistics.mean(ratios)
         stale = statistics.mean(r.staleness_mean for r in res)
-        print(f"{method:<22}{'on' if mlq else 'off':<6}{sph:>10.1f}{ratio:>15.3f}x{stale:>16.2f}"
-              f"{max(r.staleness_max for r in res):>5}")
+        print(
+            f"{method:<22}{'on' if mlq else 'off':<6}{sph:>10.1f}{ratio:>15.3f}x{stale:>16.2f}"
+            f"{max(r.staleness_max for r in res):>5}"
+        )
         out[f"{method}{'+mlq' if mlq else ''}"] = round(ratio, 4)
         assert all(r.violations == 0 for r in res)
     print(json.dumps({"benchmark": "routing", "steps": ns.steps, "seeds": seeds, "ratio_to_round_robin": out}))

@@ -23,8 +23,17 @@ BUDGET_S = 60.0
 
 
 def million_workload(steps: int = 250) -> Workload:
-    return Workload(slots=4096, steps=steps, staleness=2, batch_size=512, redundant_batch_size=512, group_size=8,
-                    redundant_group_size=8, sigma=1.0, train_time=math.exp(0.5))
+    return Workload(
+        slots=4096,
+        steps=steps,
+        staleness=2,
+        batch_size=512,
+        redundant_batch_size=512,
+        group_size=8,
+        redundant_group_size=8,
+        sigma=1.0,
+        train_time=math.exp(0.5),
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -40,19 +49,40 @@ def main(argv: list[str]) -> int:
         pass
     wl = million_workload(ns.steps)
     rows = []
-    print(f"{'policy':<16} {'launched':>10} {'trained':>10} {'wall_s':>7} {'traj/s':>9} {'of 60 s':>8}  ratio  violations")
+    print(
+        f"{'policy':<16} {'launched':>10} {'trained':>10} {'wall_s':>7} {'traj/s':>9} {'of 60 s':>8}  ratio  violations"
+    )
     for policy in [p.strip() for p in ns.policies.split(",") if p.strip()]:
         t0 = time.perf_counter()
         r = simulate(wl, policy)
         dt = time.perf_counter() - t0
-        rows.append({"policy": policy, "launched": r.launched_trajectories, "trained": r.trained_trajectories,
-                     "wall_seconds": round(dt, 2), "trajectories_per_second": round(r.launched_trajectories / dt),
-                     "budget_fraction": round(dt / BUDGET_S, 3), "ratio_to_ideal": round(r.ratio_to_ideal, 4),
-                     "violations": r.violations})
-        print(f"{policy:<16} {r.launched_trajectories:>10} {r.trained_trajectories:>10} {dt:>7.1f} "
-              f"{r.launched_trajectories / dt:>9.0f} {dt / BUDGET_S:>8.2f}  {r.ratio_to_ideal:.3f}  {r.violations}")
-    print(json.dumps({"benchmark": "sim_million", "budget_seconds": BUDGET_S, "steps": ns.steps,
-                      "within_budget": all(r["wall_seconds"] < BUDGET_S for r in rows), "runs": rows}))
+        rows.append(
+            {
+                "policy": policy,
+                "launched": r.launched_trajectories,
+                "trained": r.trained_trajectories,
+                "wall_seconds": round(dt, 2),
+                "trajectories_per_second": round(r.launched_trajectories / dt),
+                "budget_fraction": round(dt / BUDGET_S, 3),
+                "ratio_to_ideal": round(r.ratio_to_ideal, 4),
+                "violations": r.violations,
+            }
+        )
+        print(
+            f"{policy:<16} {r.launched_trajectories:>10} {r.trained_trajectories:>10} {dt:>7.1f} "
+            f"{r.launched_trajectories / dt:>9.0f} {dt / BUDGET_S:>8.2f}  {r.ratio_to_ideal:.3f}  {r.violations}"
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "sim_million",
+                "budget_seconds": BUDGET_S,
+                "steps": ns.steps,
+                "within_budget": all(r["wall_seconds"] < BUDGET_S for r in rows),
+                "runs": rows,
+            }
+        )
+    )
     return 0
 
 

@@ -44,8 +44,12 @@ def replay_workload(run_dir: Path, steps: int) -> Workload:
     """The run's own config, with its timings as the trace and its agent workers as slots."""
     cfg = load_config(run_dir / "config.yaml")
     slots = cfg.psrl.deployment.n_rollout_instances * cfg.psrl.routing_strategy.max_concurrent_seqs_per_instance
-    overrides = ["sim.gen_time.dist=trace", f"sim.gen_time.trace={run_dir / 'trajectories.jsonl'}",
-                 f"sim.slots={slots}", f"sim.steps={steps}"]
+    overrides = [
+        "sim.gen_time.dist=trace",
+        f"sim.gen_time.trace={run_dir / 'trajectories.jsonl'}",
+        f"sim.slots={slots}",
+        f"sim.steps={steps}",
+    ]
     return Workload.from_config(load_config(run_dir / "config.yaml", overrides))
 
 
@@ -54,11 +58,19 @@ def compare_run(run_dir: Path, policy: str = "psrl") -> dict:
     measured, steps = measured_seconds_per_step(run_dir)
     wl = replay_workload(run_dir, steps)
     r = simulate(wl, policy)
-    return {"run": str(run_dir), "steps": steps, "slots": wl.slots, "eta": wl.staleness,
-            "mean_gen_s": wl.mean_gen_time(), "train_s": wl.train_time, "measured_s_per_step": measured,
-            "predicted_s_per_step": r.seconds_per_step, "error": r.seconds_per_step / measured - 1.0,
-            "ideal_s_per_step": 3600.0 / r.ideal_steps_per_hour,
-            "predicted_staleness_mean": r.staleness_mean}
+    return {
+        "run": str(run_dir),
+        "steps": steps,
+        "slots": wl.slots,
+        "eta": wl.staleness,
+        "mean_gen_s": wl.mean_gen_time(),
+        "train_s": wl.train_time,
+        "measured_s_per_step": measured,
+        "predicted_s_per_step": r.seconds_per_step,
+        "error": r.seconds_per_step / measured - 1.0,
+        "ideal_s_per_step": 3600.0 / r.ideal_steps_per_hour,
+        "predicted_staleness_mean": r.staleness_mean,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -66,20 +78,28 @@ def main(argv: list[str]) -> int:
     ap.add_argument("runs", nargs="+", help="run directories of psrl train")
     ap.add_argument("--tolerance", type=float, default=0.15, help="allowed relative error (default 0.15)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--policy", choices=("psrl", "coordinator"), default="psrl",
-                    help="predict with the psrl model (default) or psrl train's real coordinator in virtual time")
+    ap.add_argument(
+        "--policy",
+        choices=("psrl", "coordinator"),
+        default="psrl",
+        help="predict with the psrl model (default) or psrl train's real coordinator in virtual time",
+    )
     ns = ap.parse_args(argv)
     rows = [compare_run(Path(p), ns.policy) for p in ns.runs]
     if ns.json:
         for row in rows:
             print(json.dumps(row))
     else:
-        print(f"{'run':<40} {'steps':>5} {'slots':>5} {'eta':>3} {'gen_s':>7} {'train_s':>7} "
-              f"{'measured':>9} {'predicted':>9} {'error':>7}")
+        print(
+            f"{'run':<40} {'steps':>5} {'slots':>5} {'eta':>3} {'gen_s':>7} {'train_s':>7} "
+            f"{'measured':>9} {'predicted':>9} {'error':>7}"
+        )
         for r in rows:
-            print(f"{r['run'][-40:]:<40} {r['steps']:>5} {r['slots']:>5} {r['eta']:>3} {r['mean_gen_s']:>7.3f} "
-                  f"{r['train_s']:>7.3f} {r['measured_s_per_step']:>9.3f} {r['predicted_s_per_step']:>9.3f} "
-                  f"{r['error']:>+7.1%}")
+            print(
+                f"{r['run'][-40:]:<40} {r['steps']:>5} {r['slots']:>5} {r['eta']:>3} {r['mean_gen_s']:>7.3f} "
+                f"{r['train_s']:>7.3f} {r['measured_s_per_step']:>9.3f} {r['predicted_s_per_step']:>9.3f} "
+                f"{r['error']:>+7.1%}"
+            )
     bad = [r for r in rows if abs(r["error"]) > ns.tolerance]
     if bad:
         print(f"{len(bad)} of {len(rows)} runs off by more than {ns.tolerance:.0%}", file=sys.stderr)

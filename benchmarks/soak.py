@@ -119,10 +119,21 @@ def _roll_back(run_dir: Path) -> None:
 def parent(ns: argparse.Namespace, overrides: list[str]) -> dict:
     root = Path(ns.run_dir) if ns.run_dir else Path(tempfile.mkdtemp(prefix="psrl-soak-"))
     run_dir = root / "run"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", f"--seed={ns.seed}",
-           f"--p-engine={ns.p_engine}", f"--p-reward={ns.p_reward}", "--",
-           f"trainer.run_dir={run_dir}", "trainer.total_steps=1000000", "rollout.max_restarts=1000000",
-           "trainer.checkpoint_every=5", "task.reward_timeout=1", *overrides]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        f"--seed={ns.seed}",
+        f"--p-engine={ns.p_engine}",
+        f"--p-reward={ns.p_reward}",
+        "--",
+        f"trainer.run_dir={run_dir}",
+        "trainer.total_steps=1000000",
+        "rollout.max_restarts=1000000",
+        "trainer.checkpoint_every=5",
+        "task.reward_timeout=1",
+        *overrides,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
     start = time.monotonic()
@@ -191,16 +202,21 @@ def audit(run_dir: Path) -> dict:
     except FileNotFoundError:  # stopped before its first checkpoint: nothing to account for yet
         state = {"version": 0, "agents": {"counts": Counter()}, "staleness": {"buffers": {}}}
     counts = state["agents"]["counts"]
-    held = [t for reserved, groups in state["staleness"]["buffers"].values() for e in [*reserved, *groups]
-            for t in e[4]]
+    held = [
+        t for reserved, groups in state["staleness"]["buffers"].values() for e in [*reserved, *groups] for t in e[4]
+    ]
 
     uids = Counter(r["uid"] for r in recs)
     steps = Counter(r["step"] for r in rows if "time" in r)  # validation rows carry no time
     ev = Counter((e.get("kind"), str(e.get("entry"))) for e in events)
     done = {r["uid"] for r in recs if r["status"] != "error"} | {t.uid for t in held}
     trained = [r for r in recs if r["status"] == "trained"]
-    violations = [r["uid"] for r in trained if r["consumed_version"] - r["v_traj"] > eta
-                  or (r["segment_versions"] and min(r["segment_versions"]) < r["v_traj"])]
+    violations = [
+        r["uid"]
+        for r in trained
+        if r["consumed_version"] - r["v_traj"] > eta
+        or (r["segment_versions"] and min(r["segment_versions"]) < r["v_traj"])
+    ]
     dropped = Counter(r["status"] for r in recs if r["status"] not in ("trained", "error"))
     errors = Counter(_reason(r.get("error", "")) for r in recs if r["status"] == "error")
 
@@ -224,9 +240,11 @@ def audit(run_dir: Path) -> dict:
         "errors": dict(errors),
         "violations": len(violations),
         "lost": int(counts["generated"]) - len(done),
-        "duplicates": {"trajectories": sum(n - 1 for n in uids.values() if n > 1),
-                       "steps": sum(n - 1 for n in steps.values() if n > 1),
-                       "events": sum(n - 1 for n in ev.values() if n > 1)},
+        "duplicates": {
+            "trajectories": sum(n - 1 for n in uids.values() if n > 1),
+            "steps": sum(n - 1 for n in steps.values() if n > 1),
+            "events": sum(n - 1 for n in ev.values() if n > 1),
+        },
         "damaged_lines": bad_traj + bad_rows + bad_events,
         "steps_recorded": sorted(steps) == list(range(1, int(state["version"]) + 1)),
         "injected": dict(Counter(f["kind"] for f in faults)),
@@ -282,15 +300,65 @@ def main(argv: list[str] | None = None) -> int:
     if ns.child:
         return child(ns, rest)
     report = parent(ns, rest)
-    for key in ("minutes", "steps", "generated", "trained", "dropped", "held_in_checkpoint", "errors", "violations",
-                "lost", "duplicates", "damaged_lines", "steps_recorded", "injected", "recovered", "engine_restarts",
-                "reward_retries", "rolled_back", "reported", "in_flight_at_stop", "unexplained_failures", "kills", "clean_stops", "exit_codes", "run_dir"):
+    for key in (
+        "minutes",
+        "steps",
+        "generated",
+        "trained",
+        "dropped",
+        "held_in_checkpoint",
+        "errors",
+        "violations",
+        "lost",
+        "duplicates",
+        "damaged_lines",
+        "steps_recorded",
+        "injected",
+        "recovered",
+        "engine_restarts",
+        "reward_retries",
+        "rolled_back",
+        "reported",
+        "in_flight_at_stop",
+        "unexplained_failures",
+        "kills",
+        "clean_stops",
+        "exit_codes",
+        "run_dir",
+    ):
         print(f"{key:>20}: {report[key]}")
-    print(json.dumps({k: report[k] for k in ("minutes", "generated", "trained", "violations", "lost", "recovered",
-                                             "reported", "in_flight_at_stop", "unexplained_failures", "duplicates",
-                                             "kills", "injected", "steps", "dropped", "errors")}))
-    clean = (report["lost"] == 0 and report["violations"] == 0 and not any(report["duplicates"].values())
-             and report["unexplained_failures"] == 0 and report["steps_recorded"] and not report["damaged_lines"])
+    print(
+        json.dumps(
+            {
+                k: report[k]
+                for k in (
+                    "minutes",
+                    "generated",
+                    "trained",
+                    "violations",
+                    "lost",
+                    "recovered",
+                    "reported",
+                    "in_flight_at_stop",
+                    "unexplained_failures",
+                    "duplicates",
+                    "kills",
+                    "injected",
+                    "steps",
+                    "dropped",
+                    "errors",
+                )
+            }
+        )
+    )
+    clean = (
+        report["lost"] == 0
+        and report["violations"] == 0
+        and not any(report["duplicates"].values())
+        and report["unexplained_failures"] == 0
+        and report["steps_recorded"]
+        and not report["damaged_lines"]
+    )
     return 0 if clean else 1
 
 

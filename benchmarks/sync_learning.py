@@ -40,10 +40,15 @@ def main(argv: list[str] | None = None) -> dict:
         history = run(cfg, run_dir, log=print)
     rewards = [m["reward/mean"] for m in history]
     w = max(1, min(args.window, len(rewards) // 2))
-    print("curve (mean reward per 10 steps):",
-          " ".join(f"{sum(rewards[i:i + 10]) / len(rewards[i:i + 10]):.2f}" for i in range(0, len(rewards), 10)))
-    result = {"reward_first": round(sum(rewards[:w]) / w, 4), "reward_last": round(sum(rewards[-w:]) / w, 4),
-              "seconds": round(time.perf_counter() - t0, 1)}
+    print(
+        "curve (mean reward per 10 steps):",
+        " ".join(f"{sum(rewards[i : i + 10]) / len(rewards[i : i + 10]):.2f}" for i in range(0, len(rewards), 10)),
+    )
+    result = {
+        "reward_first": round(sum(rewards[:w]) / w, 4),
+        "reward_last": round(sum(rewards[-w:]) / w, 4),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     print(json.dumps(result))
     return result
 

@@ -103,17 +103,20 @@ def main(argv: list[str] | None = None) -> int:
         rows, task, policy = run_one(cfg, weights, args.steps, runs / f"staleness{eta}")
         wall = time.perf_counter() - t0
         sim = compare_run(runs / f"staleness{eta}")
-        out["simulated"][str(eta)] = {k: round(sim[k], 4) for k in ("measured_s_per_step", "predicted_s_per_step",
-                                                                       "ideal_s_per_step")}
-        tail = rows[-max(1, len(rows) // 3):]
+        out["simulated"][str(eta)] = {
+            k: round(sim[k], 4) for k in ("measured_s_per_step", "predicted_s_per_step", "ideal_s_per_step")
+        }
+        tail = rows[-max(1, len(rows) // 3) :]
         key = str(eta)
         out["seconds_per_step"][key] = round(rows[-1]["time"] / len(rows), 4)
         out["reward"][key] = round(sum(r["reward/mean"] for r in tail) / len(tail), 4)
         out["max_staleness"][key] = max(int(r["staleness/max"]) for r in rows)
         out["eval"][key] = round(evaluate(cfg, task, policy), 4)
-        print(f"staleness {eta}: {out['seconds_per_step'][key]:.3f} s/step ({wall:.1f}s wall), "
-              f"reward {out['reward'][key]:.3f}, eval {out['eval'][key]:.3f}, max staleness {out['max_staleness'][key]}",
-              flush=True)
+        print(
+            f"staleness {eta}: {out['seconds_per_step'][key]:.3f} s/step ({wall:.1f}s wall), "
+            f"reward {out['reward'][key]:.3f}, eval {out['eval'][key]:.3f}, max staleness {out['max_staleness'][key]}",
+            flush=True,
+        )
     base = out["seconds_per_step"]["0"]
     out["speedup"] = {k: round(base / v, 3) for k, v in out["seconds_per_step"].items() if k != "0"}
     print()
@@ -121,18 +124,28 @@ def main(argv: list[str] | None = None) -> int:
     for eta in etas:
         k = str(eta)
         sp = out["speedup"].get(k, 1.0)
-        print(f"{eta:>9} {out['seconds_per_step'][k]:>8.3f} {sp:>7.2f}x {out['reward'][k]:>7.3f} "
-              f"{out['eval'][k]:>6.3f} {out['max_staleness'][k]:>9}")
+        print(
+            f"{eta:>9} {out['seconds_per_step'][k]:>8.3f} {sp:>7.2f}x {out['reward'][k]:>7.3f} "
+            f"{out['eval'][k]:>6.3f} {out['max_staleness'][k]:>9}"
+        )
     print()
     print("the margin the workload allows (each run replayed in psrl simulate; seconds per step after warm-up):")
     print(f"{'staleness':>9} {'measured':>9} {'simulated':>9} {'ideal':>7} {'measured/ideal':>15}")
     for eta in etas:
         m = out["simulated"][str(eta)]
-        print(f"{eta:>9} {m['measured_s_per_step']:>9.3f} {m['predicted_s_per_step']:>9.3f} {m['ideal_s_per_step']:>7.3f} "
-              f"{m['ideal_s_per_step'] / m['measured_s_per_step']:>15.2f}")
+        print(
+            f"{eta:>9} {m['measured_s_per_step']:>9.3f} {m['predicted_s_per_step']:>9.3f} {m['ideal_s_per_step']:>7.3f} "
+            f"{m['ideal_s_per_step'] / m['measured_s_per_step']:>15.2f}"
+        )
     print(f"(run directories: {runs})")
-    ordered = {"speedup": out["speedup"], "reward": out["reward"], "max_staleness": out["max_staleness"],
-               "eval": out["eval"], "seconds_per_step": out["seconds_per_step"], "simulated": out["simulated"]}
+    ordered = {
+        "speedup": out["speedup"],
+        "reward": out["reward"],
+        "max_staleness": out["max_staleness"],
+        "eval": out["eval"],
+        "seconds_per_step": out["seconds_per_step"],
+        "simulated": out["simulated"],
+    }
     print(json.dumps(ordered))
     return 0
 

@@ -17,7 +17,6 @@ torch.set_num_threads(1)
 from psrl.config import load_config  # noqa: E402
 from psrl.train import build_task_and_policy  # noqa: E402
 
-
 CONTEXT = 4096
 TINY_MODEL = [f"model.n_positions={CONTEXT}"]
 """The session's vLLM servers serve this shape; runs that attach to them build the same. The context is long

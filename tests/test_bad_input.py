@@ -7,7 +7,6 @@ directory, so "nothing written" covers the default ``runs/<time>`` too. ``psrl -
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -58,8 +57,15 @@ def _model_dir(tmp_path: Path, files: list[str]) -> Path:
         (["task.kwargs={nope: 1}"], "task.kwargs", "max_value"),
         (["psrl.rollout_n=0"], "psrl.rollout_n", "set psrl.rollout_n to"),
         (["psrl.staleness=-1"], "psrl.staleness", "psrl.staleness=0"),
-        (["psrl.routing_strategy.max_concurrent_seqs_per_instance=1", "psrl.rollout_n=4", "psrl.deployment.n_rollout_instances=2"],
-         "psrl.routing_strategy.max_concurrent_seqs_per_instance", "set psrl.routing_strategy.max_concurrent_seqs_per_instance >= 2"),
+        (
+            [
+                "psrl.routing_strategy.max_concurrent_seqs_per_instance=1",
+                "psrl.rollout_n=4",
+                "psrl.deployment.n_rollout_instances=2",
+            ],
+            "psrl.routing_strategy.max_concurrent_seqs_per_instance",
+            "set psrl.routing_strategy.max_concurrent_seqs_per_instance >= 2",
+        ),
         (["runtime.ray_address=127.0.0.1:6379"], "runtime.ray_address", "runtime.backend=ray"),
         (["psrl.nixl.enable=true"], "psrl.nixl", "out of scope"),
         (["model.n_embd=65"], "model.n_embd", "multiple of 2"),
@@ -69,10 +75,16 @@ def _model_dir(tmp_path: Path, files: list[str]) -> Path:
         (["trainer.seed=99999999999999999999999"], "trainer.seed", "too large"),
         (["trainer.total_steps=null"], "trainer.total_steps", "needs a value"),
         (["sim.gen_time.trace={tmp}/t.jsonl"], "sim.gen_time.trace", "file not found"),
-        (["algorithm.rollout_correction.rs_threshold_lower=3"], "algorithm.rollout_correction.rs_threshold_lower",
-         "<= algorithm.rollout_correction.rs_threshold"),
-        (["algorithm.rollout_correction.rs_threshold=0.5"], "algorithm.rollout_correction.rs_threshold",
-         "rs_threshold_lower <= rs_threshold"),
+        (
+            ["algorithm.rollout_correction.rs_threshold_lower=3"],
+            "algorithm.rollout_correction.rs_threshold_lower",
+            "<= algorithm.rollout_correction.rs_threshold",
+        ),
+        (
+            ["algorithm.rollout_correction.rs_threshold=0.5"],
+            "algorithm.rollout_correction.rs_threshold",
+            "rs_threshold_lower <= rs_threshold",
+        ),
     ],
 )
 def test_train_reports_bad_values_in_one_line_before_writing(overrides, key, says, tmp_path, empty_cwd, capsys):
@@ -104,8 +116,10 @@ def test_a_gguf_file_given_as_model_path_says_how_to_split_it(tmp_path, empty_cw
     assert f"model.path={d} model.gguf_file=m.gguf" in _one_line(capsys)
 
 
-@pytest.mark.parametrize("content, says", [("psrl: [1\n", "not valid YAML at line"), ("- 1\n", "must be a mapping"),
-                                           (b"\xff\xfe", "not UTF-8")])
+@pytest.mark.parametrize(
+    "content, says",
+    [("psrl: [1\n", "not valid YAML at line"), ("- 1\n", "must be a mapping"), (b"\xff\xfe", "not UTF-8")],
+)
 def test_a_broken_config_file_is_one_line_naming_the_file(content, says, tmp_path, empty_cwd, capsys):
     f = tmp_path / "c.yaml"
     f.write_bytes(content if isinstance(content, bytes) else content.encode())

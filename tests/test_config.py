@@ -25,7 +25,9 @@ def test_defaults_validate_and_derive_sizes():
 def test_yaml_then_overrides(tmp_path):
     """Overrides win over the file; values are parsed as YAML scalars."""
     f = tmp_path / "c.yaml"
-    f.write_text("psrl:\n  staleness: 1\n  staleness_buffer_entries: 8\n  redundant_rollout:\n    enable: true\n    redundant_global_batch_size: 12\n")
+    f.write_text(
+        "psrl:\n  staleness: 1\n  staleness_buffer_entries: 8\n  redundant_rollout:\n    enable: true\n    redundant_global_batch_size: 12\n"
+    )
     cfg = load_config(f, ["psrl.staleness=3", "algorithm.rollout_correction.is=token"])
     assert cfg.psrl.staleness == 3
     assert cfg.psrl.redundant_batch_size == 12
@@ -38,10 +40,26 @@ def test_yaml_then_overrides(tmp_path):
         (["psrl.stalenes=1"], "psrl.stalenes", "did you mean 'psrl.staleness'"),
         (["psrl.staleness=-1"], "psrl.staleness", "synchronous"),
         (["psrl.staleness=two"], "psrl.staleness", ""),
-        (["psrl.redundant_rollout.enable=true", "psrl.redundant_rollout.redundant_rollout_n=2", "psrl.rollout_n=4"], "psrl.redundant_rollout.redundant_rollout_n", "alg_rollout_n"),
-        (["psrl.redundant_rollout.enable=true", "psrl.redundant_rollout.redundant_global_batch_size=2"], "psrl.redundant_rollout.redundant_global_batch_size", "alg_global_batch_size"),
-        (["psrl.group_post_process.enable=true", "psrl.group_post_process.name=dynamic_sampling_filtr"], "psrl.group_post_process.name", "did you mean 'dynamic_sampling_filter'"),
-        (["psrl.group_post_process.enable=true", "psrl.group_post_process.name=dynamic_sampling_filter"], "algorithm.filter_groups.metric", "score"),
+        (
+            ["psrl.redundant_rollout.enable=true", "psrl.redundant_rollout.redundant_rollout_n=2", "psrl.rollout_n=4"],
+            "psrl.redundant_rollout.redundant_rollout_n",
+            "alg_rollout_n",
+        ),
+        (
+            ["psrl.redundant_rollout.enable=true", "psrl.redundant_rollout.redundant_global_batch_size=2"],
+            "psrl.redundant_rollout.redundant_global_batch_size",
+            "alg_global_batch_size",
+        ),
+        (
+            ["psrl.group_post_process.enable=true", "psrl.group_post_process.name=dynamic_sampling_filtr"],
+            "psrl.group_post_process.name",
+            "did you mean 'dynamic_sampling_filter'",
+        ),
+        (
+            ["psrl.group_post_process.enable=true", "psrl.group_post_process.name=dynamic_sampling_filter"],
+            "algorithm.filter_groups.metric",
+            "score",
+        ),
         (["psrl.proactive_filter_strategy.method=retri"], "psrl.proactive_filter_strategy.method", "retry"),
         (["algorithm.loss_agg_mode=mean"], "algorithm.loss_agg_mode", "token-mean"),
         (["trainer.warm_start_steps=-1"], "trainer.warm_start_steps", "use 0 to skip"),
@@ -86,7 +104,9 @@ def test_cli_help_lists_commands():
 
 
 def test_cli_config_error_exit_code():
-    out = subprocess.run([sys.executable, "-m", "psrl.cli", "config", "psrl.stalenes=1"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "psrl.cli", "config", "psrl.stalenes=1"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
     assert "psrl.staleness" in out.stderr
 

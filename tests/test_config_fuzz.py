@@ -37,16 +37,30 @@ SECTIONS = {k.rsplit(".", i)[0] for k in KEYS for i in range(1, k.count(".") + 1
 _FIXTURES = Path(tempfile.mkdtemp(prefix="psrl-fuzz-"))
 (_FIXTURES / "adir").mkdir()
 (_FIXTURES / "afile").write_text("x")
-(_FIXTURES / "trace.jsonl").write_text("".join(json.dumps({"uid": f"g0-{i}", "group": "g0", "gen_seconds": 1.0 + i})
-                                               + "\n" for i in range(4)))
+(_FIXTURES / "trace.jsonl").write_text(
+    "".join(json.dumps({"uid": f"g0-{i}", "group": "g0", "gen_seconds": 1.0 + i}) + "\n" for i in range(4))
+)
 (_FIXTURES / "damaged.jsonl").write_text('{"gen_seconds": 1.0}\n{"gen_sec\n\xff\n')
 (_FIXTURES / "model").mkdir()
 (_FIXTURES / "model" / "config.json").write_text("{}")
-PATHS = [str(_FIXTURES / n) for n in ("adir", "afile", "trace.jsonl", "damaged.jsonl", "model", "missing/x",
-                                      "afile/below-a-file")] + [
-    "/proc/nope", "/nonexistent", "/dev/null", "relative/dir", "~", ".", "", " ", "HuggingFaceTB/SmolLM2-135M"]
-TARGETS = ["psrl.tasks.arith:ArithTask", "psrl.algo.filters:DynamicSamplingFilter", "json:loads", "os:path",
-           "os:sep", "no_such_module_xyz:X", ":", "a:", ":b", ".relative:x", "psrl.tasks.arith:", "json:loads.x"]
+PATHS = [
+    str(_FIXTURES / n)
+    for n in ("adir", "afile", "trace.jsonl", "damaged.jsonl", "model", "missing/x", "afile/below-a-file")
+] + ["/proc/nope", "/nonexistent", "/dev/null", "relative/dir", "~", ".", "", " ", "HuggingFaceTB/SmolLM2-135M"]
+TARGETS = [
+    "psrl.tasks.arith:ArithTask",
+    "psrl.algo.filters:DynamicSamplingFilter",
+    "json:loads",
+    "os:path",
+    "os:sep",
+    "no_such_module_xyz:X",
+    ":",
+    "a:",
+    ":b",
+    ".relative:x",
+    "psrl.tasks.arith:",
+    "json:loads.x",
+]
 # no ':' in free text: a random module name must not import something with side effects at load
 TEXT = st.text(st.characters(blacklist_characters=":", blacklist_categories=("Cs",)), max_size=12)
 
@@ -85,7 +99,10 @@ def values_for(key: str) -> st.SearchStrategy:
     own = [c for c in rule.choices] + [str(c).upper() for c in rule.choices if c is not None]
     return st.one_of(
         st.sampled_from(own + nasty(key)),
-        st.none(), st.booleans(), NUMBERS, TEXT,
+        st.none(),
+        st.booleans(),
+        NUMBERS,
+        TEXT,
         st.lists(st.integers(), max_size=2),
         st.dictionaries(TEXT, st.one_of(NUMBERS, TEXT), max_size=2),
     )
@@ -109,8 +126,10 @@ def _args(form: str, values: dict) -> list[str]:
     if form == "raw":
         return [f"{k}={v}" for k, v in values.items()]
     if form == "overrides":
-        return [f"{k}={yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}"
-                for k, v in values.items()]
+        return [
+            f"{k}={yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}"
+            for k, v in values.items()
+        ]
     nested: dict = {}
     for k, v in values.items():
         node = nested
@@ -148,8 +167,11 @@ def check_loads_or_names_a_key(form: str, values: dict, loaders=(_load_train, _l
                 load(args)
             except tuple(ALLOWED) as e:
                 assert "\n" not in str(e), str(e)
-                assert e.key in KEYS or e.key in SECTIONS or any(k.startswith(e.key) or e.key.startswith(k)
-                                                                 for k in values), (e.key, str(e))
+                assert (
+                    e.key in KEYS
+                    or e.key in SECTIONS
+                    or any(k.startswith(e.key) or e.key.startswith(k) for k in values)
+                ), (e.key, str(e))
         assert list(WORKDIR.iterdir()) == [], f"{load.__name__} wrote before the run: {list(WORKDIR.iterdir())}"
 
 

@@ -87,8 +87,12 @@ class _Scan:
         offset = 1 if params and params[0].arg in ("self", "cls") else 0
         for i, a in enumerate(params):
             ann = ast.unparse(a.annotation) if a.annotation is not None else ""
-            if (_CFG_NAME.search(a.arg) or ann.endswith("Config") or (callee, i - offset) in self.cfg_params
-                    or (callee, a.arg) in self.cfg_params):
+            if (
+                _CFG_NAME.search(a.arg)
+                or ann.endswith("Config")
+                or (callee, i - offset) in self.cfg_params
+                or (callee, a.arg) in self.cfg_params
+            ):
                 names.add(a.arg)
         self._body(fn, names, self_attrs)
 
@@ -187,8 +191,10 @@ def test_the_allowlist_holds_only_unread_keys():
 
 def test_the_scan_sees_a_key_that_nothing_reads(tmp_path):
     """The scan is not vacuous: a module that reads one key marks exactly it, not its neighbours."""
-    tree = ast.parse("def f(cfg):\n    t = cfg.trainer\n    return t.lr\n\nclass A:\n    def __init__(self, s):\n"
-                     "        self.s = s\n    def g(self):\n        return self.s.weight_decay\n\nA(cfg.trainer)\n")
+    tree = ast.parse(
+        "def f(cfg):\n    t = cfg.trainer\n    return t.lr\n\nclass A:\n    def __init__(self, s):\n"
+        "        self.s = s\n    def g(self):\n        return self.s.weight_decay\n\nA(cfg.trainer)\n"
+    )
     read = _Scan({"m": tree}, section_attrs(), set()).run()
     assert {"lr", "weight_decay"} <= read and "grad_clip" not in read
 

@@ -10,13 +10,23 @@ from tests.source_ast import parse
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "psrl"
 RANK = {
-    "staleness": 0, "types": 0, "errors": 0, "metrics": 0,
-    "models": 2, "algo": 2, "tasks": 3,
+    "staleness": 0,
+    "types": 0,
+    "errors": 0,
+    "metrics": 0,
+    "models": 2,
+    "algo": 2,
+    "tasks": 3,
     "config": 3.5,
-    "train": 4, "rollout": 4,
+    "train": 4,
+    "rollout": 4,
     "runtime": 5,
-    "sim": 6, "viz": 6,
-    "cli": 7, "train_cli": 7, "config_cli": 7, "__init__": 7,
+    "sim": 6,
+    "viz": 6,
+    "cli": 7,
+    "train_cli": 7,
+    "config_cli": 7,
+    "__init__": 7,
 }
 """Layer of each top-level module or package: ``tasks`` sits above ``models`` (a task uses a tokenizer); the
 configuration schema above ``tasks`` (it resolves ``task.name`` at load), below everything that reads it."""
@@ -71,8 +81,12 @@ def test_only_the_config_package_imports_its_internals():
     ``__all__``: never a submodule (``psrl.config.load``) and never a private name (``_build``), so the package
     can be re-shaped behind its front door."""
     inside = SRC / "config"
-    files = [p for d in ("src", "tests", "benchmarks", "examples") for p in sorted((ROOT / d).rglob("*.py"))
-             if inside not in p.parents]
+    files = [
+        p
+        for d in ("src", "tests", "benchmarks", "examples")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        if inside not in p.parents
+    ]
     wrong = [f"{p.relative_to(ROOT)} imports {name}" for p in files for name in _config_imports_from_outside(p)]
     assert wrong == []
 
@@ -80,17 +94,24 @@ def test_only_the_config_package_imports_its_internals():
 def test_the_internals_check_sees_a_private_import(tmp_path):
     """The check above is not vacuous: a submodule, a private name and an unexported name are each caught."""
     f = tmp_path / "m.py"
-    f.write_text("from psrl.config import Config, _build\nfrom psrl.config.load import leaf_keys\n"
-                 "import psrl.config.rules\nfrom psrl.config import hints\n")
-    assert _config_imports_from_outside(f) == ["psrl.config._build", "psrl.config.load", "psrl.config.rules",
-                                               "psrl.config.hints"]
+    f.write_text(
+        "from psrl.config import Config, _build\nfrom psrl.config.load import leaf_keys\n"
+        "import psrl.config.rules\nfrom psrl.config import hints\n"
+    )
+    assert _config_imports_from_outside(f) == [
+        "psrl.config._build",
+        "psrl.config.load",
+        "psrl.config.rules",
+        "psrl.config.hints",
+    ]
 
 
-MAX_LINES = 450
-"""A module longer than this is probably two things (style.md, habit 11: aim for ~400)."""
+MAX_LINES = 500
+"""A module longer than this is probably two things (style.md, habit 11: aim for ~400). Counted in ``ruff format``
+lines: the formatter's one-argument-per-line calls take ~8% more lines than the hand-wrapped code the old limit of 450
+was set on (agents.py: 449 lines before formatting, 487 after)."""
 TOO_LONG_TODAY = {
     "staleness/manager.py",  # the core's one manager class; its public names are a frozen contract
-    "rollout/client/agents.py",  # the agent manager, being split by the rollout restructuring (issue 21)
 }
 """Modules over the limit when the limit came in: this set may only shrink (an entry that fits is an error)."""
 
@@ -151,10 +172,15 @@ def test_a_rollout_room_imports_no_room_above_its_own():
 
 def test_the_room_check_catches_imports_inside_functions_and_relative_ones():
     """Not vacuous: an engine module importing the pool in a function, or the client relatively, is caught."""
-    src = ("def f():\n    from psrl.rollout.serving.pool import InstancePool\n"
-           "from ..client import agents\nfrom psrl.rollout import types\n")
+    src = (
+        "def f():\n    from psrl.rollout.serving.pool import InstancePool\n"
+        "from ..client import agents\nfrom psrl.rollout import types\n"
+    )
     deps = _modules(ast.parse(src), "psrl.rollout.engines")
     assert _climbs("psrl.rollout.engines.probe", deps) == [
-        "psrl.rollout.client", "psrl.rollout.client.agents", "psrl.rollout.serving.pool",
-        "psrl.rollout.serving.pool.InstancePool"]
+        "psrl.rollout.client",
+        "psrl.rollout.client.agents",
+        "psrl.rollout.serving.pool",
+        "psrl.rollout.serving.pool.InstancePool",
+    ]
     assert _climbs("psrl.rollout.client.probe", deps) == []

@@ -57,8 +57,14 @@ def test_the_any_check_sees_through_wrappers_and_quotes():
     typed = "def f(a: Any, b: 'Any', c: Optional[Any], d: Sequence[typing.Any], e: int | Any, *f: Any, **g: Any): pass"
     said = "def f(a: dict[str, Any], b: Callable[..., Any], c: Optional[int], d: 'Config', e=None): pass"
     params = ast.parse(typed + "\n" + said).body
-    kinds = [[is_any(p.annotation) for p in (*fn.args.args, *(x for x in (fn.args.vararg, fn.args.kwarg) if x))
-              if p.annotation is not None] for fn in params]
+    kinds = [
+        [
+            is_any(p.annotation)
+            for p in (*fn.args.args, *(x for x in (fn.args.vararg, fn.args.kwarg) if x))
+            if p.annotation is not None
+        ]
+        for fn in params
+    ]
     assert kinds == [[True] * 7, [False] * 4]
 
 
@@ -79,43 +85,65 @@ def wires_set_from_outside(tree: ast.Module) -> list[str]:
         for t in targets:
             if isinstance(t, ast.Attribute) and hook(t.attr) and ast.unparse(t.value) != "self":
                 out.append(f"{node.lineno}: {ast.unparse(t)} = ...")
-        if (isinstance(node, ast.Call) and _name(node.func) == "setattr" and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant) and hook(str(node.args[1].value))
-                and ast.unparse(node.args[0]) != "self"):
+        if (
+            isinstance(node, ast.Call)
+            and _name(node.func) == "setattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and hook(str(node.args[1].value))
+            and ast.unparse(node.args[0]) != "self"
+        ):
             out.append(f"{node.lineno}: {ast.unparse(node)}")
     return out
 
 
 def test_no_listener_or_log_is_assigned_onto_another_object():
-    found = [f"{path.relative_to(SRC)}:{w}" for path in sorted(SRC.rglob("*.py"))
-             for w in wires_set_from_outside(parse(path))]
+    found = [
+        f"{path.relative_to(SRC)}:{w}"
+        for path in sorted(SRC.rglob("*.py"))
+        for w in wires_set_from_outside(parse(path))
+    ]
     assert found == []
 
 
 def test_the_wire_check_sees_every_form():
-    src = ("inst.on_version = f\nself.on_round = g\ncoord.manager.on_event, x = ev, 1\nobj.log = print\n"
-           "inst.log_failure = log\nsetattr(inst, 'on_round', f)\nself.log = log\nobj.logger = x\n")
+    src = (
+        "inst.on_version = f\nself.on_round = g\ncoord.manager.on_event, x = ev, 1\nobj.log = print\n"
+        "inst.log_failure = log\nsetattr(inst, 'on_round', f)\nself.log = log\nobj.logger = x\n"
+    )
     assert [w.split(":")[0] for w in wires_set_from_outside(ast.parse(src))] == ["1", "3", "4", "5", "6"]
 
 
 def private_imports(tree: ast.Module, package: str = "") -> list[str]:
     """``from psrl.x import _y``: a private name of another module. Modules of one package (``package``, e.g.
     ``psrl.config``) share its internals; what the outside may import of a package is checked by test_layers."""
-    return [f"{node.lineno}: from {node.module} import {a.name}" for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("psrl")
-            and not (package and (node.module == package or (node.module or "").startswith(package + ".")))
-            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return [
+        f"{node.lineno}: from {node.module} import {a.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.level == 0
+        and (node.module or "").startswith("psrl")
+        and not (package and (node.module == package or (node.module or "").startswith(package + ".")))
+        for a in node.names
+        if a.name.startswith("_") and not a.name.startswith("__")
+    ]
 
 
 def test_no_module_imports_a_private_name_of_another():
-    found = [f"{path.relative_to(SRC)}:{w}" for path in sorted(SRC.rglob("*.py"))
-             for w in private_imports(parse(path), ".".join(("psrl", *path.relative_to(SRC).parent.parts))
-                                      if path.parent != SRC else "")]
+    found = [
+        f"{path.relative_to(SRC)}:{w}"
+        for path in sorted(SRC.rglob("*.py"))
+        for w in private_imports(
+            parse(path), ".".join(("psrl", *path.relative_to(SRC).parent.parts)) if path.parent != SRC else ""
+        )
+    ]
     assert found == []
 
 
 def test_the_private_import_check_sees_another_package_only():
     """Not vacuous: a private name from another package is caught; one from the importer's own package is not."""
-    src = "from psrl.config.fields import _f\nfrom psrl.models.policy import _left_pad\nfrom psrl.config import Config\n"
+    src = (
+        "from psrl.config.fields import _f\nfrom psrl.models.policy import _left_pad\nfrom psrl.config import Config\n"
+    )
     assert private_imports(ast.parse(src), "psrl.config") == ["2: from psrl.models.policy import _left_pad"]
     assert len(private_imports(ast.parse(src), "psrl.runtime")) == 2

@@ -15,19 +15,26 @@ COMMANDS = {
     "simulate": ("psrl.sim.cli", "Simulate throughput, staleness and waste of a workload; compare staleness policies."),
     "viz": ("psrl.viz.cli", "Draw the buffer timeline of a run directory (reserve / occupy / consume)."),
     "profile": ("psrl.runtime.profile", "Fit the throughput_optimal router's cost model from a short profiling run."),
-    "config": ("psrl.config_cli", "Print the resolved configuration (defaults + file + overrides), or the key reference."),
+    "config": (
+        "psrl.config_cli",
+        "Print the resolved configuration (defaults + file + overrides), or the key reference.",
+    ),
 }
 
-USAGE = """psrl [--debug] <command> [CONFIG] [key=value ...]
+USAGE = (
+    """psrl [--debug] <command> [CONFIG] [key=value ...]
 
 Asynchronous RL post-training with fine-grained, provable staleness control.
 
 commands:
-""" + "\n".join(f"  {name:<10} {help}" for name, (_, help) in COMMANDS.items()) + """
+"""
+    + "\n".join(f"  {name:<10} {help}" for name, (_, help) in COMMANDS.items())
+    + """
 
 Dotted overrides set any configuration key, e.g. `psrl train psrl.staleness=2 trainer.total_steps=10`.
 `psrl <command> --help` shows the options of one command. Errors print as one line naming the key or
 the file that caused them; `psrl --debug <command>` (or PSRL_DEBUG=1) shows the traceback instead."""
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(COMMANDS[name][0])
         return int(one_line_errors(f"psrl {name}")(module.main)(rest) or 0)
     except KeyboardInterrupt:
-        print(f"\npsrl {name}: interrupted; the run directory is resumable (same command continues it)", file=sys.stderr)
+        print(
+            f"\npsrl {name}: interrupted; the run directory is resumable (same command continues it)", file=sys.stderr
+        )
         return 130
 
 

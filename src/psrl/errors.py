@@ -95,8 +95,11 @@ def one_line_errors(prog: str):
             except Exception as exc:
                 if debug_enabled():
                     raise
-                print(f"{prog}: unexpected error: {describe(exc)}; run `psrl --debug {prog.split()[-1]} ...` or set "
-                      "PSRL_DEBUG=1 for the traceback", file=sys.stderr)
+                print(
+                    f"{prog}: unexpected error: {describe(exc)}; run `psrl --debug {prog.split()[-1]} ...` or set "
+                    "PSRL_DEBUG=1 for the traceback",
+                    file=sys.stderr,
+                )
                 return 1
 
         return run
@@ -108,13 +111,19 @@ def resolve_target(key: str, spec: str, kind: str = "callable") -> Any:
     """Import ``module:attr`` (attr may be dotted) at load; a ConfigError naming ``key`` when it cannot be."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ConfigError(key, f"{spec!r} is not module:{'Class' if kind == 'class' else 'function'}",
-                          "write it as package.module:Name")
+        raise ConfigError(
+            key,
+            f"{spec!r} is not module:{'Class' if kind == 'class' else 'function'}",
+            "write it as package.module:Name",
+        )
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as e:  # ImportError, or the module itself failing at import time
-        raise ConfigError(key, f"cannot import module {module_name!r} ({type(e).__name__}: {e})",
-                          "give an importable module (on PYTHONPATH) before the ':'") from e
+        raise ConfigError(
+            key,
+            f"cannot import module {module_name!r} ({type(e).__name__}: {e})",
+            "give an importable module (on PYTHONPATH) before the ':'",
+        ) from e
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(key, f"module {module_name!r} has no attribute {attr!r}", "check the name after ':'")

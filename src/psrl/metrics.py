@@ -16,8 +16,8 @@ Standard library only: the simulator and the viewer read these names too.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 __all__ = ["Metric", "METRICS", "INDEX", "LEVEL", "known", "unknown", "checked", "markdown"]
 
@@ -67,23 +67,47 @@ METRICS: tuple[Metric, ...] = (
     _m("reward/acc", "fraction", "Mean accuracy (the reward's 'acc', else the reward) of the batch.", _C),
     _m("staleness/mean", "versions", "Mean consumed_version - V_traj over the batch (the measured lag).", _C),
     _m("staleness/max", "versions", "Max consumed_version - V_traj over the batch; never above psrl.staleness.", _C),
-    _m("staleness/*", "count", "The staleness manager's own counters (psrl.staleness.Stats), run so far. They count "
-       "protocol calls and group entries (staleness/filtered: groups; counts/filtered: their trajectories).",
-       "psrl.staleness.manager", "reserves refusals stale_refusals completes occupies surplus filtered rejected "
-       "aborts passive_aborts consumes"),
+    _m(
+        "staleness/*",
+        "count",
+        "The staleness manager's own counters (psrl.staleness.Stats), run so far. They count "
+        "protocol calls and group entries (staleness/filtered: groups; counts/filtered: their trajectories).",
+        "psrl.staleness.manager",
+        "reserves refusals stale_refusals completes occupies surplus filtered rejected aborts passive_aborts consumes",
+    ),
     _m("batch/trajectories", "count", "Trajectories in this step's batch (B x N).", _C),
     _m("batch/response_len_mean", "tokens", "Mean response length (model and tool tokens) in the batch.", _C),
     _m("batch/masked_frac", "fraction", "Fraction of response tokens masked out of the loss (tool output).", _C),
     _m("batch/truncated_frac", "fraction", "Fraction of the batch force-completed (truncate filter, max length).", _C),
     _m("buffers", "-", "State of every live buffer after the consume: {version: PENDING|STUCK|READY|...}.", _C),
     # the engines (docs/engines.md)
-    _m("engine/logprob_mismatch_mean", "nats", "Mean |behaviour - trainer-recomputed log-prob| over the batch's "
-       "generated tokens produced at the trainer's version (train-inference mismatch; ~0 for hf).", _T),
+    _m(
+        "engine/logprob_mismatch_mean",
+        "nats",
+        "Mean |behaviour - trainer-recomputed log-prob| over the batch's "
+        "generated tokens produced at the trainer's version (train-inference mismatch; ~0 for hf).",
+        _T,
+    ),
     _m("engine/logprob_mismatch_max", "nats", "Max of the same; jumps when an engine missed a weight update.", _T),
-    _m("engine/mismatch_tokens", "tokens", "Tokens the mismatch was measured on (generated at the trainer's version).", _T),
-    _m("engine/failed_requests", "count", "Requests an engine failed (died, timed out) and handed back to be re-run "
-       "elsewhere with their tokens; run so far.", _E),
-    _m("engine/restarts", "count", "Engine restarts after failures, run so far (at most rollout.max_restarts each).", _E),
+    _m(
+        "engine/mismatch_tokens",
+        "tokens",
+        "Tokens the mismatch was measured on (generated at the trainer's version).",
+        _T,
+    ),
+    _m(
+        "engine/failed_requests",
+        "count",
+        "Requests an engine failed (died, timed out) and handed back to be re-run "
+        "elsewhere with their tokens; run so far.",
+        _E,
+    ),
+    _m(
+        "engine/restarts",
+        "count",
+        "Engine restarts after failures, run so far (at most rollout.max_restarts each).",
+        _E,
+    ),
     _m("engine/dead", "count", "Rollout instances given up on (restarted rollout.max_restarts times).", _E),
     _m("engine/tokens_per_s", "1/s", "Generated tokens per second summed over the engines' recent windows.", _E),
     _m("engine/running", "count", "Requests generating in the engines now, summed.", _E),
@@ -94,8 +118,13 @@ METRICS: tuple[Metric, ...] = (
     _m("train/loss", "nats", "Total loss of the step (mean over minibatches).", _T),
     _m("train/grad_norm", "-", "Gradient norm before clipping (mean over minibatches).", _T),
     _m("train/adv_abs_mean", "-", "Mean |advantage| over the batch.", _T),
-    _m("train/skipped_steps", "count", "Steps skipped for a NaN / infinite loss or gradient norm, run so far (weights "
-       "unchanged, batch recorded 'skipped'; trainer.max_skipped_steps in a row stop the run).", _C),
+    _m(
+        "train/skipped_steps",
+        "count",
+        "Steps skipped for a NaN / infinite loss or gradient norm, run so far (weights "
+        "unchanged, batch recorded 'skipped'; trainer.max_skipped_steps in a row stop the run).",
+        _C,
+    ),
     _m("loss/policy", "nats", "Policy-gradient loss (PPO / GSPO, after aggregation).", _L),
     _m("actor/ratio_mean", "-", "Mean importance ratio pi_theta / pi_old over loss tokens.", _L),
     _m("actor/clip_frac_low", "fraction", "Loss tokens clipped below (ratio < 1 - clip_ratio_low).", _L),
@@ -106,30 +135,75 @@ METRICS: tuple[Metric, ...] = (
     _m("correction/is_weight_max", "-", "Max truncated importance weight.", _X),
     _m("correction/is_truncated_frac", "fraction", "Tokens whose IS weight hit the truncation C.", _X),
     _m("correction/rs_masked_frac", "fraction", "Tokens masked by rejection sampling.", _X),
-    _m("correction/m2po_masked_frac", "fraction", "Valid tokens M2PO masked out of the batch (largest squared "
-       "log-ratio first, until the rest's second moment is <= m2po_threshold); only with "
-       "algorithm.rollout_correction.m2po.", _X),
-    _m("correction/ess_lr_scale", "-", "The factor on this step's learning rate: max(ess_lr_min, sqrt(ESS)) of the "
-       "batch's sequence importance weights (VCPO); only with algorithm.rollout_correction.ess_lr.", _X),
+    _m(
+        "correction/m2po_masked_frac",
+        "fraction",
+        "Valid tokens M2PO masked out of the batch (largest squared "
+        "log-ratio first, until the rest's second moment is <= m2po_threshold); only with "
+        "algorithm.rollout_correction.m2po.",
+        _X,
+    ),
+    _m(
+        "correction/ess_lr_scale",
+        "-",
+        "The factor on this step's learning rate: max(ess_lr_min, sqrt(ESS)) of the "
+        "batch's sequence importance weights (VCPO); only with algorithm.rollout_correction.ess_lr.",
+        _X,
+    ),
     # divergence of the batch: behaviour policy vs the trainer's pre-update policy (section below the table)
-    _m("divergence/ess", "fraction", "Normalised effective sample size (sum w)^2 / (n sum w^2) of the batch's token "
-       "weights w = exp(old_logp - behav_logp) (pre-update over behaviour policy) over its n valid tokens.", _D),
-    _m("divergence/m2", "nats^2", "Second moment of the token log-ratio, mean (old_logp - behav_logp)^2 over the "
-       "batch's valid tokens (M2PO's statistic).", _D),
-    _m("divergence/kl", "nats", "k3 estimate of KL(pi_behaviour || pi_old): mean (w - 1 - log w) over the batch's "
-       "valid tokens.", _D),
-    _m("divergence/ess@s<k>", "fraction", "divergence/ess over the tokens of the batch's trajectories of staleness "
-       "k (version - V_traj); only for levels with valid tokens.", _D),
+    _m(
+        "divergence/ess",
+        "fraction",
+        "Normalised effective sample size (sum w)^2 / (n sum w^2) of the batch's token "
+        "weights w = exp(old_logp - behav_logp) (pre-update over behaviour policy) over its n valid tokens.",
+        _D,
+    ),
+    _m(
+        "divergence/m2",
+        "nats^2",
+        "Second moment of the token log-ratio, mean (old_logp - behav_logp)^2 over the "
+        "batch's valid tokens (M2PO's statistic).",
+        _D,
+    ),
+    _m(
+        "divergence/kl",
+        "nats",
+        "k3 estimate of KL(pi_behaviour || pi_old): mean (w - 1 - log w) over the batch's valid tokens.",
+        _D,
+    ),
+    _m(
+        "divergence/ess@s<k>",
+        "fraction",
+        "divergence/ess over the tokens of the batch's trajectories of staleness "
+        "k (version - V_traj); only for levels with valid tokens.",
+        _D,
+    ),
     _m("divergence/m2@s<k>", "nats^2", "divergence/m2 over the tokens of staleness k.", _D),
     _m("divergence/kl@s<k>", "nats", "divergence/kl over the tokens of staleness k.", _D),
-    _m("staleness/tokens@s<k>", "fraction", "Token-weighted staleness histogram: the fraction of the batch's valid "
-       "tokens whose trajectory has staleness k (version - V_traj).", _D),
+    _m(
+        "staleness/tokens@s<k>",
+        "fraction",
+        "Token-weighted staleness histogram: the fraction of the batch's valid "
+        "tokens whose trajectory has staleness k (version - V_traj).",
+        _D,
+    ),
     # the rollout side (cumulative)
-    _m("counts/*", "count", "Cumulative trajectory / group counters of the agent manager (see Counts).", _A,
-       "groups generated trained skipped cancelled aborted filtered surplus rejected retried truncated failed "
-       "error_retries"),
-    _m("rollout/*", "count", "Cumulative counters of the rollout instances, summed (decode steps, tokens, weight "
-       "loads, requests interrupted, continued, migrated).", _P, "steps tokens loads interrupted continued migrated"),
+    _m(
+        "counts/*",
+        "count",
+        "Cumulative trajectory / group counters of the agent manager (see Counts).",
+        _A,
+        "groups generated trained skipped cancelled aborted filtered surplus rejected retried truncated failed "
+        "error_retries",
+    ),
+    _m(
+        "rollout/*",
+        "count",
+        "Cumulative counters of the rollout instances, summed (decode steps, tokens, weight "
+        "loads, requests interrupted, continued, migrated).",
+        _P,
+        "steps tokens loads interrupted continued migrated",
+    ),
     # validation rows (trainer.val_every; their own rows, with step and version, no 'time')
     _m("val/accuracy", "fraction", "Greedy answers' mean 'acc' on the validation set, weights of this version.", _V),
     _m("val/reward", "reward", "Greedy answers' mean score on the validation set.", _V),
@@ -138,8 +212,12 @@ METRICS: tuple[Metric, ...] = (
     _m("val/prompts", "count", "Validation prompts scored.", _V),
     _m("val/failed", "count", "Validation answers whose reward raised (scored 0).", _V),
     _m("val/seconds", "s", "Seconds the validation took (the run is paused meanwhile).", _V),
-    _m("val/time", "s", "The step's 'time' (seconds since start) of the weights validated: the wall-clock axis.",
-       "psrl.runtime.watch"),
+    _m(
+        "val/time",
+        "s",
+        "The step's 'time' (seconds since start) of the weights validated: the wall-clock axis.",
+        "psrl.runtime.watch",
+    ),
 )
 
 INDEX: tuple[str, ...] = ("step", "version", "time")
@@ -172,8 +250,10 @@ def checked(row: dict) -> dict:
     ValueError naming what is wrong and the fix."""
     bad = unknown(row)
     if bad:
-        raise ValueError(f"metrics row keys {bad} are not in the metric table: add each to psrl.metrics.METRICS "
-                         "(one name per metric) and regenerate docs/metrics.md (python -m psrl.metrics)")
+        raise ValueError(
+            f"metrics row keys {bad} are not in the metric table: add each to psrl.metrics.METRICS "
+            "(one name per metric) and regenerate docs/metrics.md (python -m psrl.metrics)"
+        )
     missing = [k for k in INDEX[:2] if k not in row]
     if missing:
         raise ValueError(f"metrics row without its index key(s) {missing}: every row has step and version")

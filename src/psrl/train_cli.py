@@ -25,10 +25,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="psrl train",
         description="Asynchronous RL post-training with fine-grained staleness control.",
         epilog="examples: psrl train | psrl train psrl.staleness=0 | psrl train cfg.yaml trainer.total_steps=10 "
-               "trainer.run_dir=runs/a",
+        "trainer.run_dir=runs/a",
     )
-    p.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
-                   help="an optional YAML config file, then dotted overrides (see docs/configuration.md)")
+    p.add_argument(
+        "args",
+        nargs="*",
+        metavar="[CONFIG] [key=value ...]",
+        help="an optional YAML config file, then dotted overrides (see docs/configuration.md)",
+    )
     return p
 
 
@@ -54,14 +58,20 @@ def check_environment(cfg: Any) -> None:
     from psrl.config import ConfigError
 
     if cfg.runtime.backend == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("runtime.backend", "is ray, but the ray package is not installed",
-                          "pip install 'psrl[ray]', or set runtime.backend=local")
+        raise ConfigError(
+            "runtime.backend",
+            "is ray, but the ray package is not installed",
+            "pip install 'psrl[ray]', or set runtime.backend=local",
+        )
     if cfg.model.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError("model.device", "is cuda, but torch sees no CUDA device here",
-                              "set model.device=auto (CUDA when present, else CPU) or model.device=cpu")
+            raise ConfigError(
+                "model.device",
+                "is cuda, but torch sees no CUDA device here",
+                "set model.device=auto (CUDA when present, else CPU) or model.device=cpu",
+            )
 
 
 @one_line_errors("psrl train")
@@ -74,9 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from psrl.runtime.local import Terminated, run
-
     from psrl.config import ConfigError
+    from psrl.runtime.local import Terminated, run
     from psrl.tasks.dataset import DataError
 
     try:
@@ -87,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated is a KeyboardInterrupt)
         what, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
         args = [a for a in ns.args if not a.startswith("trainer.run_dir=")]  # said once, as the resolved path
-        print(f"\n{what}; resume with: psrl train {' '.join(args)} trainer.run_dir={run_dir}".replace("  ", " "),
-              file=sys.stderr)
+        print(
+            f"\n{what}; resume with: psrl train {' '.join(args)} trainer.run_dir={run_dir}".replace("  ", " "),
+            file=sys.stderr,
+        )
         return code
     return 0
 

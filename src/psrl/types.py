@@ -9,8 +9,9 @@ cross Ray processes and land in ``trajectories.jsonl`` unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Optional, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from psrl.staleness import Batch
@@ -117,13 +118,13 @@ class WeightSource(Protocol):
     """Where published weights are read, by version (:class:`psrl.train.ParameterStore`): a rollout instance asks
     which versions exist, an engine loads one."""
 
-    def latest_version(self) -> Optional[int]:
+    def latest_version(self) -> int | None:
         """The newest published version (None before the first)."""
 
     def versions(self) -> list[int]:
         """The versions that can still be read, oldest first."""
 
-    def get(self, version: Optional[int] = None) -> tuple[int, WeightState]:
+    def get(self, version: int | None = None) -> tuple[int, WeightState]:
         """``(version, weights)`` of ``version`` (default: the newest)."""
 
 
@@ -137,7 +138,7 @@ class EngineLoad:
     """Requests accepted but not yet generating."""
     tokens_per_s: float
     """Generated tokens per second over the engine's recent window (0.0 before any token)."""
-    kv_usage: Optional[float] = None
+    kv_usage: float | None = None
     """Fraction of the KV cache in use, where the engine has one (None otherwise)."""
 
 
@@ -213,10 +214,10 @@ class StepTrainer(Protocol):
 
     policy: TrainedPolicy
     """The trained policy."""
-    last_skip: Optional[str]
+    last_skip: str | None
     """Why the last step was skipped (a NaN / infinite loss or gradient), None when it trained."""
     skipped_in_a_row: int
     """Steps skipped in a row up to the last one (the run stops at ``trainer.max_skipped_steps``)."""
 
-    def step(self, batch: Batch) -> Union[dict[str, float], Awaitable[dict[str, float]]]:
+    def step(self, batch: Batch) -> dict[str, float] | Awaitable[dict[str, float]]:
         """Train on a consumed batch; returns the ``train/*`` (and loss) metrics."""

@@ -42,7 +42,11 @@ def test_matches_reference(is_mode, rs_mode, seed):
     assert keep.tolist() == rk
     valid = mask > 0
     kept = keep > 0
-    n_rho = [math.exp(o - b) for o, b, m in zip(old.flatten().tolist(), behav.flatten().tolist(), mask.flatten().tolist()) if m]
+    n_rho = [
+        math.exp(o - b)
+        for o, b, m in zip(old.flatten().tolist(), behav.flatten().tolist(), mask.flatten().tolist())
+        if m
+    ]
     assert metrics["correction/rho_mean"] == pytest.approx(sum(n_rho) / len(n_rho), rel=1e-9)
     assert metrics["correction/rs_masked_frac"] == pytest.approx(1 - kept.sum().item() / valid.sum().item())
     if kept.any():
@@ -55,7 +59,9 @@ def test_modes_actually_bite():
     else the comparison with the reference would be vacuous."""
     batches = [_random_batch(seed) for seed in SEEDS]
     for is_mode in ("token", "sequence"):
-        fracs = [rollout_correction(*b, is_mode=is_mode, is_threshold=C)[2]["correction/is_truncated_frac"] for b in batches]
+        fracs = [
+            rollout_correction(*b, is_mode=is_mode, is_threshold=C)[2]["correction/is_truncated_frac"] for b in batches
+        ]
         assert any(0 < f < 1 for f in fracs), (is_mode, fracs)
     for rs_mode in ("token", "sequence", "geometric"):
         kw = dict(rs_mode=rs_mode, rs_threshold=HI, rs_threshold_lower=LO)
@@ -168,6 +174,7 @@ def test_bad_arguments_name_the_key(kw, key):
 
 # ------------------------------------------------------------------ invariants
 
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000), st.floats(1.01, 4.0), st.floats(1.0, 3.0), st.sampled_from(RS_MODES[1:]))
 def test_invariants(seed, hi, widen, rs_mode):
@@ -175,14 +182,18 @@ def test_invariants(seed, hi, widen, rs_mode):
     one-token sequences token-, sequence- and geometric-level decisions coincide."""
     old, behav, mask = _random_batch(seed, spread=1.0)
     for is_mode in ("token", "sequence"):
-        w, keep, _ = rollout_correction(old, behav, mask, is_mode=is_mode, is_threshold=hi, rs_mode=rs_mode,
-                                        rs_threshold=hi)
+        w, keep, _ = rollout_correction(
+            old, behav, mask, is_mode=is_mode, is_threshold=hi, rs_mode=rs_mode, rs_threshold=hi
+        )
         assert (w >= 0).all() and (w <= hi * (1 + 1e-12)).all() and (keep <= mask).all()
-    _, wide, _ = rollout_correction(old, behav, mask, rs_mode=rs_mode, rs_threshold=hi * widen,
-                                    rs_threshold_lower=1 / (hi * widen))
+    _, wide, _ = rollout_correction(
+        old, behav, mask, rs_mode=rs_mode, rs_threshold=hi * widen, rs_threshold_lower=1 / (hi * widen)
+    )
     assert (wide >= keep).all()
     one = (old[:, :1], behav[:, :1], torch.ones_like(old[:, :1]))
-    outs = [rollout_correction(*one, is_mode=i, is_threshold=hi, rs_mode=r, rs_threshold=hi)[:2]
-            for i, r in (("token", "token"), ("sequence", "sequence"), ("sequence", "geometric"))]
+    outs = [
+        rollout_correction(*one, is_mode=i, is_threshold=hi, rs_mode=r, rs_threshold=hi)[:2]
+        for i, r in (("token", "token"), ("sequence", "sequence"), ("sequence", "geometric"))
+    ]
     for w, k in outs[1:]:
         assert torch.allclose(w, outs[0][0], rtol=1e-12) and torch.equal(k, outs[0][1])

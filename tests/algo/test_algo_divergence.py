@@ -121,8 +121,12 @@ def test_on_policy_is_one_zero_zero_and_empty_is_neutral():
     lag = torch.tensor([0, 2])
     row = divergence_metrics(old, old.clone(), torch.ones_like(old), lag)
     neutral = {"divergence/ess": 1.0, "divergence/m2": 0.0, "divergence/kl": 0.0}
-    assert row == {**neutral, **{f"{k}@s{s}": v for s in (0, 2) for k, v in neutral.items()},
-                   "staleness/tokens@s0": 0.5, "staleness/tokens@s2": 0.5}
+    assert row == {
+        **neutral,
+        **{f"{k}@s{s}": v for s in (0, 2) for k, v in neutral.items()},
+        "staleness/tokens@s0": 0.5,
+        "staleness/tokens@s2": 0.5,
+    }
     assert divergence_metrics(old, old - 1.0, torch.zeros_like(old), lag) == neutral
 
 

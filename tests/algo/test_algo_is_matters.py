@@ -30,8 +30,11 @@ def _expected_reward(logits: torch.Tensor) -> float:
 def _sampled_descent_direction(theta: nn.Parameter, actions, behav_logp, is_mode, threshold=1e3):
     """(-grad of policy_loss on the sampled batch, metrics); old_logp=None: theta is the pre-update
     policy. The default threshold is above max pi/mu (about 104 here): untruncated, unbiased IS."""
-    cfg = AlgorithmConfig(policy_loss="ppo", loss_agg_mode="token-mean",
-                          rollout_correction=RolloutCorrectionConfig(is_=is_mode, is_threshold=threshold))
+    cfg = AlgorithmConfig(
+        policy_loss="ppo",
+        loss_agg_mode="token-mean",
+        rollout_correction=RolloutCorrectionConfig(is_=is_mode, is_threshold=threshold),
+    )
     logp = torch.log_softmax(theta, 0)[actions][:, None]
     adv = grpo_advantages(REWARD[actions][None, :], norm_by_std=False)[0]  # batch-mean baseline
     theta.grad = None

@@ -41,8 +41,9 @@ def _batch(seed, B=6, T=7, spread=0.3):
 def _cfg(kind, mode, is_mode=None, rs_mode=None):
     low, high = CLIPS[kind]
     rc = RolloutCorrectionConfig(is_=is_mode, is_threshold=1.2, rs=rs_mode, rs_threshold=1.5)
-    return AlgorithmConfig(policy_loss=kind, loss_agg_mode=mode, clip_ratio_low=low, clip_ratio_high=high,
-                           rollout_correction=rc)
+    return AlgorithmConfig(
+        policy_loss=kind, loss_agg_mode=mode, clip_ratio_low=low, clip_ratio_high=high, rollout_correction=rc
+    )
 
 
 # ------------------------------------------------------------------ aggregate
@@ -100,8 +101,16 @@ def _reference(kind, mode, logp, old, behav, adv, mask, cfg):
     if behav is None:
         w, keep = mask.tolist(), mask.tolist()
     else:
-        w, keep = ref_correction(old.tolist(), behav.tolist(), mask.tolist(), rc.is_, rc.is_threshold, rc.rs,
-                                 rc.rs_threshold, rc.rs_threshold_lower)
+        w, keep = ref_correction(
+            old.tolist(),
+            behav.tolist(),
+            mask.tolist(),
+            rc.is_,
+            rc.is_threshold,
+            rc.rs,
+            rc.rs_threshold,
+            rc.rs_threshold_lower,
+        )
     eff = [[m * k for m, k in zip(mr, kr)] for mr, kr in zip(mask.tolist(), keep)]
     low, high = cfg.clip_ratio_low, cfg.clip_ratio_high
     args = (logp.tolist(), old.tolist(), adv.tolist(), w)
@@ -116,8 +125,13 @@ def _reference(kind, mode, logp, old, behav, adv, mask, cfg):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     "is_mode, rs_mode, per_token",
-    [(None, None, False), ("token", None, True), ("sequence", "token", False), ("token", "geometric", True),
-     (None, "sequence", False)],
+    [
+        (None, None, False),
+        ("token", None, True),
+        ("sequence", "token", False),
+        ("token", "geometric", True),
+        (None, "sequence", False),
+    ],
 )
 def test_policy_loss_matches_reference(kind, mode, is_mode, rs_mode, per_token):
     """policy_loss value and autograd gradient equal the slow references, for both losses, every

@@ -138,13 +138,16 @@ def test_batch_corrections_are_off_by_default_and_report_only_when_on():
     assert scale == metrics["correction/ess_lr_scale"] and 0.1 <= scale < 1
 
 
-@pytest.mark.parametrize("override, says", [
-    ("algorithm.rollout_correction.m2po_threshold=0", "must be > 0"),
-    ("algorithm.rollout_correction.ess_lr_min=1.5", "must be in (0, 1]"),
-    ("algorithm.rollout_correction.ess_lr_min=0", "must be in (0, 1]"),
-    ("algorithm.rollout_correction.m2po=maybe", "true/false"),
-    ("algorithm.rollout_correction.ess_lr=2", "true/false"),
-])
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("algorithm.rollout_correction.m2po_threshold=0", "must be > 0"),
+        ("algorithm.rollout_correction.ess_lr_min=1.5", "must be in (0, 1]"),
+        ("algorithm.rollout_correction.ess_lr_min=0", "must be in (0, 1]"),
+        ("algorithm.rollout_correction.m2po=maybe", "true/false"),
+        ("algorithm.rollout_correction.ess_lr=2", "true/false"),
+    ],
+)
 def test_a_wrong_value_is_one_line_naming_the_key(override, says, tmp_path, monkeypatch, capsys):
     """Through the real command line: exit 2, one line that names the key and says what it accepts."""
     monkeypatch.chdir(tmp_path)

@@ -16,10 +16,29 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_soak_runs_kills_resumes_and_audits_clean(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--minutes", "0.6", "--run-dir", str(tmp_path),
-         "--p-engine", "0.01", "--p-reward", "0.05", "trainer.warm_start_steps=5", "model.n_layer=1",
-         "model.n_embd=32", "model.n_head=2", "trainer.checkpoint_every=2"],
-        capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "soak.py"),
+            "--minutes",
+            "0.6",
+            "--run-dir",
+            str(tmp_path),
+            "--p-engine",
+            "0.01",
+            "--p-reward",
+            "0.05",
+            "trainer.warm_start_steps=5",
+            "model.n_layer=1",
+            "model.n_embd=32",
+            "model.n_head=2",
+            "trainer.checkpoint_every=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     last = json.loads(out.stdout.strip().splitlines()[-1])
     assert last["kills"] == 1 and last["lost"] == 0 and last["violations"] == 0 and last["trained"] > 0

@@ -1,10 +1,9 @@
 """One thread per test process: the machine has 2 cores shared by everything."""
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
-
-import pytest
 
 
 @pytest.fixture(scope="session")

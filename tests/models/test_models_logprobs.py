@@ -79,8 +79,9 @@ def test_agentic_episodes_through_the_hf_engine_match_recompute(tool_task):
 
     async def run_all():
         try:
-            return await asyncio.gather(*[task.run_episode(p, turns(engine), random.Random(i))
-                                          for i, p in enumerate(prompts)])
+            return await asyncio.gather(
+                *[task.run_episode(p, turns(engine), random.Random(i)) for i, p in enumerate(prompts)]
+            )
         finally:
             await engine.close()
 

@@ -161,8 +161,13 @@ def test_local_model_path_loads_offline_and_trains_one_step(tmp_path, monkeypatc
         engine = HFEngine(policy, sampling=Sampling(stop_ids=frozenset(task.stop_ids)))
         eps = [[await task.run_episode(p, turns(engine), random.Random(j)) for j in range(2)] for p in prompts]
         await engine.close()
-        return [[episode_to_trajectory(p, e, {"score": 0.0}, uid=f"{p.uid}/{j}", group=p.uid, v_traj=0)
-                 for j, e in enumerate(g)] for p, g in zip(prompts, eps)]
+        return [
+            [
+                episode_to_trajectory(p, e, {"score": 0.0}, uid=f"{p.uid}/{j}", group=p.uid, v_traj=0)
+                for j, e in enumerate(g)
+            ]
+            for p, g in zip(prompts, eps)
+        ]
 
     groups = asyncio.run(rollout())
     for g in groups:  # force a learning signal whatever the untrained model answered
@@ -216,8 +221,15 @@ def test_smollm2_gguf_generates_and_takes_a_training_step(monkeypatch, tmp_path)
     from psrl.train import build_task_and_policy
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    over = [f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "model.device=cpu", "task.name=arith",
-            "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2", "trainer.warm_start_steps=1"]
+    over = [
+        f"model.path={gguf.parent}",
+        f"model.gguf_file={gguf.name}",
+        "model.device=cpu",
+        "task.name=arith",
+        "psrl.staleness_buffer_entries=2",
+        "psrl.rollout_n=2",
+        "trainer.warm_start_steps=1",
+    ]
     cfg = load_config(None, over)
     task, policy = build_task_and_policy(cfg)
     prompts = [task.sample_prompt(random.Random(i)).ids for i in range(2)]
@@ -226,8 +238,11 @@ def test_smollm2_gguf_generates_and_takes_a_training_step(monkeypatch, tmp_path)
         lp = policy.sequence_logprobs(prompts, [t for t, _ in out], 1.0)
     for i, (_, lps) in enumerate(out):
         assert max(abs(float(lp[i, t]) - x) for t, x in enumerate(lps)) < 1e-3
-    history = run(load_config(None, over + ["trainer.total_steps=1", "psrl.deployment.n_rollout_instances=1"]), tmp_path / "run",
-                  log=lambda _: None)
+    history = run(
+        load_config(None, over + ["trainer.total_steps=1", "psrl.deployment.n_rollout_instances=1"]),
+        tmp_path / "run",
+        log=lambda _: None,
+    )
     assert history[0]["version"] == 1 and history[0]["train/grad_norm"] >= 0.0
     policy.save_pretrained(tmp_path / "final")
     saved = json.loads((tmp_path / "final" / "config.json").read_text())

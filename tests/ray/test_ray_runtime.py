@@ -60,6 +60,6 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare for a loopback-only namespace")
 def test_ray_actor_matches_local_policy():
     pytest.importorskip("ray")
-    cmd = ["unshare", "-rn", "sh", "-c", f"ip link set lo up && exec {sys.executable} -c \"$0\"", SCRIPT]
+    cmd = ["unshare", "-rn", "sh", "-c", f'ip link set lo up && exec {sys.executable} -c "$0"', SCRIPT]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert "RAY-OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

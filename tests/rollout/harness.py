@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from typing import Any, Optional
+from typing import Any
 
 from psrl.config import load_config
 from psrl.rollout.client.records import MemorySink
@@ -42,19 +42,38 @@ def _yaml(v: Any) -> str:
     return str(v)
 
 
-def coordinator(cfg, task: Optional[FakeTask] = None, *, token_cost: float = 0.01, sync_cost: float = 0.0,
-                train_time: float = 0.5, sink: Any = None, record: bool = False, log: Any = None,
-                on_event: Any = None) -> Coordinator:
+def coordinator(
+    cfg,
+    task: FakeTask | None = None,
+    *,
+    token_cost: float = 0.01,
+    sync_cost: float = 0.0,
+    train_time: float = 0.5,
+    sink: Any = None,
+    record: bool = False,
+    log: Any = None,
+    on_event: Any = None,
+) -> Coordinator:
     """The real Coordinator, built by psrl train's builder, with FakeEngine instances, a FakeTask and a FakeTrainer."""
     task = task if task is not None else FakeTask()
-    engines = [FakeEngine(token_cost=token_cost, sync_cost=sync_cost, record=record)
-               for _ in range(cfg.psrl.deployment.n_rollout_instances)]
-    return build(cfg, log=log or (lambda _: None), task=task, trainer=FakeTrainer(train_time=train_time),
-                 engines=engines, sink=sink if sink is not None else MemorySink(), on_event=on_event)
+    engines = [
+        FakeEngine(token_cost=token_cost, sync_cost=sync_cost, record=record)
+        for _ in range(cfg.psrl.deployment.n_rollout_instances)
+    ]
+    return build(
+        cfg,
+        log=log or (lambda _: None),
+        task=task,
+        trainer=FakeTrainer(train_time=train_time),
+        engines=engines,
+        sink=sink if sink is not None else MemorySink(),
+        on_event=on_event,
+    )
 
 
-def pool_of(models: list, store: Any, sync: Any = None, router: Any = None, pool: Optional[dict] = None,
-            **instance: Any) -> InstancePool:
+def pool_of(
+    models: list, store: Any, sync: Any = None, router: Any = None, pool: dict | None = None, **instance: Any
+) -> InstancePool:
     """Real rollout instances over fake ``models`` (each in the no-cache engine) sharing ``store``; ``instance``:
     their settings (partial_rollout, max_batch, ...), ``pool``: the pool's (capacity, candidate_sort, ...)."""
     new = functools.partial(RolloutInstance, weights=store, sync=sync or GreedySync(), **instance)

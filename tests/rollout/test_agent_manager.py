@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 from psrl.rollout.fakes import FakeTask
-from tests.rollout.harness import check_bound, config, coordinator, run, statuses
+from tests.rollout.harness import check_bound, config, coordinator, run
 
 
 def slow_episodes(slow: set, slow_latency: float = 1e6, fast: float = 1.0, each: dict | None = None):
@@ -46,8 +46,13 @@ def step_rows(coord):
 
 def test_occupied_group_cancels_its_surplus_member_at_once():
     """N'=2 > N=1: when the fast member occupies, the slow one is cancelled before the step (never completes)."""
-    cfg = config(psrl__staleness=0, psrl__staleness_buffer_entries=1, psrl__rollout_n=1,
-                 psrl__redundant_rollout__enable=True, psrl__redundant_rollout__redundant_rollout_n=2)
+    cfg = config(
+        psrl__staleness=0,
+        psrl__staleness_buffer_entries=1,
+        psrl__rollout_n=1,
+        psrl__redundant_rollout__enable=True,
+        psrl__redundant_rollout__redundant_rollout_n=2,
+    )
     coord = coordinator(cfg, FakeTask(latency_fn=slow_episodes({1})))
     rows = run(coord, 1)
     recs = by_uid(coord.sink.trajectories)
@@ -63,8 +68,13 @@ def test_passively_aborted_entry_is_cancelled_and_its_held_members_reported():
     is aborted holding one member: its slow member (episode 3) is cancelled at once and the member
     it already held is recorded ``aborted`` -- reported, not silently dropped.
     """
-    cfg = config(psrl__staleness=0, psrl__staleness_buffer_entries=1, psrl__rollout_n=2,
-                 psrl__redundant_rollout__enable=True, psrl__redundant_rollout__redundant_global_batch_size=2)
+    cfg = config(
+        psrl__staleness=0,
+        psrl__staleness_buffer_entries=1,
+        psrl__rollout_n=2,
+        psrl__redundant_rollout__enable=True,
+        psrl__redundant_rollout__redundant_global_batch_size=2,
+    )
     coord = coordinator(cfg, FakeTask(latency_fn=slow_episodes({3}, each={1: 2.0})))
     rows = run(coord, 1)
     recs = by_uid(coord.sink.trajectories)
@@ -84,8 +94,12 @@ def test_dynamic_sampling_filter_drops_zero_std_groups_and_slots_refill():
     def score(prompt, episode):
         return 1.0 if prompt.answer % 2 == 0 else float(episode.info["coin"] > 0.5)
 
-    cfg = config(psrl__group_post_process__enable=True, psrl__group_post_process__name="dynamic_sampling_filter",
-                 algorithm__filter_groups__metric="score", psrl__rollout_n=3)
+    cfg = config(
+        psrl__group_post_process__enable=True,
+        psrl__group_post_process__name="dynamic_sampling_filter",
+        algorithm__filter_groups__metric="score",
+        psrl__rollout_n=3,
+    )
     coord = coordinator(cfg, FakeTask(score_fn=score, tool_latency=0.5))
     rows = run(coord, 4)
     groups = defaultdict(list)
@@ -105,9 +119,14 @@ def test_dynamic_sampling_filter_drops_zero_std_groups_and_slots_refill():
 
 def stuck_config(method):
     """eta=0, B=2, N=1: both groups reserve into buffer 0, which is STUCK (full) until both complete."""
-    return config(psrl__staleness=0, psrl__staleness_buffer_entries=2, psrl__rollout_n=1,
-                  psrl__proactive_filter_strategy__method=method, psrl__proactive_filter_strategy__threshold=1,
-                  trainer__stall_timeout_s=0)  # the control waits 1e6 s on purpose: no stall watchdog
+    return config(
+        psrl__staleness=0,
+        psrl__staleness_buffer_entries=2,
+        psrl__rollout_n=1,
+        psrl__proactive_filter_strategy__method=method,
+        psrl__proactive_filter_strategy__threshold=1,
+        trainer__stall_timeout_s=0,
+    )  # the control waits 1e6 s on purpose: no stall watchdog
 
 
 def test_without_a_proactive_filter_a_stuck_buffer_waits_for_its_straggler():
@@ -175,9 +194,14 @@ def test_proactive_truncate_retries_a_raising_synchronous_reward_like_any_other(
 def test_proactive_filter_acts_only_at_or_below_its_threshold(threshold, acts):
     """Boundary: B=3 with two stragglers left in the STUCK buffer -- threshold 2 acts, threshold 1 waits.
     0 is PSRL's default: a STUCK buffer always has a RESERVED entry, so the filter never acts."""
-    cfg = config(psrl__staleness=0, psrl__staleness_buffer_entries=3, psrl__rollout_n=1,
-                 psrl__proactive_filter_strategy__method="truncate",
-                 psrl__proactive_filter_strategy__threshold=threshold, trainer__stall_timeout_s=0)
+    cfg = config(
+        psrl__staleness=0,
+        psrl__staleness_buffer_entries=3,
+        psrl__rollout_n=1,
+        psrl__proactive_filter_strategy__method="truncate",
+        psrl__proactive_filter_strategy__threshold=threshold,
+        trainer__stall_timeout_s=0,
+    )
     coord = coordinator(cfg, FakeTask(latency_fn=slow_episodes({1, 2})))
     rows = run(coord, 1)
     assert (rows[0]["counts/truncated"] == 2) is acts
@@ -240,6 +264,7 @@ def _bad_reward(kind: str):
         if prompt.answer != 1:
             return ok()
         if kind == "hang":
+
             async def never():
                 await asyncio.get_running_loop().create_future()  # nothing ever sets it
 
@@ -262,8 +287,16 @@ def no_buffer_waits_on(coord, groups: set) -> None:
             assert live[eid] not in groups, f"buffer {b} waits on failed group {live[eid]}"
 
 
-@pytest.mark.parametrize("kind, reason", [("hang", "task.reward_timeout=30s"), ("nan", "nan"), ("inf", "inf"),
-                                          ("-inf", "-inf"), ("raise", "broken verifier")])
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("hang", "task.reward_timeout=30s"),
+        ("nan", "nan"),
+        ("inf", "inf"),
+        ("-inf", "-inf"),
+        ("raise", "broken verifier"),
+    ],
+)
 def test_hanging_or_non_finite_reward_fails_like_a_raising_one(kind, reason):
     """Prompt 1's reward hangs (virtual time: it is cancelled at task.reward_timeout) or scores NaN / +-inf:
     retried once, then recorded ``error`` with the reason, counted in counts/failed, its entry aborted

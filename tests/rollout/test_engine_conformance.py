@@ -312,8 +312,9 @@ def test_a_rollout_instance_syncs_mid_request_and_counts_it(kind, migration, tin
     n = MANY[kind]
 
     async def main():
-        inst = RolloutInstance(0, rig.engine, rig.store, GreedySync(), partial_rollout=True,
-                               interrupt_as_prompt=migration)
+        inst = RolloutInstance(
+            0, rig.engine, rig.store, GreedySync(), partial_rollout=True, interrupt_as_prompt=migration
+        )
         inst.start()
         try:
             await asyncio.wait_for(inst.ready.wait(), 300)

@@ -10,10 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from psrl.rollout.engines.base import NoCacheEngine
-from psrl.rollout.fakes import FakeEngine
-from psrl.rollout.fakes import FakeTask, FakeTrainer
 from psrl.rollout.client.records import MemorySink
+from psrl.rollout.engines.base import NoCacheEngine
+from psrl.rollout.fakes import FakeEngine, FakeTask, FakeTrainer
 from psrl.runtime.coordinator import Coordinator
 from tests.rollout.harness import check_bound, config, run, statuses
 
@@ -88,6 +87,13 @@ def test_the_run_stops_with_a_message_when_no_instance_is_left():
 
     Run in a child interpreter: in this scenario CPython 3.11.7 under pytest leaves its AST recursion counter
     off, and a later lazy import in the same process fails with "AST constructor recursion depth mismatch"."""
-    out = subprocess.run([sys.executable, "-c", NO_INSTANCE_LEFT], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[2])
-    assert "STOPPED: rollout.max_restarts: every rollout instance is dead" in out.stdout, out.stdout + out.stderr[-2000:]
+    out = subprocess.run(
+        [sys.executable, "-c", NO_INSTANCE_LEFT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert "STOPPED: rollout.max_restarts: every rollout instance is dead" in out.stdout, (
+        out.stdout + out.stderr[-2000:]
+    )

@@ -28,6 +28,7 @@ def test_a_task_that_fails_every_trajectory_stops_the_run_naming_it(stage, what)
 
 def test_one_failing_prompt_among_good_ones_does_not_stop_the_run():
     """The guard counts failures in a row: a task that fails sometimes trains on."""
+
     def reward(prompt, episode):
         if prompt.answer % 3 == 0:
             raise ValueError("flaky")

@@ -9,11 +9,11 @@
 
 import asyncio
 import copy
-import random
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.engines.hf import HFEngine
@@ -43,8 +43,10 @@ def test_cached_engine_equals_the_no_cache_twin_with_joins_and_leaves(tiny, rnd)
     """Random contexts, budgets and join times: identical greedy tokens, log-probs within 1e-5."""
     _, _, policy = tiny
     vocab = policy.model.config.vocab_size
-    specs = [([rnd.randrange(3, vocab) for _ in range(rnd.randrange(1, 12))], rnd.randrange(1, 16), rnd.randrange(0, 30))
-             for _ in range(rnd.randrange(1, 6))]
+    specs = [
+        ([rnd.randrange(3, vocab) for _ in range(rnd.randrange(1, 12))], rnd.randrange(1, 16), rnd.randrange(0, 30))
+        for _ in range(rnd.randrange(1, 6))
+    ]
     fast = asyncio.run(_staggered(HFEngine(policy.replica(1), sampling=Sampling(temperature=0)), specs))
     slow = asyncio.run(_staggered(NoCacheEngine(policy.replica(1), sampling=Sampling(temperature=0)), specs))
     for f, s in zip(fast, slow):
@@ -54,8 +56,10 @@ def test_cached_engine_equals_the_no_cache_twin_with_joins_and_leaves(tiny, rnd)
 
 def _perturbed_state(policy, seed, scale=0.3):
     gen = torch.Generator().manual_seed(seed)
-    return {k: v + torch.randn(v.shape, generator=gen) * scale if v.is_floating_point() else v
-            for k, v in policy.export_state().items()}
+    return {
+        k: v + torch.randn(v.shape, generator=gen) * scale if v.is_floating_point() else v
+        for k, v in policy.export_state().items()
+    }
 
 
 async def _update_mid_request(engine, store, n_before=4, total=20):
@@ -124,10 +128,18 @@ def test_mismatch_metric_jumps_when_an_engine_skips_a_weight_update(tiny, engine
         return reqs
 
     reqs = asyncio.run(main())
-    pad = lambda rows: torch.nn.utils.rnn.pad_sequence([torch.tensor(r, dtype=torch.float32) for r in rows], batch_first=True)
+
+    def pad(rows):
+        return torch.nn.utils.rnn.pad_sequence([torch.tensor(r, dtype=torch.float32) for r in rows], batch_first=True)
+
     with torch.no_grad():
         recomputed = new.sequence_logprobs([r.context for r in reqs], [r.tokens for r in reqs])
-    m = logprob_mismatch(recomputed, pad([r.logprobs for r in reqs]), pad([[1] * len(r.tokens) for r in reqs]),
-                         pad([r.versions for r in reqs]), 2)
+    m = logprob_mismatch(
+        recomputed,
+        pad([r.logprobs for r in reqs]),
+        pad([[1] * len(r.tokens) for r in reqs]),
+        pad([r.versions for r in reqs]),
+        2,
+    )
     assert m["engine/mismatch_tokens"] == 48
     assert (m["engine/logprob_mismatch_max"] > 1e-2) if jumps else (m["engine/logprob_mismatch_max"] < 1e-4)

@@ -8,15 +8,16 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.serving.instance import RolloutInstance
 from psrl.rollout.serving.pool import InstancePool
 from psrl.rollout.serving.router import RequestNumBalanceRouter, RoundRobinRouter
-from psrl.rollout.serving.sync import GreedySync, StatusBasedSync
 from psrl.rollout.serving.session import Session
+from psrl.rollout.serving.sync import GreedySync, StatusBasedSync
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 from tests.rollout.harness import pool_of, stub_pool
@@ -210,8 +211,12 @@ def test_request_num_instance_waits_for_running_requests_to_drop():
 
     async def main():
         store = store_at()
-        inst = instance(FakeEngine(token_cost=0.1), store, sync=request_num_sync(2, 5, SimpleNamespace(train_version=1)),
-                        partial_rollout=True)
+        inst = instance(
+            FakeEngine(token_cost=0.1),
+            store,
+            sync=request_num_sync(2, 5, SimpleNamespace(train_version=1)),
+            partial_rollout=True,
+        )
         inst.start()
         short, long = inst.submit(CTX, 3, 0), inst.submit(CTX, 30, 0)
         await asyncio.sleep(0.05)

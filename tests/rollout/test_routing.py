@@ -11,17 +11,26 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.serving.instance import RolloutInstance
-from psrl.runtime.profile import profile_engine
-from psrl.rollout.serving.router import (CostModel, RandomRouter, RequestNumBalanceRouter, RoundRobinRouter,
-                                 ThroughputOptimalRouter, build_router, fit_cost_model, load_cost_model,
-                                 save_cost_model)
+from psrl.rollout.serving.router import (
+    CostModel,
+    RandomRouter,
+    RequestNumBalanceRouter,
+    RoundRobinRouter,
+    ThroughputOptimalRouter,
+    build_router,
+    fit_cost_model,
+    load_cost_model,
+    save_cost_model,
+)
 from psrl.rollout.serving.session import Session
 from psrl.rollout.serving.sync import GreedySync
+from psrl.runtime.profile import profile_engine
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 from psrl.types import EngineLoad
@@ -61,8 +70,12 @@ def test_random_router_is_seeded_and_uses_every_candidate():
 
 def test_build_router_reads_every_method():
     rs = SimpleNamespace(method="", cost_model_path=None, delta_throughput_threshold=0.5)
-    for method, cls in [("random", RandomRouter), ("round_robin", RoundRobinRouter),
-                        ("request_num_balance", RequestNumBalanceRouter), ("throughput_optimal", ThroughputOptimalRouter)]:
+    for method, cls in [
+        ("random", RandomRouter),
+        ("round_robin", RoundRobinRouter),
+        ("request_num_balance", RequestNumBalanceRouter),
+        ("throughput_optimal", ThroughputOptimalRouter),
+    ]:
         rs.method = method
         assert isinstance(build_router(on(rs)), cls)
 
@@ -189,8 +202,7 @@ def test_candidate_sort_indicator_breaks_ties(sort, expected):
     router = ThroughputOptimalRouter([CostModel(k3=1.0)] * 2, delta_threshold=0.0)  # equal gains: a tie
     insts[1].running = 2 if sort == "reserve_capability" else 1
     insts[0].running = 1
-    pool = stub_pool(insts, router if sort == "reserve_capability" else RequestNumBalanceRouter(),
-                     candidate_sort=sort)
+    pool = stub_pool(insts, router if sort == "reserve_capability" else RequestNumBalanceRouter(), candidate_sort=sort)
     assert pool.route(0).index == expected
 
 
@@ -203,7 +215,7 @@ def test_without_trajectory_stickiness_every_turn_is_routed_again():
         pool.start()
         s = Session(pool, 0, CTX)
         seg1 = await s.generate(CTX, 3)
-        seg2 = await s.generate(CTX + seg1.tokens + [5], 3)
+        await s.generate(CTX + seg1.tokens + [5], 3)
         await pool.stop()
         return s.instances, s.v_traj
 
@@ -239,8 +251,10 @@ def test_multi_level_queue_admits_older_v_traj_first():
     assert admission_order() == [4, 6, 5, 3, 7]  # off: arrival order
 
 
-@pytest.mark.parametrize("sort, expected", [("small_id", [4, 6, 5, 3, 7]), ("short_length", [3, 4, 5, 6, 7]),
-                                            ("long_length", [7, 6, 5, 4, 3])])
+@pytest.mark.parametrize(
+    "sort, expected",
+    [("small_id", [4, 6, 5, 3, 7]), ("short_length", [3, 4, 5, 6, 7]), ("long_length", [7, 6, 5, 4, 3])],
+)
 def test_request_sort_indicator_orders_a_queue(sort, expected):
     assert admission_order(request_sort=sort) == expected
 
@@ -254,8 +268,23 @@ def test_psrl_profile_writes_the_file_cost_model_path_reads(tmp_path, capsys):
     from psrl.runtime.profile import main
 
     out = tmp_path / "cost.json"
-    assert main(["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "psrl.deployment.n_rollout_instances=2",
-                 "--out", str(out), "--sizes", "1,2,4", "--tokens", "4"]) == 0
+    assert (
+        main(
+            [
+                "model.n_layer=1",
+                "model.n_embd=32",
+                "model.n_head=2",
+                "psrl.deployment.n_rollout_instances=2",
+                "--out",
+                str(out),
+                "--sizes",
+                "1,2,4",
+                "--tokens",
+                "4",
+            ]
+        )
+        == 0
+    )
     models = load_cost_model(out)
     assert len(models) == 2 and all(m.k3 > 0 for m in models)
     assert "cost_model_path" in capsys.readouterr().out

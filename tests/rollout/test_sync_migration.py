@@ -46,11 +46,14 @@ def test_greedy_pulls_as_soon_as_a_version_exists():
     assert GreedySync(2, TRAIN_AT_1).should_pull(stub(in_flight=9), latest=1)
 
 
-@pytest.mark.parametrize("indicator, threshold, below, at", [
-    ("request_num", 2, stub(in_flight=1), stub(in_flight=2)),
-    ("throughput", 50.0, stub(tps=49.9), stub(tps=50.0)),
-    ("kv_cache", 0.3, stub(kv=0.29), stub(kv=0.3)),
-])
+@pytest.mark.parametrize(
+    "indicator, threshold, below, at",
+    [
+        ("request_num", 2, stub(in_flight=1), stub(in_flight=2)),
+        ("throughput", 50.0, stub(tps=49.9), stub(tps=50.0)),
+        ("kv_cache", 0.3, stub(kv=0.29), stub(kv=0.3)),
+    ],
+)
 def test_status_based_pulls_only_below_its_threshold(indicator, threshold, below, at):
     """Each indicator reads its own figure of the instance; equal to the threshold keeps the weights."""
     sync = StatusBasedSync(indicator, threshold, staleness=3, versions=TRAIN_AT_1)
@@ -81,8 +84,12 @@ def test_seamless_train_version_holds_pulls_up_to_it(latest, pulls):
 
 
 def test_build_sync_reads_the_config_section():
-    sm = SimpleNamespace(method="status_based", sync=SimpleNamespace(
-        indicator="throughput", threshold=7.0, check_req_before_sync=False, seamless_train_version=1))
+    sm = SimpleNamespace(
+        method="status_based",
+        sync=SimpleNamespace(
+            indicator="throughput", threshold=7.0, check_req_before_sync=False, seamless_train_version=1
+        ),
+    )
     cfg = SimpleNamespace(psrl=SimpleNamespace(sync_and_mig_strategy=sm, staleness=2))
     s = build_sync(cfg, TRAIN_AT_1)
     assert (s.indicator, s.threshold, s.check_req, s.seamless, s.staleness) == ("throughput", 7.0, False, 1, 2)
@@ -96,8 +103,13 @@ def test_throughput_sync_on_a_real_instance_waits_for_its_rate_to_drop():
 
     async def main():
         store = store_at()
-        inst = RolloutInstance(0, NoCacheEngine(FakeEngine(token_cost=0.025)), store,
-                               StatusBasedSync("throughput", 5.0, 5, TRAIN_AT_1), partial_rollout=True)
+        inst = RolloutInstance(
+            0,
+            NoCacheEngine(FakeEngine(token_cost=0.025)),
+            store,
+            StatusBasedSync("throughput", 5.0, 5, TRAIN_AT_1),
+            partial_rollout=True,
+        )
         inst.start()
         reqs = [inst.submit(CTX, 40, 0) for _ in range(4)]
         await asyncio.sleep(0.5)
@@ -119,14 +131,17 @@ def test_throughput_sync_on_a_real_instance_waits_for_its_rate_to_drop():
 # ---------------------------------------------------------------------------- migration plans
 
 
-@pytest.mark.parametrize("loads, threshold, stop, moves", [
-    ((6, 0), 2.0, 1.2, 3),    # inf > 2: move until 3/3
-    ((6, 0), 2.0, 2.0, 2),    # 6/0 -> 5/1 (5) -> 4/2 (2.0 <= stop): two moves
-    ((4, 2), 2.0, 1.2, 0),    # ratio exactly the threshold: no migration (it must exceed)
-    ((5, 2), 2.0, 1.2, 1),    # 2.5 > 2 -> 4/3 (1.33); a second move would overshoot (3/4)
-    ((1, 0), 2.0, 1.2, 0),    # moving the only request would only swap the imbalance
-    ((0, 0), 2.0, 1.2, 0),
-])
+@pytest.mark.parametrize(
+    "loads, threshold, stop, moves",
+    [
+        ((6, 0), 2.0, 1.2, 3),  # inf > 2: move until 3/3
+        ((6, 0), 2.0, 2.0, 2),  # 6/0 -> 5/1 (5) -> 4/2 (2.0 <= stop): two moves
+        ((4, 2), 2.0, 1.2, 0),  # ratio exactly the threshold: no migration (it must exceed)
+        ((5, 2), 2.0, 1.2, 1),  # 2.5 > 2 -> 4/3 (1.33); a second move would overshoot (3/4)
+        ((1, 0), 2.0, 1.2, 0),  # moving the only request would only swap the imbalance
+        ((0, 0), 2.0, 1.2, 0),
+    ],
+)
 def test_migration_start_and_stop_thresholds(loads, threshold, stop, moves):
     insts = [stub(in_flight=n) for n in loads]
     src, n = Migration("request_num", threshold, "request_num", stop).plan(insts)
@@ -156,9 +171,19 @@ def test_sync_is_considered_first_then_migration():
     """A round in which some instance wants to pull plans no migration; the next round without one does."""
     store = store_at()
     sync = _SyncSoon()
-    insts = [SimpleNamespace(index=i, version=0, dead=False, syncing=False, in_flight=n, migrated=0,
-                             wants_pull=lambda: sync.on, load=lambda: EngineLoad(0, 0, 0.0, None))
-             for i, n in enumerate((6, 0))]
+    insts = [
+        SimpleNamespace(
+            index=i,
+            version=0,
+            dead=False,
+            syncing=False,
+            in_flight=n,
+            migrated=0,
+            wants_pull=lambda: sync.on,
+            load=lambda: EngineLoad(0, 0, 0.0, None),
+        )
+        for i, n in enumerate((6, 0))
+    ]
     moved = []
     for inst in insts:
         inst.migrate = lambda n, inst=inst: moved.append((inst.index, n)) or []

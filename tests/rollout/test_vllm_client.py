@@ -21,8 +21,17 @@ def sse(*chunks) -> bytes:
 
 
 def chunk(rid, toks, finish=None, spans=None) -> dict:
-    return {"request_id": rid, "choices": [{"token_ids": toks, "finish_reason": finish, "weight_versions": spans,
-                                            "logprobs": {"content": [{"logprob": -1.0} for _ in toks]}}]}
+    return {
+        "request_id": rid,
+        "choices": [
+            {
+                "token_ids": toks,
+                "finish_reason": finish,
+                "weight_versions": spans,
+                "logprobs": {"content": [{"logprob": -1.0} for _ in toks]},
+            }
+        ],
+    }
 
 
 def engine(handler, tmp_path) -> VLLMEngine:
@@ -41,13 +50,24 @@ def test_spans_become_per_token_versions():
 
 def test_the_servers_spans_replace_the_arrival_labels(tmp_path):
     """Tokens that arrive after the resume but were produced before the pause keep the old version."""
+
     def handler(request):
         assert request.url.path == "/inference/v1/generate"
         body = json.loads(request.content)
         assert body["token_ids"] == [1, 2] and body["sampling_params"]["max_tokens"] == 5
         rid = "generate-tokens-" + body["request_id"]
-        return httpx.Response(200, content=sse(chunk(rid, [7, 8, 9]), chunk(rid, [10, 11], "length", [
-            {"version": "1", "start": 0, "end": 4}, {"version": "2", "start": 4, "end": 5}])))
+        return httpx.Response(
+            200,
+            content=sse(
+                chunk(rid, [7, 8, 9]),
+                chunk(
+                    rid,
+                    [10, 11],
+                    "length",
+                    [{"version": "1", "start": 0, "end": 4}, {"version": "2", "start": 4, "end": 5}],
+                ),
+            ),
+        )
 
     async def main():
         eng = engine(handler, tmp_path)
@@ -194,8 +214,9 @@ def test_a_request_is_sent_again_only_if_the_server_never_answered_it(tmp_path):
         if body["token_ids"] == [1] and len(sent) == 1:
             raise DROPPED
         if body["token_ids"] == [1]:
-            return httpx.Response(200, content=sse(chunk(rid, [7, 8], "length", [{"version": "1", "start": 0,
-                                                                                   "end": 2}])))
+            return httpx.Response(
+                200, content=sse(chunk(rid, [7, 8], "length", [{"version": "1", "start": 0, "end": 2}]))
+            )
         return httpx.Response(200, content=broken(rid))
 
     async def main():

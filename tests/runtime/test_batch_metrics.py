@@ -7,9 +7,18 @@ from psrl.types import Trajectory
 
 
 def _traj(v_traj, reward, mask, truncated=False, acc=None):
-    return Trajectory(uid="u", group="g", v_traj=v_traj, prompt_ids=[1], response_ids=list(range(len(mask))),
-                      logprobs=[0.0] * len(mask), loss_mask=mask, reward=reward, truncated=truncated,
-                      metrics={} if acc is None else {"acc": acc})
+    return Trajectory(
+        uid="u",
+        group="g",
+        v_traj=v_traj,
+        prompt_ids=[1],
+        response_ids=list(range(len(mask))),
+        logprobs=[0.0] * len(mask),
+        loss_mask=mask,
+        reward=reward,
+        truncated=truncated,
+        metrics={} if acc is None else {"acc": acc},
+    )
 
 
 def test_batch_metrics_by_hand():

@@ -17,9 +17,8 @@ from psrl.errors import RunError
 from psrl.rollout.fakes import FakeEngine, FakeTrainer
 from psrl.runtime.checkpoint import CheckpointWriteError, resume, save_checkpoint
 from psrl.runtime.coordinator import Coordinator, build_staleness_manager
-from psrl.runtime.recorder import RunRecorder, read_jsonl
+from psrl.runtime.recorder import EventLog, RunRecorder, read_jsonl
 from psrl.runtime.vloop import run_virtual
-from psrl.runtime.recorder import EventLog
 from tests.rollout.harness import check_bound, config
 from tests.runtime.test_coordinator_staleness import task
 

@@ -5,12 +5,11 @@ from collections import Counter
 
 import pytest
 
-from psrl.rollout.fakes import FakeEngine
-from psrl.rollout.fakes import FakeTrainer
+from psrl.rollout.fakes import FakeEngine, FakeTrainer
 from psrl.runtime.checkpoint import resume, save_checkpoint
 from psrl.runtime.coordinator import Coordinator
-from psrl.runtime.vloop import run_virtual
 from psrl.runtime.recorder import RunRecorder, read_jsonl
+from psrl.runtime.vloop import run_virtual
 from tests.rollout.harness import check_bound, config, run
 from tests.runtime.test_coordinator_staleness import task
 

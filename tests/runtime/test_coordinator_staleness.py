@@ -45,11 +45,17 @@ def test_every_trained_trajectory_is_within_the_bound(tmp_path, eta, partial):
 @pytest.mark.parametrize("eta", [1, 2])
 def test_bound_holds_with_redundancy_migration_and_request_num_sync(tmp_path, eta):
     """B' > B, N' > N, partial rollout with migration, request_num sync: still within the bound, work cancelled."""
-    cfg = config(psrl__staleness=eta, psrl__redundant_rollout__enable=True,
-                 psrl__redundant_rollout__redundant_global_batch_size=3,
-                 psrl__redundant_rollout__redundant_rollout_n=3, psrl__partial_rollout__enable=True,
-                 psrl__partial_rollout__interrupt_as_prompt=True, psrl__sync_and_mig_strategy__method="status_based",
-                 psrl__sync_and_mig_strategy__sync__threshold=3, psrl__routing_strategy__method="round_robin")
+    cfg = config(
+        psrl__staleness=eta,
+        psrl__redundant_rollout__enable=True,
+        psrl__redundant_rollout__redundant_global_batch_size=3,
+        psrl__redundant_rollout__redundant_rollout_n=3,
+        psrl__partial_rollout__enable=True,
+        psrl__partial_rollout__interrupt_as_prompt=True,
+        psrl__sync_and_mig_strategy__method="status_based",
+        psrl__sync_and_mig_strategy__sync__threshold=3,
+        psrl__routing_strategy__method="round_robin",
+    )
     coord, rows, trajs, metrics = run_to_dir(tmp_path, cfg, 8, sync_cost=0.3)
     assert check_bound(trajs, eta) == 8 * 2 * 2
     assert metrics[-1]["counts/cancelled"] > 0
@@ -79,8 +85,9 @@ def test_staleness_zero_is_synchronous_training(tmp_path):
     cfg = config(psrl__staleness=0)
     coord, rows, trajs, _ = run_to_dir(tmp_path, cfg, 5, record=True)
     trained = [t for t in trajs if t["status"] == "trained"]
-    assert trained and all(t["consumed_version"] == t["v_traj"] and t["segment_versions"] == [t["v_traj"]]
-                           for t in trained)
+    assert trained and all(
+        t["consumed_version"] == t["v_traj"] and t["segment_versions"] == [t["v_traj"]] for t in trained
+    )
     times = [t for inst in coord.pool.instances for t in inst.model.times]
     assert _overlaps(times, coord.trainer.intervals) == 0
 

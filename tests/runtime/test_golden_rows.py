@@ -21,30 +21,41 @@ from pathlib import Path
 
 import pytest
 
-from psrl.rollout.fakes import FakeTask
 from psrl.rollout.client.records import MemorySink
+from psrl.rollout.fakes import FakeTask
 from tests.rollout.harness import config, coordinator, run
 
 GOLDEN = Path(__file__).parent / "golden"
 
 VARIANTS = {
     "plain": {"psrl__staleness": 2},
-    "partial_migration": {"psrl__staleness": 2, "psrl__partial_rollout__enable": True,
-                          "psrl__sync_and_mig_strategy__method": "status_based",
-                          "psrl__sync_and_mig_strategy__sync__threshold": 3,
-                          "psrl__sync_and_mig_strategy__mig__enable": True,
-                          "psrl__sync_and_mig_strategy__mig__threshold": 1.5,
-                          "psrl__sync_and_mig_strategy__mig__stop_threshold": 1.1,
-                          "psrl__routing_strategy__max_concurrent_seqs_per_instance": 8},
-    "redundant": {"psrl__staleness": 1, "psrl__redundant_rollout__enable": True,
-                  "psrl__redundant_rollout__redundant_global_batch_size": 3,
-                  "psrl__redundant_rollout__redundant_rollout_n": 3,
-                  "psrl__routing_strategy__method": "round_robin"},
-    "interrupt": {"psrl__staleness": 1, "psrl__partial_rollout__enable": True,
-                  "psrl__partial_rollout__interrupt_as_prompt": True},
-    "proactive_truncate": {"psrl__staleness": 2,
-                           "psrl__proactive_filter_strategy__method": "truncate",
-                           "psrl__proactive_filter_strategy__threshold": 1},
+    "partial_migration": {
+        "psrl__staleness": 2,
+        "psrl__partial_rollout__enable": True,
+        "psrl__sync_and_mig_strategy__method": "status_based",
+        "psrl__sync_and_mig_strategy__sync__threshold": 3,
+        "psrl__sync_and_mig_strategy__mig__enable": True,
+        "psrl__sync_and_mig_strategy__mig__threshold": 1.5,
+        "psrl__sync_and_mig_strategy__mig__stop_threshold": 1.1,
+        "psrl__routing_strategy__max_concurrent_seqs_per_instance": 8,
+    },
+    "redundant": {
+        "psrl__staleness": 1,
+        "psrl__redundant_rollout__enable": True,
+        "psrl__redundant_rollout__redundant_global_batch_size": 3,
+        "psrl__redundant_rollout__redundant_rollout_n": 3,
+        "psrl__routing_strategy__method": "round_robin",
+    },
+    "interrupt": {
+        "psrl__staleness": 1,
+        "psrl__partial_rollout__enable": True,
+        "psrl__partial_rollout__interrupt_as_prompt": True,
+    },
+    "proactive_truncate": {
+        "psrl__staleness": 2,
+        "psrl__proactive_filter_strategy__method": "truncate",
+        "psrl__proactive_filter_strategy__threshold": 1,
+    },
     "sync": {"psrl__staleness": 0},
 }
 STEPS = 6
@@ -56,8 +67,9 @@ def heavy_tail(prompt, episode_no, call):
 
 def record(name: str) -> dict:
     sink = MemorySink()
-    coord = coordinator(config(**VARIANTS[name]), FakeTask(turns=3, turn_tokens=4, latency_fn=heavy_tail),
-                        sink=sink, sync_cost=0.2)
+    coord = coordinator(
+        config(**VARIANTS[name]), FakeTask(turns=3, turn_tokens=4, latency_fn=heavy_tail), sink=sink, sync_cost=0.2
+    )
     run(coord, STEPS)
     return {"metrics": sink.metrics, "trajectories": sorted(sink.trajectories, key=lambda r: (r["uid"], r["status"]))}
 
@@ -66,8 +78,9 @@ def same(a, b, path="") -> None:
     """Equal, floats to 1e-9 relative; the path of the first difference in the message."""
     if isinstance(a, float) or isinstance(b, float):
         assert isinstance(a, (int, float)) and isinstance(b, (int, float)), f"{path}: {a!r} != {b!r}"
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b)), \
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b)), (
             f"{path}: {a!r} != {b!r}"
+        )
     elif isinstance(a, dict) and isinstance(b, dict):
         assert sorted(a) == sorted(b), f"{path}: keys differ: {sorted(set(a) ^ set(b))}"
         for k in a:

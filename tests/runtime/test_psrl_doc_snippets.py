@@ -16,14 +16,25 @@ from psrl.runtime.recorder import read_jsonl
 from psrl.train_cli import main
 from tests.rollout.harness import check_bound
 
-SIZES = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "trainer.warm_start_steps=0",
-         "trainer.total_steps=2", "trainer.checkpoint_every=0", "task.tool_latency_median=0.01",
-         "psrl.staleness=1", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
-         "psrl.deployment.n_rollout_instances=2", "psrl.routing_strategy.max_concurrent_seqs_per_instance=4"]
+SIZES = [
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "trainer.warm_start_steps=0",
+    "trainer.total_steps=2",
+    "trainer.checkpoint_every=0",
+    "task.tool_latency_median=0.01",
+    "psrl.staleness=1",
+    "psrl.staleness_buffer_entries=2",
+    "psrl.rollout_n=2",
+    "psrl.deployment.n_rollout_instances=2",
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance=4",
+]
 """What fits this machine (PSRL's defaults are 512 prompts per buffer on GPU servers)."""
 
 IN_SCOPE = {
-    "architecture.md: deployment": ("""
+    "architecture.md: deployment": (
+        """
 psrl:
   deployment:
     train_nnodes: 2                          # Training nodes
@@ -31,14 +42,20 @@ psrl:
     n_rollout_instances: 2                   # Number of rollout instances
     rollout_nnodes_per_instance: 1           # Nodes per rollout instance
     rollout_ngpus_per_node_per_instance: 8   # GPUs per node within each instance (TP size)
-""", []),
-    "flexible_rollout.md: partial rollout": ("""
+""",
+        [],
+    ),
+    "flexible_rollout.md: partial rollout": (
+        """
 psrl:
   partial_rollout:
     enable: true
     interrupt_as_prompt: false
-""", []),
-    "flexible_rollout.md: redundant rollout": ("""
+""",
+        [],
+    ),
+    "flexible_rollout.md: redundant rollout": (
+        """
 psrl:
   redundant_rollout:
     enable: true
@@ -48,28 +65,44 @@ psrl:
     # Group-level: launch 10 responses per prompt, keep the first 8 per prompt.
     alg_rollout_n: 8
     redundant_rollout_n: 10
-""", ["psrl.redundant_rollout.alg_global_batch_size=2", "psrl.redundant_rollout.redundant_global_batch_size=3",
-      "psrl.redundant_rollout.alg_rollout_n=2", "psrl.redundant_rollout.redundant_rollout_n=3"]),
-    "flexible_rollout.md: throughput_optimal": ("""
+""",
+        [
+            "psrl.redundant_rollout.alg_global_batch_size=2",
+            "psrl.redundant_rollout.redundant_global_batch_size=3",
+            "psrl.redundant_rollout.alg_rollout_n=2",
+            "psrl.redundant_rollout.redundant_rollout_n=3",
+        ],
+    ),
+    "flexible_rollout.md: throughput_optimal": (
+        """
 psrl:
   routing_strategy:
     method: throughput_optimal
-""", []),
-    "flexible_rollout.md: multi-level queue": ("""
+""",
+        [],
+    ),
+    "flexible_rollout.md: multi-level queue": (
+        """
 psrl:
   routing_strategy:
     method: throughput_optimal
     enable_multi_priority_queue: true
-""", []),
-    "flexible_rollout.md: sync (with the 'sync:' level of PSRL's config reference)": ("""
+""",
+        [],
+    ),
+    "flexible_rollout.md: sync (with the 'sync:' level of PSRL's config reference)": (
+        """
 psrl:
   sync_and_mig_strategy:
     sync:
       indicator: request_num
       threshold: 2
       check_req_before_sync: true
-""", ["psrl.sync_and_mig_strategy.method=status_based"]),
-    "flexible_rollout.md: migration": ("""
+""",
+        ["psrl.sync_and_mig_strategy.method=status_based"],
+    ),
+    "flexible_rollout.md: migration": (
+        """
 psrl:
   sync_and_mig_strategy:
     mig:
@@ -78,12 +111,18 @@ psrl:
       threshold: 2.0       # Trigger when one instance has 2x the load of another
       stop_indicator: request_num
       stop_threshold: 1.2  # Stop when imbalance drops below 1.2x
-""", []),
-    "staleness_control.md: group sampling": ("""
+""",
+        [],
+    ),
+    "staleness_control.md: group sampling": (
+        """
 psrl:
   rollout_n: 8   # >1 enables group sampling (GRPO/DAPO/GSPO style)
-""", []),
-    "staleness_control.md: dynamic sampling filter": ("""
+""",
+        [],
+    ),
+    "staleness_control.md: dynamic sampling filter": (
+        """
 psrl:
   group_post_process:
     enable: true
@@ -91,25 +130,39 @@ psrl:
 algorithm:
   filter_groups:
     metric: score   # or acc / seq_reward / seq_final_reward
-""", ["task.name=dataset", "task.reward=tests.tasks.reward_fns:length_parity", "data.max_prompt_length=16",
-      "data.max_response_length=4", "data.train_files={rows}"]),
-    "staleness_control.md: proactive filter": ("""
+""",
+        [
+            "task.name=dataset",
+            "task.reward=tests.tasks.reward_fns:length_parity",
+            "data.max_prompt_length=16",
+            "data.max_response_length=4",
+            "data.train_files={rows}",
+        ],
+    ),
+    "staleness_control.md: proactive filter": (
+        """
 psrl:
   proactive_filter_strategy:
     method: retry        # null | retry | truncate
     threshold: 4
-""", []),
+""",
+        [],
+    ),
 }
 
 OUT_OF_SCOPE_SNIPPETS = {
-    "flexible_rollout.md: kv_transfer": ("""
+    "flexible_rollout.md: kv_transfer": (
+        """
 psrl:
   routing_strategy:
     kv_transfer:
       enable: true
       transfer_mode: sync
-""", "psrl.routing_strategy.kv_transfer"),
-    "kv_cache.md: lmcache": ("""
+""",
+        "psrl.routing_strategy.kv_transfer",
+    ),
+    "kv_cache.md: lmcache": (
+        """
 psrl:
   lmcache:
     enable: true
@@ -120,29 +173,41 @@ psrl:
     enable_async_loading: true
     cache_policy: LRU
     backend: cpu
-""", "psrl.lmcache"),
-    "kv_cache.md: lmcache p2p": ("""
+""",
+        "psrl.lmcache",
+    ),
+    "kv_cache.md: lmcache p2p": (
+        """
 psrl:
   lmcache:
     enable: true
     enable_p2p: true
     p2p_transfer_channel: nixl
     controller_base_port: 9000
-""", "psrl.lmcache"),
-    "parameter_server.md: broadcast_init": ("""
+""",
+        "psrl.lmcache",
+    ),
+    "parameter_server.md: broadcast_init": (
+        """
 psrl:
   broadcast_init:
     enabled: true        # rank-0 reads disk, everyone else gets bytes over NIXL
     algorithm: binary_tree   # only algorithm currently shipped
-""", "psrl.broadcast_init"),
-    "resource_elasticity.md: tms": ("""
+""",
+        "psrl.broadcast_init",
+    ),
+    "resource_elasticity.md: tms": (
+        """
 psrl:
   tms:
     range: all
     enable_cuda_graph: true
     enable_nixl: false
-""", "psrl.tms"),
-    "router_tito.md: SMG gateway": ("""
+""",
+        "psrl.tms",
+    ),
+    "router_tito.md: SMG gateway": (
+        """
 psrl:
   rollout_gateway:
     enable: true
@@ -157,7 +222,9 @@ psrl:
     method: round_robin
     candidate_sort_indicator: version
     enable_group_sampling_on_multi_instances: true
-""", "psrl.rollout_gateway"),
+""",
+        "psrl.rollout_gateway",
+    ),
 }
 
 FLAT_SYNC = """
@@ -181,8 +248,11 @@ def test_in_scope_snippet_runs_psrl_train_with_a_clean_audit(tmp_path, name):
     path = tmp_path / "psrl.yaml"
     path.write_text(text)
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"prompt": f"{a}+1=", "reward_model": {"ground_truth": str(a + 1)}}) + "\n"
-                            for a in range(8)))
+    rows.write_text(
+        "".join(
+            json.dumps({"prompt": f"{a}+1=", "reward_model": {"ground_truth": str(a + 1)}}) + "\n" for a in range(8)
+        )
+    )
     extra = [e.format(rows=rows) for e in extra]
     run_dir = tmp_path / "run"
     args = [str(path)] + SIZES + extra + [f"trainer.run_dir={run_dir}"]
@@ -226,9 +296,14 @@ def test_every_removed_name_points_to_its_new_one(old):
     assert any(k.startswith(new) for k in _leaves()), new
 
 
-@pytest.mark.parametrize("method, value", [("psrl.routing_strategy.method", "throughput_optimal_with_budget"),
-                                           ("psrl.routing_strategy.method", "cache_aware"),
-                                           ("psrl.sync_and_mig_strategy.sync.indicator", "hypothesis_test")])
+@pytest.mark.parametrize(
+    "method, value",
+    [
+        ("psrl.routing_strategy.method", "throughput_optimal_with_budget"),
+        ("psrl.routing_strategy.method", "cache_aware"),
+        ("psrl.sync_and_mig_strategy.sync.indicator", "hypothesis_test"),
+    ],
+)
 def test_psrl_values_not_built_here_say_why(method, value):
     with pytest.raises(ConfigError, match="not built here"):
         load_config(None, [f"{method}={value}"])
@@ -236,19 +311,32 @@ def test_psrl_values_not_built_here_say_why(method, value):
 
 def test_the_advanced_example_stops_at_its_first_out_of_scope_key():
     """configuration.md's 'Advanced 7B FSDP Config' overrides: ps_mode is PSRL's GPU transport."""
-    over = ["psrl.staleness=2", "psrl.staleness_buffer_entries=64", "psrl.ps_mode=nixl_cpu", "psrl.rollout_n=8",
-            "psrl.deployment.n_rollout_instances=16", "psrl.deployment.train_nnodes=2",
-            "psrl.partial_rollout.enable=True", "psrl.redundant_rollout.enable=True",
-            "psrl.routing_strategy.method=throughput_optimal", "psrl.routing_strategy.enable_multi_priority_queue=True",
-            "psrl.sync_and_mig_strategy.method=status_based", "psrl.sync_and_mig_strategy.sync.indicator=kv_cache",
-            "psrl.sync_and_mig_strategy.mig.enable=True", "psrl.proactive_filter_strategy.method=retry",
-            "psrl.proactive_filter_strategy.threshold=4"]
+    over = [
+        "psrl.staleness=2",
+        "psrl.staleness_buffer_entries=64",
+        "psrl.ps_mode=nixl_cpu",
+        "psrl.rollout_n=8",
+        "psrl.deployment.n_rollout_instances=16",
+        "psrl.deployment.train_nnodes=2",
+        "psrl.partial_rollout.enable=True",
+        "psrl.redundant_rollout.enable=True",
+        "psrl.routing_strategy.method=throughput_optimal",
+        "psrl.routing_strategy.enable_multi_priority_queue=True",
+        "psrl.sync_and_mig_strategy.method=status_based",
+        "psrl.sync_and_mig_strategy.sync.indicator=kv_cache",
+        "psrl.sync_and_mig_strategy.mig.enable=True",
+        "psrl.proactive_filter_strategy.method=retry",
+        "psrl.proactive_filter_strategy.threshold=4",
+    ]
     with pytest.raises(ConfigError) as err:
         load_config(None, over)
     assert err.value.key == "psrl.ps_mode"
     with pytest.raises(ConfigError) as err:  # without it: the kv_cache indicator needs an engine that reports KV use
-        load_config(None, [o for o in over if "ps_mode" not in o] + ["psrl.sync_and_mig_strategy.sync.threshold=0.5",
-                                                                     "psrl.sync_and_mig_strategy.mig.threshold=2"])
+        load_config(
+            None,
+            [o for o in over if "ps_mode" not in o]
+            + ["psrl.sync_and_mig_strategy.sync.threshold=0.5", "psrl.sync_and_mig_strategy.mig.threshold=2"],
+        )
     assert "kv_cache" in str(err.value) and "rollout.engine=vllm" in str(err.value)
 
 

@@ -44,12 +44,17 @@ def _template() -> Path:
 
 TEMPLATE = _template()
 
-WRONG_PICKLES = [pickle.dumps(x) for x in (
-    None, [1, 2], {"version": 1},
-    {"version": "x", "staleness": {}, "agents": {}, "offsets": {}},
-    {"version": 2, "staleness": None, "agents": None, "offsets": {"metrics.jsonl": -5}},
-    {"version": 2, "staleness": {"train_version": "?"}, "agents": {}, "offsets": {"nope.jsonl": 1}},
-)]
+WRONG_PICKLES = [
+    pickle.dumps(x)
+    for x in (
+        None,
+        [1, 2],
+        {"version": 1},
+        {"version": "x", "staleness": {}, "agents": {}, "offsets": {}},
+        {"version": 2, "staleness": None, "agents": None, "offsets": {"metrics.jsonl": -5}},
+        {"version": 2, "staleness": {"train_version": "?"}, "agents": {}, "offsets": {"nope.jsonl": 1}},
+    )
+]
 # text garbage has no newline: protocol-0 GLOBAL opcodes need one, so damaged bytes cannot name an import
 TEXT = st.text(st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",)), max_size=40)
 
@@ -57,12 +62,21 @@ TEXT = st.text(st.characters(blacklist_characters="\n\r", blacklist_categories=(
 @st.composite
 def damage(draw) -> list[tuple[str, str, object]]:
     """A list of ``(file, how, arg)`` to apply to the checkpoint (and sometimes a damaged checkpoint.old)."""
-    ops = draw(st.lists(st.tuples(
-        st.sampled_from(CK_FILES + ("checkpoint.old/coordinator.pkl",)),
-        st.sampled_from(["delete", "empty", "truncate", "text", "pickle", "zero"]),
-        st.floats(0, 1)), min_size=1, max_size=3))
-    return [(f, how, draw(TEXT) if how == "text" else draw(st.sampled_from(WRONG_PICKLES)) if how == "pickle"
-             else cut) for f, how, cut in ops]
+    ops = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(CK_FILES + ("checkpoint.old/coordinator.pkl",)),
+                st.sampled_from(["delete", "empty", "truncate", "text", "pickle", "zero"]),
+                st.floats(0, 1),
+            ),
+            min_size=1,
+            max_size=3,
+        )
+    )
+    return [
+        (f, how, draw(TEXT) if how == "text" else draw(st.sampled_from(WRONG_PICKLES)) if how == "pickle" else cut)
+        for f, how, cut in ops
+    ]
 
 
 def apply(ops, run_dir: Path) -> None:

@@ -31,13 +31,24 @@ TOTAL = 8
 
 
 def _cmd(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "psrl.cli", "train", *TINY, f"trainer.run_dir={run_dir}",
-            f"trainer.total_steps={TOTAL}", "psrl.staleness=1"]
+    return [
+        sys.executable,
+        "-m",
+        "psrl.cli",
+        "train",
+        *TINY,
+        f"trainer.run_dir={run_dir}",
+        f"trainer.total_steps={TOTAL}",
+        "psrl.staleness=1",
+    ]
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-            "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def _steps(path: Path) -> int:
@@ -53,8 +64,9 @@ def test_sigkill_at_a_random_step_then_the_same_command_records_nothing_twice(tm
     kill_at = random.Random(seed).randint(1, TOTAL - 2)
     why = f"(seed {seed}: killed after step {kill_at})"
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(_cmd(run_dir), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        _cmd(run_dir), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.monotonic() + 300
     while _steps(run_dir / "metrics.jsonl") < kill_at and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)  # polling for the step's line (an event), bounded by the deadline

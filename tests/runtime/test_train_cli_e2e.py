@@ -7,9 +7,17 @@ from psrl.runtime.recorder import read_jsonl
 from psrl.train_cli import main
 from tests.rollout.harness import check_bound
 
-TINY = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "trainer.warm_start_steps=5",
-        "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2", "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
-        "task.tool_latency_median=0.01", "trainer.checkpoint_every=2"]
+TINY = [
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "trainer.warm_start_steps=5",
+    "psrl.staleness_buffer_entries=2",
+    "psrl.rollout_n=2",
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
+    "task.tool_latency_median=0.01",
+    "trainer.checkpoint_every=2",
+]
 
 
 def test_psrl_train_writes_a_complete_resumable_run_dir(tmp_path):
@@ -25,8 +33,17 @@ def test_psrl_train_writes_a_complete_resumable_run_dir(tmp_path):
     assert all(checked(m) for m in metrics)  # every key is in the one metric-name table, step and version too
     families = {f"{m.name[:-1]}{x}" for m in METRICS for x in m.members}
     assert families | set(INDEX) <= set(metrics[-1])  # every listed family member is written (none is stale)
-    for key in ("time", "reward/mean", "staleness/mean", "staleness/max", "counts/generated", "counts/aborted",
-                "counts/filtered", "counts/retried", "counts/truncated"):
+    for key in (
+        "time",
+        "reward/mean",
+        "staleness/mean",
+        "staleness/max",
+        "counts/generated",
+        "counts/aborted",
+        "counts/filtered",
+        "counts/retried",
+        "counts/truncated",
+    ):
         assert key in metrics[-1], key
     assert metrics[-1]["staleness/consumes"] == 3 and metrics[-1]["staleness/occupies"] >= 3 * 2  # the manager's Stats
     trajs = read_jsonl(run_dir / "trajectories.jsonl")

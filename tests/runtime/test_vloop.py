@@ -4,7 +4,8 @@ import asyncio
 import time
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psrl.runtime.vloop import VirtualTimeDeadlock, VirtualTimeEventLoop, run_virtual
 

@@ -7,9 +7,17 @@ from psrl.runtime.recorder import read_jsonl
 from psrl.train_cli import main
 from tests.tasks.test_dataset import TINY, sums, write_jsonl
 
-BUILTIN = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "trainer.warm_start_steps=5",
-           "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2", "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
-           "task.tool_latency_median=0.01", "trainer.checkpoint_every=2"]
+BUILTIN = [
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "trainer.warm_start_steps=5",
+    "psrl.staleness_buffer_entries=2",
+    "psrl.rollout_n=2",
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
+    "task.tool_latency_median=0.01",
+    "trainer.checkpoint_every=2",
+]
 
 
 def test_tensorboard_scalars_read_back_with_tensorboards_own_reader(tmp_path):
@@ -18,7 +26,10 @@ def test_tensorboard_scalars_read_back_with_tensorboards_own_reader(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "run"
-    assert main(BUILTIN + ["trainer.total_steps=2", f"trainer.run_dir={run_dir}", "trainer.logger=[console,tensorboard]"]) == 0
+    assert (
+        main(BUILTIN + ["trainer.total_steps=2", f"trainer.run_dir={run_dir}", "trainer.logger=[console,tensorboard]"])
+        == 0
+    )
     acc = EventAccumulator(str(run_dir / "tensorboard"))
     acc.Reload()
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -52,8 +63,20 @@ def test_validation_rows_every_val_every_steps_and_at_the_end(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", sums(16))
     val = write_jsonl(tmp_path / "val.jsonl", sums(5, seed=1))
     run_dir = tmp_path / "run"
-    assert main(TINY + [f"data.train_files={train}", f"data.val_files={val}", "trainer.total_steps=3",
-                        "trainer.val_every=2", "trainer.val_n=3", f"trainer.run_dir={run_dir}"]) == 0
+    assert (
+        main(
+            TINY
+            + [
+                f"data.train_files={train}",
+                f"data.val_files={val}",
+                "trainer.total_steps=3",
+                "trainer.val_every=2",
+                "trainer.val_n=3",
+                f"trainer.run_dir={run_dir}",
+            ]
+        )
+        == 0
+    )
     rows = read_jsonl(run_dir / "metrics.jsonl")
     val_rows = [r for r in rows if "val/accuracy" in r]
     assert [(r["step"], r["version"]) for r in val_rows] == [(2, 2), (3, 3)]

@@ -14,8 +14,7 @@ import pytest
 
 from psrl.errors import RunError
 from psrl.rollout.fakes import FakeTask
-from psrl.runtime.recorder import RunRecorder, read_jsonl
-from psrl.runtime.recorder import EventLog
+from psrl.runtime.recorder import EventLog, RunRecorder, read_jsonl
 from tests.rollout.harness import config, coordinator, run
 
 
@@ -31,8 +30,13 @@ def test_a_hung_run_is_reported_then_stopped(tmp_path):
     said = []
     rec = RunRecorder(tmp_path)
     events = EventLog(tmp_path / "events.jsonl", clock=lambda: 0.0)
-    coord = coordinator(config(trainer__stall_timeout_s=100), FakeTask(latency_fn=hang_after(4)), sink=rec,
-                        log=said.append, on_event=events)
+    coord = coordinator(
+        config(trainer__stall_timeout_s=100),
+        FakeTask(latency_fn=hang_after(4)),
+        sink=rec,
+        log=said.append,
+        on_event=events,
+    )
     with pytest.raises(RunError) as e:
         run(coord, 5)
     assert "stalled" in str(e.value) and "trainer.stall_timeout_s=100" in str(e.value) and "\n" not in str(e.value)
@@ -74,8 +78,16 @@ def test_psrl_train_on_a_hung_tool_checkpoints_and_says_so(tmp_path, capsys):
     from tests.runtime.test_train_cli_e2e import TINY
 
     run_dir = tmp_path / "run"
-    rc = main(TINY + [f"trainer.run_dir={run_dir}", "trainer.total_steps=3", "trainer.stall_timeout_s=1",
-                      "task.tool_latency_median=1e6", "task.tool_latency_sigma=0"])
+    rc = main(
+        TINY
+        + [
+            f"trainer.run_dir={run_dir}",
+            "trainer.total_steps=3",
+            "trainer.stall_timeout_s=1",
+            "task.tool_latency_median=1e6",
+            "task.tool_latency_sigma=0",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 1 and len(err.strip().splitlines()) == 1 and "stalled" in err, err
     assert "stall:" in out and (run_dir / "stall-1.json").exists()

@@ -13,8 +13,19 @@ K = 20
 
 
 def wl(**kw):
-    base = dict(slots=8, steps=K, staleness=1, batch_size=4, redundant_batch_size=4, group_size=2,
-                redundant_group_size=2, dist="constant", median=1.0, train_time=0.5, sync_time=0.0)
+    base = dict(
+        slots=8,
+        steps=K,
+        staleness=1,
+        batch_size=4,
+        redundant_batch_size=4,
+        group_size=2,
+        redundant_group_size=2,
+        dist="constant",
+        median=1.0,
+        train_time=0.5,
+        sync_time=0.0,
+    )
     base.update(kw)
     if "batch_size" in kw and "redundant_batch_size" not in kw:
         base["redundant_batch_size"] = kw["batch_size"]

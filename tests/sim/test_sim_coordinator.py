@@ -8,8 +8,18 @@ import pytest
 
 from psrl.sim import Workload, simulate
 
-BASE = Workload(slots=16, steps=30, staleness=1, batch_size=4, redundant_batch_size=4, group_size=4,
-                redundant_group_size=4, sigma=1.0, train_time=1.5, seed=3)
+BASE = Workload(
+    slots=16,
+    steps=30,
+    staleness=1,
+    batch_size=4,
+    redundant_batch_size=4,
+    group_size=4,
+    redundant_group_size=4,
+    sigma=1.0,
+    train_time=1.5,
+    seed=3,
+)
 
 CASES = {
     "plain": {},
@@ -32,11 +42,20 @@ def test_model_and_real_coordinator_agree(case):
     wl = BASE.replace(**CASES[case])
     model, real = simulate(wl, "psrl"), simulate(wl, "coordinator")
     assert real.policy == "coordinator"
-    assert (real.launched_trajectories, real.trained_trajectories) == (model.launched_trajectories,
-                                                                       model.trained_trajectories)
+    assert (real.launched_trajectories, real.trained_trajectories) == (
+        model.launched_trajectories,
+        model.trained_trajectories,
+    )
     assert (real.staleness_max, real.staleness_p99, real.violations) == (model.staleness_max, model.staleness_p99, 0)
-    for key in ("ratio_to_ideal", "trainer_idle", "generator_idle", "discarded_fraction", "wasted_fraction",
-                "length_bias", "staleness_mean"):
+    for key in (
+        "ratio_to_ideal",
+        "trainer_idle",
+        "generator_idle",
+        "discarded_fraction",
+        "wasted_fraction",
+        "length_bias",
+        "staleness_mean",
+    ):
         assert getattr(real, key) == pytest.approx(getattr(model, key), abs=0.01), key
 
 

@@ -7,10 +7,21 @@ from psrl.config import ConfigError, load_config
 from psrl.sim import Workload, simulate
 from psrl.sim.coordinator_policy import _engines
 
-BASE = ["sim.decode.enable=true", "sim.decode.speeds=[1.0,0.2]", "sim.gen_time.dist=pareto", "sim.gen_time.alpha=1.5",
-        "sim.gen_tokens_per_second=32", "sim.slots=16", "sim.steps=6", "sim.train_time=1.0", "psrl.staleness=1",
-        "psrl.staleness_buffer_entries=4", "psrl.rollout_n=2", "psrl.deployment.n_rollout_instances=2",
-        "psrl.partial_rollout.enable=true"]
+BASE = [
+    "sim.decode.enable=true",
+    "sim.decode.speeds=[1.0,0.2]",
+    "sim.gen_time.dist=pareto",
+    "sim.gen_time.alpha=1.5",
+    "sim.gen_tokens_per_second=32",
+    "sim.slots=16",
+    "sim.steps=6",
+    "sim.train_time=1.0",
+    "psrl.staleness=1",
+    "psrl.staleness_buffer_entries=4",
+    "psrl.rollout_n=2",
+    "psrl.deployment.n_rollout_instances=2",
+    "psrl.partial_rollout.enable=true",
+]
 
 
 def run(*over):

@@ -5,9 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psrl.sim.metrics import Recorder, percentile_from_hist, warmup_steps
+from psrl.sim.metrics import Recorder, Result, percentile_from_hist, warmup_steps
 from psrl.sim.report import best_at, format_frontier, format_table, frontier
-from psrl.sim.metrics import Result
 
 
 @settings(max_examples=100, deadline=None)

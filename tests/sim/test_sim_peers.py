@@ -11,15 +11,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psrl.config import ConfigError, load_config
-from psrl.sim import POLICIES, Workload, simulate
+from psrl.sim import POLICIES, Workload
 from psrl.sim.baselines import verl_max_required_samples
 
 K = 20
 
 
 def wl(**kw):
-    base = dict(slots=8, steps=K, staleness=1, batch_size=4, redundant_batch_size=4, group_size=2,
-                redundant_group_size=2, dist="constant", median=1.0, train_time=0.5, sync_time=0.0)
+    base = dict(
+        slots=8,
+        steps=K,
+        staleness=1,
+        batch_size=4,
+        redundant_batch_size=4,
+        group_size=2,
+        redundant_group_size=2,
+        dist="constant",
+        median=1.0,
+        train_time=0.5,
+        sync_time=0.0,
+    )
     base.update(kw)
     return Workload(**base)
 
@@ -97,9 +108,19 @@ def test_areal_hands_out_oldest_submitted_first():
     """B = 1, N = 1, 3 slots, eta = 2, trace 2.0, 1.0, 1.5: groups 0, 1, 2 are submitted at t = 0 and
     finish at 2.0, 1.0, 1.5. Step 0 takes group 1 (the only one done at t = 1) and trains until 3;
     then groups 0 and 2 are both done and AReaL's wait_results sorts by create_time: group 0 first."""
-    w = wl(slots=3, steps=3, staleness=2, batch_size=1, redundant_batch_size=1, group_size=1,
-           redundant_group_size=1, dist="trace", trace=(2.0, 1.0, 1.5), train_time=2.0,
-           areal_max_concurrent_rollouts=3)
+    w = wl(
+        slots=3,
+        steps=3,
+        staleness=2,
+        batch_size=1,
+        redundant_batch_size=1,
+        group_size=1,
+        redundant_group_size=1,
+        dist="trace",
+        trace=(2.0, 1.0, 1.5),
+        train_time=2.0,
+        areal_max_concurrent_rollouts=3,
+    )
     _, _, trained = run("areal", w)
     assert [b for b, _ in trained[:3]] == [[1], [0], [2]]
     # a completion-order queue (discard_requeue with enough workers) would take group 2 before group 0
@@ -167,24 +188,36 @@ def test_tinker_sync_blocks_the_trainer_not_generation():
 # ---------------------------------------------------------------------------------------- verl
 
 
-@pytest.mark.parametrize("B,thr,k,want", [(4, 0.1, 4, 17), (4, 0.6, 1, 6), (16, 0.1, 4, 70), (10, 0.1, 1, 11),
-                                          (4, 0.0, 2, 8), (4, 1.0, 1, 8)])
+@pytest.mark.parametrize(
+    "B,thr,k,want",
+    [(4, 0.1, 4, 17), (4, 0.6, 1, 6), (16, 0.1, 4, 70), (10, 0.1, 1, 11), (4, 0.0, 2, 8), (4, 1.0, 1, 8)],
+)
 def test_verl_budget_is_truncated_like_verl(B, thr, k, want):
     """max_required_samples = int(required_samples * (staleness_threshold + 1) * trigger_parameter_sync_step):
     4 * 1.1 * 4 = 17.6 -> 17, 4 * 1.6 = 6.4 -> 6, 16 * 1.1 * 4 = 70.4 -> 70."""
     assert verl_max_required_samples(B, thr, k) == want
     # the rollouter submits exactly that many samples before its first sync (1 step, 1000 slots,
     # concurrency cap 1000): all are launched at once or as the first ones finish
-    w = wl(slots=1000, steps=1, batch_size=B, redundant_batch_size=B, verl_staleness_threshold=thr,
-           verl_trigger_parameter_sync_step=k, verl_max_concurrent_samples=1000, train_time=5.0)
+    w = wl(
+        slots=1000,
+        steps=1,
+        batch_size=B,
+        redundant_batch_size=B,
+        verl_staleness_threshold=thr,
+        verl_trigger_parameter_sync_step=k,
+        verl_max_concurrent_samples=1000,
+        train_time=5.0,
+    )
     p, _, _ = run("sample_budget", w)
     assert p.n_groups == want
 
 
 def test_verl_concurrency_cap():
     """max_concurrent_samples = 2 with B = 4 and 1000 slots: two groups at a time, a batch every 2 d."""
-    p, res, _ = run("sample_budget", wl(slots=1000, verl_max_concurrent_samples=2, verl_trigger_parameter_sync_step=1,
-                                        verl_staleness_threshold=1.0))
+    p, res, _ = run(
+        "sample_budget",
+        wl(slots=1000, verl_max_concurrent_samples=2, verl_trigger_parameter_sync_step=1, verl_staleness_threshold=1.0),
+    )
     assert max_running_groups(p) == 2
     assert period(res) == pytest.approx(2.0)
 
@@ -192,8 +225,17 @@ def test_verl_concurrency_cap():
 def test_verl_syncs_every_k_steps_and_only_those_block_the_trainer():
     """Trainer-bound (t = 2, d = 0.1), k = 2, s = 0.5: two steps take 2 t + s, and every V_traj is a
     multiple of k (staleness counted in syncs: the generators only ever hold versions 0, 2, 4, ...)."""
-    p, res, _ = run("sample_budget", wl(median=0.1, train_time=2.0, sync_time=0.5, verl_trigger_parameter_sync_step=2,
-                                        verl_staleness_threshold=1.0, steps=K))
+    p, res, _ = run(
+        "sample_budget",
+        wl(
+            median=0.1,
+            train_time=2.0,
+            sync_time=0.5,
+            verl_trigger_parameter_sync_step=2,
+            verl_staleness_threshold=1.0,
+            steps=K,
+        ),
+    )
     ends = p.rec.step_ends
     gaps = [round(b - a, 9) for a, b in zip(ends[1:], ends[2:])]
     assert set(gaps) == {2.0, 2.5}
@@ -203,7 +245,9 @@ def test_verl_syncs_every_k_steps_and_only_those_block_the_trainer():
 def test_verl_sync_pauses_the_rollouter():
     """k = 1, budget 2B, S = B*N, d = 1, t = 0.5, s = 0.25: the batch in flight while step j trains
     stops for the sync (partial rollout) and resumes after it: period d + s = 1.25."""
-    _, res, _ = run("sample_budget", wl(sync_time=0.25, verl_trigger_parameter_sync_step=1, verl_staleness_threshold=1.0))
+    _, res, _ = run(
+        "sample_budget", wl(sync_time=0.25, verl_trigger_parameter_sync_step=1, verl_staleness_threshold=1.0)
+    )
     assert period(res) == pytest.approx(1.25)
 
 
@@ -224,15 +268,32 @@ def test_one_step_off_sync_blocks_the_trainer(d, t, s):
 
 
 def test_peer_knobs_are_read_from_their_own_keys():
-    cfg = load_config(None, ["sim.areal.max_concurrent_rollouts=7", "sim.tinker.groups_per_batch=3",
-                             "sim.verl.staleness_threshold=0.5", "sim.verl.trigger_parameter_sync_step=2",
-                             "sim.verl.max_concurrent_samples=9"])
+    cfg = load_config(
+        None,
+        [
+            "sim.areal.max_concurrent_rollouts=7",
+            "sim.tinker.groups_per_batch=3",
+            "sim.verl.staleness_threshold=0.5",
+            "sim.verl.trigger_parameter_sync_step=2",
+            "sim.verl.max_concurrent_samples=9",
+        ],
+    )
     w = Workload.from_config(cfg)
-    assert (w.areal_max_concurrent_rollouts, w.tinker_groups_per_batch, w.verl_staleness_threshold,
-            w.verl_trigger_parameter_sync_step, w.verl_max_concurrent_samples) == (7, 3, 0.5, 2, 9)
+    assert (
+        w.areal_max_concurrent_rollouts,
+        w.tinker_groups_per_batch,
+        w.verl_staleness_threshold,
+        w.verl_trigger_parameter_sync_step,
+        w.verl_max_concurrent_samples,
+    ) == (7, 3, 0.5, 2, 9)
     d = Workload.from_config(load_config(None, []))
-    assert (d.areal_max_concurrent_rollouts, d.tinker_groups_per_batch, d.verl_staleness_threshold,
-            d.verl_trigger_parameter_sync_step, d.verl_max_concurrent_samples) == (None, None, 0.1, 4, 16)
+    assert (
+        d.areal_max_concurrent_rollouts,
+        d.tinker_groups_per_batch,
+        d.verl_staleness_threshold,
+        d.verl_trigger_parameter_sync_step,
+        d.verl_max_concurrent_samples,
+    ) == (None, None, 0.1, 4, 16)
 
 
 def test_old_sync_step_key_names_the_new_one():
@@ -248,7 +309,9 @@ def test_pareto_takes_alpha_and_rejects_sigma():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["sim.gen_time.dist=pareto", "sim.gen_time.alpha=1.0"])
     assert "sim.gen_time.alpha" in str(e.value)
-    w = Workload.from_config(load_config(None, ["sim.gen_time.dist=pareto", "sim.gen_time.alpha=3", "sim.gen_time.median=2"]))
+    w = Workload.from_config(
+        load_config(None, ["sim.gen_time.dist=pareto", "sim.gen_time.alpha=3", "sim.gen_time.median=2"])
+    )
     xm = 2 / 2 ** (1 / 3)
     assert w.alpha == 3 and w.mean_gen_time() == pytest.approx(3 * xm / 2)
     assert Workload.from_config(load_config(None, [])).sigma == 1.0  # lognormal's default
@@ -281,9 +344,20 @@ def test_proactive_scope_head_cuts_only_while_the_trainer_waits(grace):
     At t = 1 three groups are done and the trainer waits on the 10 s one: the head scope cuts it after
     the grace (t = 1 + grace), and that step starts then. The window scope also acts on later buffers
     while the trainer is busy (a cut at t = 5 during the step 4-7); the head scope never does."""
-    base = dict(slots=4, steps=3, staleness=1, batch_size=2, redundant_batch_size=2, group_size=1, redundant_group_size=1,
-                dist="trace", trace=(1.0, 1.0, 1.0, 10.0) + (1.0,) * 20, train_time=3.0, proactive_method="truncate",
-                proactive_threshold=1)
+    base = dict(
+        slots=4,
+        steps=3,
+        staleness=1,
+        batch_size=2,
+        redundant_batch_size=2,
+        group_size=1,
+        redundant_group_size=1,
+        dist="trace",
+        trace=(1.0, 1.0, 1.0, 10.0) + (1.0,) * 20,
+        train_time=3.0,
+        proactive_method="truncate",
+        proactive_threshold=1,
+    )
     cuts, starts = _truncations(wl(**base, proactive_scope="head", proactive_grace=grace))
     assert cuts == [(pytest.approx(1.0 + grace), 3, False)]
     assert starts[0] == pytest.approx(1.0 + grace)
@@ -299,16 +373,26 @@ def peer_workloads(draw):
     B = draw(st.integers(1, 4))
     N = draw(st.integers(1, 3))
     return Workload(
-        slots=draw(st.integers(N, 16)), steps=draw(st.integers(1, 8)), staleness=draw(st.integers(0, 3)),
-        batch_size=B, redundant_batch_size=B, group_size=N, redundant_group_size=N,
-        dist=draw(st.sampled_from(["lognormal", "pareto", "constant"])), median=draw(st.floats(0.1, 3.0)),
-        sigma=draw(st.floats(0.1, 2.0)), alpha=draw(st.floats(1.1, 3.0)), train_time=draw(st.floats(0.0, 3.0)),
-        sync_time=draw(st.sampled_from([0.0, 0.3, 1.0])), filter_drop_rate=draw(st.sampled_from([0.0, 0.3])),
+        slots=draw(st.integers(N, 16)),
+        steps=draw(st.integers(1, 8)),
+        staleness=draw(st.integers(0, 3)),
+        batch_size=B,
+        redundant_batch_size=B,
+        group_size=N,
+        redundant_group_size=N,
+        dist=draw(st.sampled_from(["lognormal", "pareto", "constant"])),
+        median=draw(st.floats(0.1, 3.0)),
+        sigma=draw(st.floats(0.1, 2.0)),
+        alpha=draw(st.floats(1.1, 3.0)),
+        train_time=draw(st.floats(0.0, 3.0)),
+        sync_time=draw(st.sampled_from([0.0, 0.3, 1.0])),
+        filter_drop_rate=draw(st.sampled_from([0.0, 0.3])),
         areal_max_concurrent_rollouts=draw(st.sampled_from([None, 1, 3, 100])),
         tinker_groups_per_batch=draw(st.sampled_from([None, 1, 3])),
         verl_staleness_threshold=draw(st.sampled_from([0.0, 0.1, 0.5, 2.0])),
         verl_trigger_parameter_sync_step=draw(st.integers(1, 3)),
-        verl_max_concurrent_samples=draw(st.sampled_from([1, 2, 16])), seed=draw(st.integers(0, 1000)),
+        verl_max_concurrent_samples=draw(st.sampled_from([1, 2, 16])),
+        seed=draw(st.integers(0, 1000)),
     )
 
 
@@ -337,9 +421,11 @@ def _checked(policy, w, check):
 @given(peer_workloads())
 def test_areal_admission_never_exceeds_either_capacity(w):
     """After every submission: running <= max_concurrent_rollouts and accepted + running <= (eta + v + 1) * B."""
+
     def check(p):
         assert p.running <= p.max_concurrent
         assert p.accepted + p.running <= (p.eta + p.gen_version + 1) * w.batch_size
+
     _checked("areal", w, check)
 
 
@@ -348,6 +434,7 @@ def test_areal_admission_never_exceeds_either_capacity(w):
 def test_tinker_never_runs_more_groups_than_workers_and_never_violates(w):
     def check(p):
         assert p.running <= p.workers
+
     _, res = _checked("discard_requeue", w, check)
     assert res.violations == 0
 
@@ -357,6 +444,7 @@ def test_tinker_never_runs_more_groups_than_workers_and_never_violates(w):
 def test_verl_never_exceeds_budget_or_concurrency_and_syncs_every_k(w):
     def check(p):
         assert p.submitted <= p.budget and p.running <= p.max_concurrent
+
     p, _ = _checked("sample_budget", w, check)
     assert all(v % w.verl_trigger_parameter_sync_step == 0 for v in p.t_ver)
 

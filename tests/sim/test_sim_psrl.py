@@ -17,15 +17,23 @@ def workloads(draw, redundancy=True, extras=True):
     N = draw(st.integers(1, 3))
     Np = N + (draw(st.integers(0, 2)) if redundancy else 0)
     return Workload(
-        slots=draw(st.integers(Np, 12)), steps=draw(st.integers(1, 8)), staleness=draw(st.integers(0, 3)),
-        batch_size=B, redundant_batch_size=B + (draw(st.integers(0, 3)) if redundancy else 0),
-        group_size=N, redundant_group_size=Np,
-        dist=draw(st.sampled_from(["lognormal", "pareto", "constant"])), median=draw(st.floats(0.1, 3.0)),
-        sigma=draw(st.floats(0.1, 2.0)), alpha=draw(st.floats(1.1, 2.0)), train_time=draw(st.floats(0.0, 3.0)),
+        slots=draw(st.integers(Np, 12)),
+        steps=draw(st.integers(1, 8)),
+        staleness=draw(st.integers(0, 3)),
+        batch_size=B,
+        redundant_batch_size=B + (draw(st.integers(0, 3)) if redundancy else 0),
+        group_size=N,
+        redundant_group_size=Np,
+        dist=draw(st.sampled_from(["lognormal", "pareto", "constant"])),
+        median=draw(st.floats(0.1, 3.0)),
+        sigma=draw(st.floats(0.1, 2.0)),
+        alpha=draw(st.floats(1.1, 2.0)),
+        train_time=draw(st.floats(0.0, 3.0)),
         sync_time=draw(st.floats(0.0, 1.0)),
         filter_drop_rate=draw(st.sampled_from([0.0, 0.3])) if extras else 0.0,
         proactive_method=draw(st.sampled_from([None, "retry", "truncate"])) if extras else None,
-        proactive_threshold=draw(st.integers(1, 3)), seed=draw(st.integers(0, 10_000)),
+        proactive_threshold=draw(st.integers(1, 3)),
+        seed=draw(st.integers(0, 10_000)),
     )
 
 
@@ -80,8 +88,17 @@ def test_psrl_uses_the_real_manager():
 
 def _balanced(sigma, **kw):
     """The issue's balanced workload: 64 slots, 16 groups x 4, train_time = mean time to generate a batch."""
-    base = dict(slots=64, steps=150, staleness=2, batch_size=16, redundant_batch_size=16, group_size=4,
-                redundant_group_size=4, sigma=sigma, train_time=math.exp(sigma ** 2 / 2))
+    base = dict(
+        slots=64,
+        steps=150,
+        staleness=2,
+        batch_size=16,
+        redundant_batch_size=16,
+        group_size=4,
+        redundant_group_size=4,
+        sigma=sigma,
+        train_time=math.exp(sigma**2 / 2),
+    )
     return Workload(**{**base, **kw})
 
 
@@ -148,7 +165,16 @@ def test_every_policy_trains_b_groups_per_step(policy):
 def test_a_million_trajectories_through_the_real_manager():
     """250 steps of 512 groups x 8 (about 1M trajectories) keep the bound and lose nothing.
     Its speed (the issue's < 60 s) is measured by ``benchmarks/policies.py --million``, not asserted here."""
-    wl = Workload(slots=4096, steps=250, staleness=2, batch_size=512, redundant_batch_size=512, group_size=8,
-                  redundant_group_size=8, sigma=1.0, train_time=math.exp(0.5))
+    wl = Workload(
+        slots=4096,
+        steps=250,
+        staleness=2,
+        batch_size=512,
+        redundant_batch_size=512,
+        group_size=8,
+        redundant_group_size=8,
+        sigma=1.0,
+        train_time=math.exp(0.5),
+    )
     r = simulate(wl, "psrl")
     assert r.trained_trajectories == 250 * 512 * 8 and r.violations == 0 and r.discarded_fraction == 0

@@ -10,8 +10,19 @@ from psrl.config import ConfigError, load_config
 from psrl.sim import POLICIES, Workload
 from psrl.sim.workload import _CHUNK, load_trace
 
-WL = Workload(slots=16, steps=15, staleness=2, batch_size=4, redundant_batch_size=6, group_size=2,
-              redundant_group_size=3, sigma=1.0, train_time=0.8, seed=7, filter_drop_rate=0.2)
+WL = Workload(
+    slots=16,
+    steps=15,
+    staleness=2,
+    batch_size=4,
+    redundant_batch_size=6,
+    group_size=2,
+    redundant_group_size=3,
+    sigma=1.0,
+    train_time=0.8,
+    seed=7,
+    filter_drop_rate=0.2,
+)
 
 
 def _run(policy, wl=WL):
@@ -48,8 +59,9 @@ def test_stream_matches_one_numpy_draw_across_chunks():
     s = WL.gen_stream()
     got = [s.next() for _ in range(_CHUNK + 5)]
     rng = np.random.default_rng([WL.seed, 0])
-    want = np.concatenate([rng.lognormal(math.log(WL.median), WL.sigma, _CHUNK),
-                           rng.lognormal(math.log(WL.median), WL.sigma, _CHUNK)[:5]])
+    want = np.concatenate(
+        [rng.lognormal(math.log(WL.median), WL.sigma, _CHUNK), rng.lognormal(math.log(WL.median), WL.sigma, _CHUNK)[:5]]
+    )
     assert np.allclose(got, want, rtol=0, atol=0)
 
 
@@ -66,8 +78,12 @@ def test_stream_has_the_configured_median_and_mean(dist, shape):
 def test_trace_replays_gen_seconds_in_order(tmp_path):
     """dist=trace replays a run's gen_seconds in file order, cycling; metrics.jsonl's time/train_s sets train_time."""
     trace = tmp_path / "trajectories.jsonl"
-    rows = [{"gen_seconds": 1.5, "status": "trained"}, {"gen_seconds": 0.5, "status": "trained"},
-            {"gen_seconds": 9.0, "status": "aborted"}, {"gen_seconds": 2.0, "status": "surplus"}]
+    rows = [
+        {"gen_seconds": 1.5, "status": "trained"},
+        {"gen_seconds": 0.5, "status": "trained"},
+        {"gen_seconds": 9.0, "status": "aborted"},
+        {"gen_seconds": 2.0, "status": "surplus"},
+    ]
     trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "time/train_s": 0.25}\n{"step": 2, "time/train_s": 0.75}\n')
     assert load_trace(trace) == [1.5, 0.5, 2.0]
@@ -78,13 +94,16 @@ def test_trace_replays_gen_seconds_in_order(tmp_path):
     assert wl.mean_gen_time() == pytest.approx(4.0 / 3)
 
 
-@pytest.mark.parametrize("override,key", [
-    (["sim.gen_time.dist=pareto", "sim.gen_time.alpha=1.0"], "sim.gen_time.alpha"),
-    (["sim.filter_drop_rate=1.0"], "sim.filter_drop_rate"),
-    (["sim.verl.trigger_parameter_sync_step=0"], "sim.verl.trigger_parameter_sync_step"),
-    (["sim.verl.staleness_threshold=-0.5"], "sim.verl.staleness_threshold"),
-    (["sim.slots=3", "psrl.rollout_n=4"], "sim.slots"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        (["sim.gen_time.dist=pareto", "sim.gen_time.alpha=1.0"], "sim.gen_time.alpha"),
+        (["sim.filter_drop_rate=1.0"], "sim.filter_drop_rate"),
+        (["sim.verl.trigger_parameter_sync_step=0"], "sim.verl.trigger_parameter_sync_step"),
+        (["sim.verl.staleness_threshold=-0.5"], "sim.verl.staleness_threshold"),
+        (["sim.slots=3", "psrl.rollout_n=4"], "sim.slots"),
+    ],
+)
 def test_bad_workloads_name_the_key(override, key):
     """Workloads the simulator cannot run are refused with the config key in the message."""
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -94,8 +113,12 @@ def test_bad_workloads_name_the_key(override, key):
 def test_trace_is_replayed_in_launch_order(tmp_path):
     """psrl train writes records as they resolve; ids g<k>-<m> restore the launch order for the replay."""
     trace = tmp_path / "trajectories.jsonl"
-    rows = [{"group": "g1", "uid": "g1-0", "gen_seconds": 0.1}, {"group": "g0", "uid": "g0-1", "gen_seconds": 0.2},
-            {"group": "g10", "uid": "g10-0", "gen_seconds": 0.3}, {"group": "g0", "uid": "g0-0", "gen_seconds": 0.4},
-            {"group": "g2", "uid": "g2-0", "gen_seconds": 0.5}]
+    rows = [
+        {"group": "g1", "uid": "g1-0", "gen_seconds": 0.1},
+        {"group": "g0", "uid": "g0-1", "gen_seconds": 0.2},
+        {"group": "g10", "uid": "g10-0", "gen_seconds": 0.3},
+        {"group": "g0", "uid": "g0-0", "gen_seconds": 0.4},
+        {"group": "g2", "uid": "g2-0", "gen_seconds": 0.5},
+    ]
     trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert load_trace(trace) == [0.4, 0.2, 0.1, 0.5, 0.3]

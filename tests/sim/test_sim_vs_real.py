@@ -14,8 +14,13 @@ def test_replay_predicts_seconds_per_step_within_15_percent(tmp_path):
     """Replaying a real run's trajectories.jsonl / metrics.jsonl predicts its seconds per step within 15%,
     with the psrl model and with the real coordinator in virtual time."""
     run = tmp_path / "run"
-    train = subprocess.run([sys.executable, "-m", "psrl.cli", "train", "trainer.total_steps=12",
-                            f"trainer.run_dir={run}"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    train = subprocess.run(
+        [sys.executable, "-m", "psrl.cli", "train", "trainer.total_steps=12", f"trainer.run_dir={run}"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert train.returncode == 0, train.stderr[-2000:]
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from psrl.staleness import StaleVersionError, StalenessManager
+from psrl.staleness import StalenessManager, StaleVersionError
 
 
 def run(coro):

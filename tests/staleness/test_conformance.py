@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from psrl.staleness import BufferState, NotReadyError, StaleVersionError, StalenessManager
+from psrl.staleness import BufferState, NotReadyError, StalenessManager, StaleVersionError
 
 from .reference import RefManager
 
@@ -40,8 +40,9 @@ async def run_schedule(seed: int, seen_states: set) -> None:
     Np = N + rng.choice([0, 0, 1])
     flt = OddSum() if rng.random() < 0.3 else None
     use_async = rng.random() < 0.5
-    m = StalenessManager(staleness=eta, batch_size=B, group_size=N, redundant_batch_size=Bp,
-                         redundant_group_size=Np, group_filter=flt)
+    m = StalenessManager(
+        staleness=eta, batch_size=B, group_size=N, redundant_batch_size=Bp, redundant_group_size=Np, group_filter=flt
+    )
     ref = RefManager(eta, B, N, Bp, group_filter=flt)
     ids, counter = [], 0
     for _ in range(80):

@@ -12,8 +12,8 @@ from psrl.staleness import (
     EventKind,
     NotReadyError,
     SnapshotEntry,
-    StaleVersionError,
     StalenessManager,
+    StaleVersionError,
     Status,
 )
 
@@ -63,7 +63,7 @@ class TestReserve:
     def test_falls_back_to_earlier_buffer_when_latest_is_full(self):
         """When v + eta has no empty slot, the latest earlier buffer with one is used."""
         m = StalenessManager(staleness=1, batch_size=2, group_size=1)
-        a, b = m.try_reserve(0), m.try_reserve(0)  # fill buffer 1 with reservations
+        m.try_reserve(0), m.try_reserve(0)  # fill buffer 1 with reservations
         assert m.state(1) == BufferState.STUCK
         c = m.try_reserve(0)
         assert c in m.blocking(0)
@@ -246,7 +246,7 @@ class TestStatesAndSnapshot:
     def test_all_four_states(self):
         m = StalenessManager(staleness=0, batch_size=1, group_size=1, redundant_batch_size=2)
         assert m.state(0) == "PENDING"
-        a, b = m.try_reserve(0), m.try_reserve(0)
+        a, _ = m.try_reserve(0), m.try_reserve(0)
         assert m.state(0) == "STUCK"
         m.complete(a, "a", 0)
         assert m.state(0) == "READY_WITH_CAPACITY"  # b was passively aborted, freeing a slot
@@ -306,7 +306,12 @@ class TestStatesAndSnapshot:
 
     @pytest.mark.parametrize(
         "kwargs",
-        [dict(staleness=-1), dict(batch_size=0), dict(redundant_batch_size=1, batch_size=2), dict(redundant_group_size=1, group_size=2)],
+        [
+            dict(staleness=-1),
+            dict(batch_size=0),
+            dict(redundant_batch_size=1, batch_size=2),
+            dict(redundant_group_size=1, group_size=2),
+        ],
     )
     def test_bad_arguments(self, kwargs):
         base = dict(staleness=1, batch_size=2, group_size=2)

@@ -14,7 +14,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from psrl.staleness import NotReadyError, StaleVersionError, StalenessManager
+from psrl.staleness import NotReadyError, StalenessManager, StaleVersionError
 
 from .reference import RefManager
 

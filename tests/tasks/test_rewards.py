@@ -12,11 +12,19 @@ def call(spec, solution, truth="7", timeout=5.0):
     return asyncio.run(build_reward(spec, timeout)("src", solution, truth, {}, where="f.jsonl row 3"))
 
 
-@pytest.mark.parametrize("spec,solution,score", [
-    ("math", "so the answer is \\boxed{7}", 1.0), ("math", "14/2", 1.0), ("math", "8", 0.0),
-    ("exact", " 7 ", 1.0), ("exact", "7.0", 0.0),
-    ("regex:#### (\\d+)", "work... #### 7", 1.0), ("regex:#### (\\d+)", "7", 0.0), ("regex:\\d+", "x7y", 1.0),
-])
+@pytest.mark.parametrize(
+    "spec,solution,score",
+    [
+        ("math", "so the answer is \\boxed{7}", 1.0),
+        ("math", "14/2", 1.0),
+        ("math", "8", 0.0),
+        ("exact", " 7 ", 1.0),
+        ("exact", "7.0", 0.0),
+        ("regex:#### (\\d+)", "work... #### 7", 1.0),
+        ("regex:#### (\\d+)", "7", 0.0),
+        ("regex:\\d+", "x7y", 1.0),
+    ],
+)
 def test_builtin_rewards(spec, solution, score):
     out = call(spec, solution)
     assert out["score"] == score and out["acc"] == score and out["seq_final_reward"] == score
@@ -34,11 +42,17 @@ def test_reward_from_a_python_file(tmp_path):
     assert call(f"{f}:compute_score", "x")["score"] == 0.25
 
 
-@pytest.mark.parametrize("fn,match", [
-    ("raising_score", r"reward tests.tasks.reward_fns:raising_score raised on f.jsonl row 3: ValueError\('grader exploded'\)"),
-    ("no_score", r"returned a dict without 'score' on f.jsonl row 3"),
-    ("never_returns", r"timed out after 0.01s on f.jsonl row 3.*task.reward_timeout"),
-])
+@pytest.mark.parametrize(
+    "fn,match",
+    [
+        (
+            "raising_score",
+            r"reward tests.tasks.reward_fns:raising_score raised on f.jsonl row 3: ValueError\('grader exploded'\)",
+        ),
+        ("no_score", r"returned a dict without 'score' on f.jsonl row 3"),
+        ("never_returns", r"timed out after 0.01s on f.jsonl row 3.*task.reward_timeout"),
+    ],
+)
 def test_failures_raise_reward_error_naming_reward_and_row(fn, match):
     with pytest.raises(RewardError, match=match):
         call(f"tests.tasks.reward_fns:{fn}", "7", timeout=0.01)

@@ -46,8 +46,9 @@ def _turns_of(task: ToolArithTask, response: list[int], mask: list[int]) -> list
 # ---------------------------------------------------------------- registry
 
 
-@pytest.mark.parametrize("name,cls", [("arith", ArithTask), ("tool_arith", ToolArithTask),
-                                      ("psrl.tasks.arith:ArithTask", ArithTask)])
+@pytest.mark.parametrize(
+    "name,cls", [("arith", ArithTask), ("tool_arith", ToolArithTask), ("psrl.tasks.arith:ArithTask", ArithTask)]
+)
 def test_registry_builds_by_name_or_module_class(name, cls):
     """task.name is a registered name or module:Class; task.kwargs reach the constructor."""
     task = get_task(TaskConfig(name=name, kwargs={"max_value": 5}), seed=0)
@@ -119,8 +120,11 @@ def test_lazy_answer_malformed_call_and_turn_limit(tool_task):
     tk = task.tokenizer
     prompt = task.sample_prompt(random.Random(0))
     prompt.text, prompt.answer = "1+2+3=", 6
-    lazy = asyncio.run(task.run_episode(prompt, ScriptedGenerate([tk.encode("<call>1+2</call>"), task.answer_ids(3)]),
-                                        random.Random(0)))
+    lazy = asyncio.run(
+        task.run_episode(
+            prompt, ScriptedGenerate([tk.encode("<call>1+2</call>"), task.answer_ids(3)]), random.Random(0)
+        )
+    )
     assert task.reward(prompt, lazy)["score"] == 0.0 and lazy.tool_calls == 1
     bad_call = tk.encode("<call>1+</call>")
     looping = asyncio.run(task.run_episode(prompt, ScriptedGenerate([bad_call] * 5), random.Random(0)))

@@ -72,6 +72,7 @@ def test_minibatches_take_several_optimiser_steps():
 
 def test_same_seed_same_weights_and_checkpoint_resume(tmp_path):
     """Two trainers with the same seed end with identical weights; save/load then continue == uninterrupted."""
+
     def run(resume_dir=None):
         task, policy = _setup()
         tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(lr=0.01))
@@ -93,5 +94,7 @@ def test_same_seed_same_weights_and_checkpoint_resume(tmp_path):
 def test_warm_start_lowers_the_demo_loss():
     """Supervised warm start on scripted demos reduces the masked cross-entropy."""
     task, policy = _setup()
-    losses = Trainer(policy, AlgorithmConfig(), TrainerConfig()).warm_start(task.demonstrations(128, random.Random(0)), 30)
+    losses = Trainer(policy, AlgorithmConfig(), TrainerConfig()).warm_start(
+        task.demonstrations(128, random.Random(0)), 30
+    )
     assert len(losses) == 30 and losses[-1] < losses[0] * 0.8

@@ -21,10 +21,23 @@ from psrl.train import Trainer
 from psrl.types import Trajectory
 
 ROW_BEFORE = {  # the keys a step returned before the divergence metrics (issue 23)
-    "actor/approx_kl", "actor/clip_frac_high", "actor/clip_frac_low", "actor/ratio_mean", "loss/policy",
-    "correction/is_truncated_frac", "correction/is_weight_max", "correction/is_weight_mean", "correction/rho_mean",
-    "correction/rs_masked_frac", "engine/logprob_mismatch_mean", "engine/logprob_mismatch_max",
-    "engine/mismatch_tokens", "train/grad_norm", "train/loss", "train/adv_abs_mean", "train/skipped_steps",
+    "actor/approx_kl",
+    "actor/clip_frac_high",
+    "actor/clip_frac_low",
+    "actor/ratio_mean",
+    "loss/policy",
+    "correction/is_truncated_frac",
+    "correction/is_weight_max",
+    "correction/is_weight_mean",
+    "correction/rho_mean",
+    "correction/rs_masked_frac",
+    "engine/logprob_mismatch_mean",
+    "engine/logprob_mismatch_max",
+    "engine/mismatch_tokens",
+    "train/grad_norm",
+    "train/loss",
+    "train/adv_abs_mean",
+    "train/skipped_steps",
 }
 
 
@@ -46,10 +59,19 @@ def _batch(task, policy, version=5, lags=(0, 1, 3), n=3, seed=0, spread=0.3):
             resp = [rng.randrange(task.tokenizer.vocab_size) for _ in range(k)]
             with torch.no_grad():
                 own = policy.sequence_logprobs([p.ids], [resp])[0].tolist()
-            members.append(Trajectory(
-                uid=f"{g}/{i}", group=str(g), v_traj=version - lag, prompt_ids=p.ids, response_ids=resp,
-                logprobs=[x + rng.uniform(-spread, spread) for x in own], loss_mask=[1] * (k - 1) + [0],
-                token_versions=[version - lag] * (k - 1) + [-1], reward=float(rng.random() < 0.5) + 0.1 * i))
+            members.append(
+                Trajectory(
+                    uid=f"{g}/{i}",
+                    group=str(g),
+                    v_traj=version - lag,
+                    prompt_ids=p.ids,
+                    response_ids=resp,
+                    logprobs=[x + rng.uniform(-spread, spread) for x in own],
+                    loss_mask=[1] * (k - 1) + [0],
+                    token_versions=[version - lag] * (k - 1) + [-1],
+                    reward=float(rng.random() < 0.5) + 0.1 * i,
+                )
+            )
         groups.append(members)
     return Batch(version, groups, [], [])
 
@@ -76,8 +98,9 @@ def test_row_gains_only_the_divergence_keys_and_they_are_the_batchs():
     expect = divergence_metrics(*_by_hand(policy, batch))
     m = Trainer(policy, AlgorithmConfig(), TrainerConfig()).step(batch)
     assert set(m) - ROW_BEFORE == set(expect) and ROW_BEFORE <= set(m)
-    assert {k for k in expect if "@s" in k} == {f"{n}@s{s}" for s in (0, 1, 3) for n in
-                                               ("divergence/ess", "divergence/m2", "divergence/kl", "staleness/tokens")}
+    assert {k for k in expect if "@s" in k} == {
+        f"{n}@s{s}" for s in (0, 1, 3) for n in ("divergence/ess", "divergence/m2", "divergence/kl", "staleness/tokens")
+    }
     assert all(known(k) for k in m)
     for k, v in expect.items():
         assert m[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k

@@ -107,8 +107,15 @@ def test_psrl_train_stops_after_max_skipped_steps_with_a_checkpoint_and_one_line
     monkeypatch.setattr(Trainer, "step", step)
     monkeypatch.setattr(Trainer, "version_now", 0, raising=False)
     run_dir = tmp_path / "run"
-    rc = main(TINY + [f"trainer.run_dir={run_dir}", "trainer.total_steps=6", "trainer.max_skipped_steps=2",
-                      "trainer.checkpoint_every=0"])
+    rc = main(
+        TINY
+        + [
+            f"trainer.run_dir={run_dir}",
+            "trainer.total_steps=6",
+            "trainer.max_skipped_steps=2",
+            "trainer.checkpoint_every=0",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and len(err.strip().splitlines()) == 1, err
     assert "2 steps in a row skipped" in err and "loss is nan" in err and "trainer.lr" in err

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import random
 
-from psrl.staleness import StaleVersionError, StalenessManager
-from psrl.viz.cli import main as viz_main
 from psrl.runtime.recorder import EventLog
+from psrl.staleness import StalenessManager, StaleVersionError
+from psrl.viz.cli import main as viz_main
 from psrl.viz.events import buffer_timeline, read_events
 
 
@@ -40,8 +40,14 @@ def test_timeline_matches_counts(tmp_path):
     """Replaying events.jsonl gives the same R_b, O_b as the manager for every live buffer."""
     clock = iter(range(10**6)).__next__
     log = EventLog(tmp_path / "events.jsonl", clock=lambda: float(clock()))
-    m = StalenessManager(staleness=2, batch_size=3, group_size=2, redundant_batch_size=4,
-                         group_filter=lambda g: g[0][1] % 5 != 0, on_event=log)
+    m = StalenessManager(
+        staleness=2,
+        batch_size=3,
+        group_size=2,
+        redundant_batch_size=4,
+        group_filter=lambda g: g[0][1] % 5 != 0,
+        on_event=log,
+    )
     drive(m, random.Random(1), 600)
     log.close()
     events = read_events(tmp_path / "events.jsonl")
@@ -86,12 +92,26 @@ def test_viz_draws_learning_curves_from_a_run(tmp_path):
     """curves.png from metrics rows (step and validation rows) and the staleness histogram per step."""
     from psrl.viz.curves import staleness_by_step
 
-    rows = [{"step": s, "time": 0.5 * s, "reward/mean": 0.1 * s, "staleness/mean": 1.0, "staleness/max": 2,
-             "correction/is_weight_mean": 1.0, "batch/masked_frac": 0.3} for s in (1, 2, 3)]
+    rows = [
+        {
+            "step": s,
+            "time": 0.5 * s,
+            "reward/mean": 0.1 * s,
+            "staleness/mean": 1.0,
+            "staleness/max": 2,
+            "correction/is_weight_mean": 1.0,
+            "batch/masked_frac": 0.3,
+        }
+        for s in (1, 2, 3)
+    ]
     rows.insert(2, {"step": 2, "version": 2, "val/accuracy": 0.5, "val/pass@k": 0.75, "val/k": 4, "val/time": 1.0})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    trajs = [{"v_traj": 0, "consumed_version": 1}, {"v_traj": 1, "consumed_version": 1},
-             {"v_traj": 1, "consumed_version": 2}, {"v_traj": 2, "status": "aborted"}]
+    trajs = [
+        {"v_traj": 0, "consumed_version": 1},
+        {"v_traj": 1, "consumed_version": 1},
+        {"v_traj": 1, "consumed_version": 2},
+        {"v_traj": 2, "status": "aborted"},
+    ]
     (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trajs))
     assert staleness_by_step(tmp_path / "trajectories.jsonl") == {2: {1: 1, 0: 1}, 3: {1: 1}}
     assert viz_main([str(tmp_path)]) == 0

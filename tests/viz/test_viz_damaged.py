@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from psrl.errors import PsrlError
+from psrl.runtime.recorder import EventLog
 from psrl.staleness import StalenessManager
 from psrl.viz.cli import load_run
 from psrl.viz.cli import main as viz_main
 from psrl.viz.events import read_valid
-from psrl.runtime.recorder import EventLog
 from tests.viz.test_events import drive
 
 ALLOWED = {PsrlError: "psrl's own one-line error (e.g. a directory with neither file)"}
@@ -40,8 +40,9 @@ def _template() -> Path:
     m = StalenessManager(staleness=1, batch_size=2, group_size=1, on_event=log)
     drive(m, random.Random(0), 150)
     log.close()
-    (d / "trajectories.jsonl").write_text("".join(json.dumps({"v_traj": v, "consumed_version": v + s}) + "\n"
-                                                  for v in range(5) for s in range(2)))
+    (d / "trajectories.jsonl").write_text(
+        "".join(json.dumps({"v_traj": v, "consumed_version": v + s}) + "\n" for v in range(5) for s in range(2))
+    )
     return d
 
 
@@ -53,8 +54,11 @@ JSON_VALUES = st.recursive(
     max_leaves=6,
 )
 FIELDS = ["t", "kind", "buffer", "reserved_buffer", "entry", "v_traj", "consumed_version"]
-RECORDS = st.dictionaries(st.sampled_from(FIELDS), st.one_of(JSON_VALUES, st.sampled_from(
-    ["reserve", "occupy", "consume", "abort", 0, 1, -1, 10**12, 1e308])), max_size=5)
+RECORDS = st.dictionaries(
+    st.sampled_from(FIELDS),
+    st.one_of(JSON_VALUES, st.sampled_from(["reserve", "occupy", "consume", "abort", 0, 1, -1, 10**12, 1e308])),
+    max_size=5,
+)
 GARBAGE_LINE = st.one_of(
     RECORDS.map(lambda r: json.dumps(r, allow_nan=True)),
     JSON_VALUES.map(lambda v: json.dumps(v, allow_nan=True)),
@@ -68,8 +72,11 @@ def damage(draw) -> dict:
     out = {}
     for name in FILES:
         kind = draw(st.sampled_from(["keep", "missing", "empty", "truncate"]))
-        out[name] = (kind, draw(st.floats(0, 1)), draw(st.lists(st.tuples(st.integers(0, 400), GARBAGE_LINE),
-                                                                max_size=3)))
+        out[name] = (
+            kind,
+            draw(st.floats(0, 1)),
+            draw(st.lists(st.tuples(st.integers(0, 400), GARBAGE_LINE), max_size=3)),
+        )
     return out
 
 
@@ -129,16 +136,18 @@ def _run_viz(spec: dict, monkeypatch, capsys) -> None:
     assert len(err.splitlines()) <= 1 and "Traceback" not in err
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(spec=damage())
 def test_viz_draws_damaged_runs_or_says_why(spec, monkeypatch, capsys):
     _run_viz(spec, monkeypatch, capsys)
 
 
 @pytest.mark.slow
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(spec=damage())
 def test_viz_draws_damaged_runs_or_says_why_long(spec, monkeypatch, capsys):
     _run_viz(spec, monkeypatch, capsys)
@@ -161,8 +170,10 @@ def test_a_truncated_last_line_is_skipped_and_reported(tmp_path, capsys):
         fh.write('{"t": 3.5, "kind": "occ')
     assert viz_main([str(d), "--out", str(tmp_path / "t.png")]) == 0
     err = capsys.readouterr().err.strip()
-    assert err == f"psrl viz: skipped 1 damaged line(s), first: {d / 'events.jsonl'}:{n + 1}: not JSON " \
-                  "(Unterminated string starting at)"
+    assert (
+        err == f"psrl viz: skipped 1 damaged line(s), first: {d / 'events.jsonl'}:{n + 1}: not JSON "
+        "(Unterminated string starting at)"
+    )
 
 
 def test_a_number_too_long_to_read_is_a_damaged_line(tmp_path):

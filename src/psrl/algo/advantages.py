@@ -12,7 +12,7 @@ group with identical rewards gets advantage exactly 0 rather than 0/0.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import Tensor
 

@@ -30,15 +30,23 @@ of :mod:`psrl.algo.divergence`:
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from psrl.algo.divergence import token_log_ratio, weight_sums
 
-__all__ = ["rollout_correction", "rollout_correction_from_config", "IS_MODES", "RS_MODES", "batch_corrections",
-           "m2po_keep", "sequence_ess", "ess_lr_scale"]
+__all__ = [
+    "rollout_correction",
+    "rollout_correction_from_config",
+    "IS_MODES",
+    "RS_MODES",
+    "batch_corrections",
+    "m2po_keep",
+    "sequence_ess",
+    "ess_lr_scale",
+]
 
 IS_MODES = (None, "token", "sequence")
 RS_MODES = (None, "token", "sequence", "geometric")
@@ -50,11 +58,11 @@ def rollout_correction(
     behav_logp: Tensor,
     mask: Tensor,
     *,
-    is_mode: Optional[str] = None,
+    is_mode: str | None = None,
     is_threshold: float = 2.0,
-    rs_mode: Optional[str] = None,
+    rs_mode: str | None = None,
     rs_threshold: float = 2.0,
-    rs_threshold_lower: Optional[float] = None,
+    rs_threshold_lower: float | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """IS weights and rejection mask for ``[B, T]`` log-probs; returns ``(weights, keep_mask, metrics)``.
 
@@ -119,7 +127,7 @@ def _log_rho(old_logp: Tensor, behav_logp: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid, diff, torch.zeros_like(diff))
 
 
-def _is_log_weights(log_rho: Tensor, mode: Optional[str], c: float) -> tuple[Tensor, Tensor]:
+def _is_log_weights(log_rho: Tensor, mode: str | None, c: float) -> tuple[Tensor, Tensor]:
     """``(log w, truncated)``: ``log w = min(log rho, log C)`` per token or per sequence.
 
     Never exponentiates an unclamped ratio; ``truncated`` marks where the clamp is active.
@@ -131,7 +139,7 @@ def _is_log_weights(log_rho: Tensor, mode: Optional[str], c: float) -> tuple[Ten
     return stat.clamp(max=log_c), stat > log_c
 
 
-def _rs_accept(log_rho: Tensor, valid: Tensor, mode: Optional[str], hi: float, lo: Optional[float]) -> Tensor:
+def _rs_accept(log_rho: Tensor, valid: Tensor, mode: str | None, hi: float, lo: float | None) -> Tensor:
     """Boolean ``[B, T]``: True where rejection sampling keeps the token (bounds inclusive)."""
     if mode is None:
         return torch.ones_like(valid)
@@ -171,8 +179,9 @@ def _metrics(log_rho, weights, valid, keep, truncated) -> dict[str, float]:
 # ------------------------------------------------------------------ batch-global corrections (high staleness)
 
 
-def batch_corrections(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, rc: Any
-                      ) -> tuple[Optional[Tensor], float, dict[str, float]]:
+def batch_corrections(
+    old_logp: Tensor, behav_logp: Tensor, mask: Tensor, rc: Any
+) -> tuple[Tensor | None, float, dict[str, float]]:
     """``(keep, lr_scale, metrics)`` of ``algorithm.rollout_correction``'s ``m2po`` and ``ess_lr`` on a whole batch.
 
     ``keep`` (``[B, T]``, the dtype of ``mask``) is M2PO's mask, None when ``m2po`` is off; ``lr_scale`` multiplies

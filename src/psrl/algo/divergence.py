@@ -28,14 +28,24 @@ with ``staleness/tokens@s<k>``, the fraction of the batch's valid tokens at that
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 from torch import Tensor
 
-__all__ = ["LOG_RATIO_CLAMP", "WeightSums", "DivergenceSums", "token_log_ratio", "weight_sums", "divergence_sums",
-           "level_sums", "reduce_sums", "divergence_row", "divergence_metrics"]
+__all__ = [
+    "LOG_RATIO_CLAMP",
+    "WeightSums",
+    "DivergenceSums",
+    "token_log_ratio",
+    "weight_sums",
+    "divergence_sums",
+    "level_sums",
+    "reduce_sums",
+    "divergence_row",
+    "divergence_metrics",
+]
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to +-20 before exp, so a wild token gives a large finite ratio, not inf."""
@@ -53,7 +63,7 @@ class WeightSums:
     """``sum_i exp(2 (l_i - shift))``."""
     shift: float = 0.0
 
-    def __add__(self, other: "WeightSums") -> "WeightSums":
+    def __add__(self, other: WeightSums) -> WeightSums:
         if not other.n:
             return self
         if not self.n:
@@ -78,7 +88,7 @@ class DivergenceSums:
     k3: float = 0.0
     """``sum_t (exp(d_t) - 1 - d_t)``."""
 
-    def __add__(self, other: "DivergenceSums") -> "DivergenceSums":
+    def __add__(self, other: DivergenceSums) -> DivergenceSums:
         return DivergenceSums(self.weights + other.weights, self.d2 + other.d2, self.k3 + other.k3)
 
     @property
@@ -102,8 +112,10 @@ def reduce_sums(parts: Iterable[DivergenceSums]) -> DivergenceSums:
 def token_log_ratio(old_logp: Tensor, behav_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """``(d, valid)``: ``d = clamp(old - behav, +-LOG_RATIO_CLAMP)`` in float64, 0 outside ``valid = mask > 0``."""
     if old_logp.shape != behav_logp.shape or old_logp.shape != mask.shape or old_logp.dim() != 2:
-        raise ValueError(f"old_logp, behav_logp and mask must share one [B, T] shape, got {tuple(old_logp.shape)}, "
-                         f"{tuple(behav_logp.shape)}, {tuple(mask.shape)}")
+        raise ValueError(
+            f"old_logp, behav_logp and mask must share one [B, T] shape, got {tuple(old_logp.shape)}, "
+            f"{tuple(behav_logp.shape)}, {tuple(mask.shape)}"
+        )
     valid = mask.detach() > 0
     d = (old_logp.detach().double() - behav_logp.detach().double()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.where(valid, d, torch.zeros_like(d)), valid

@@ -7,7 +7,8 @@ processes into the staleness manager, so it must be a module-level class, never 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from psrl.errors import ConfigError
 
@@ -31,8 +32,11 @@ class DynamicSamplingFilter:
 
     def __init__(self, metric: str):
         if not isinstance(metric, str) or not metric:
-            raise ConfigError("algorithm.filter_groups.metric", f"must be a metric name, got {metric!r}",
-                              "set it to score, acc, seq_reward or seq_final_reward")
+            raise ConfigError(
+                "algorithm.filter_groups.metric",
+                f"must be a metric name, got {metric!r}",
+                "set it to score, acc, seq_reward or seq_final_reward",
+            )
         self.metric = metric
 
     def __call__(self, group: Sequence[Any]) -> bool:
@@ -67,7 +71,7 @@ class DynamicSamplingFilter:
         return hash((DynamicSamplingFilter, self.metric))
 
 
-def build_group_filter(psrl_cfg: Any, algo_cfg: Any) -> Optional[GroupFilter]:
+def build_group_filter(psrl_cfg: Any, algo_cfg: Any) -> GroupFilter | None:
     """The group filter ``psrl.group_post_process`` asks for, or None when it is disabled.
 
     ``name: dynamic_sampling_filter`` reads ``algorithm.filter_groups.metric``; ``module:callable``
@@ -78,13 +82,19 @@ def build_group_filter(psrl_cfg: Any, algo_cfg: Any) -> Optional[GroupFilter]:
         return None
     key = "psrl.group_post_process.name"
     if gpp.name is None:
-        raise ConfigError(key, "is null but group_post_process.enable is true",
-                          "set name: dynamic_sampling_filter (or module:callable), or enable: false")
+        raise ConfigError(
+            key,
+            "is null but group_post_process.enable is true",
+            "set name: dynamic_sampling_filter (or module:callable), or enable: false",
+        )
     if gpp.name == "dynamic_sampling_filter":
         metric = algo_cfg.filter_groups.metric
         if metric is None:
-            raise ConfigError("algorithm.filter_groups.metric", "dynamic_sampling_filter needs a metric",
-                              "set it to score, acc, seq_reward or seq_final_reward")
+            raise ConfigError(
+                "algorithm.filter_groups.metric",
+                "dynamic_sampling_filter needs a metric",
+                "set it to score, acc, seq_reward or seq_final_reward",
+            )
         return DynamicSamplingFilter(metric)
     if ":" not in gpp.name:
         raise ConfigError(key, f"unknown filter {gpp.name!r}", "use dynamic_sampling_filter or module:callable")
@@ -97,7 +107,9 @@ def _import_filter(spec: str, key: str) -> GroupFilter:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
-        raise ConfigError(key, f"cannot import module {module_name!r} ({e})", "give an importable module:callable") from e
+        raise ConfigError(
+            key, f"cannot import module {module_name!r} ({e})", "give an importable module:callable"
+        ) from e
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(key, f"module {module_name!r} has no attribute {attr!r}", "check the name after ':'")
@@ -107,4 +119,3 @@ def _import_filter(spec: str, key: str) -> GroupFilter:
     if not callable(obj):
         raise ConfigError(key, f"{spec!r} is not callable", "point it at a function or class taking a group")
     return obj
-

@@ -22,7 +22,7 @@ are used, only their values differ.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,8 +62,8 @@ def aggregate(loss_mat: Tensor, mask: Tensor, mode: str) -> Tensor:
 
 def policy_loss(
     logp: Tensor,
-    old_logp: Optional[Tensor],
-    behav_logp: Optional[Tensor],
+    old_logp: Tensor | None,
+    behav_logp: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
     cfg: Any,
@@ -88,7 +88,7 @@ def policy_loss(
     return loss, metrics
 
 
-def _correction(old: Tensor, behav_logp: Optional[Tensor], valid: Tensor, cfg: Any):
+def _correction(old: Tensor, behav_logp: Tensor | None, valid: Tensor, cfg: Any):
     """IS weights and RS keep-mask; all ones and no metrics without behaviour log-probs.
 
     With ``behav_logp`` the correction metrics (``correction/rho_mean`` ...) are reported even

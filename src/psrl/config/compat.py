@@ -4,11 +4,11 @@ MOVED = {
     "psrl.max_concurrent_per_instance": "psrl.routing_strategy.max_concurrent_seqs_per_instance",
     "psrl.router": "psrl.routing_strategy.method",
     "psrl.sync_strategy": "psrl.sync_and_mig_strategy.method (request_num is now method=status_based with "
-                          "sync.indicator=request_num)",
+    "sync.indicator=request_num)",
     "psrl.sync_request_threshold": "psrl.sync_and_mig_strategy.sync.threshold (with method=status_based)",
     "psrl.partial_rollout.migration": "psrl.sync_and_mig_strategy.mig.* for migration as load balancing, or "
-                                      "psrl.partial_rollout.interrupt_as_prompt=true to re-route interrupted requests "
-                                      "at a sync",
+    "psrl.partial_rollout.interrupt_as_prompt=true to re-route interrupted requests "
+    "at a sync",
     "psrl.runtime": "runtime.backend",
     "psrl.ray_address": "runtime.ray_address",
     "psrl.reward_retries": "task.reward_retries",
@@ -37,17 +37,25 @@ OUT_OF_SCOPE = {
 """``psrl.*`` keys of PSRL that only make sense on its GPU infrastructure: rejected with a message that
 says why, never silently ignored (spec/psrl-config-surface.md)."""
 NOT_BUILT = {
-    ("psrl.routing_strategy.method", "throughput_optimal_with_budget"):
-        "needs a per-request length prediction the engines do not give; use throughput_optimal",
-    ("psrl.routing_strategy.method", "cache_aware"):
-        "needs prefix-cache (KV event) data from the engines, which they do not report; group and trajectory "
-        "stickiness (enable_group_sticky, enable_trajectory_sticky) keep prefixes on one instance",
-    ("psrl.sync_and_mig_strategy.sync.indicator", "hypothesis_test"):
-        "estimating a sync's benefit is not built; use request_num, throughput or kv_cache",
+    (
+        "psrl.routing_strategy.method",
+        "throughput_optimal_with_budget",
+    ): "needs a per-request length prediction the engines do not give; use throughput_optimal",
+    (
+        "psrl.routing_strategy.method",
+        "cache_aware",
+    ): "needs prefix-cache (KV event) data from the engines, which they do not report; group and trajectory "
+    "stickiness (enable_group_sticky, enable_trajectory_sticky) keep prefixes on one instance",
+    (
+        "psrl.sync_and_mig_strategy.sync.indicator",
+        "hypothesis_test",
+    ): "estimating a sync's benefit is not built; use request_num, throughput or kv_cache",
 }
 """PSRL values psrl does not build: rejected with the reason (checked before the key's choices)."""
 PSRL_DEFAULT_DIFFERS = {
-    "psrl.routing_strategy.max_concurrent_seqs_per_instance":
-        ("1024", "1024 sequences per engine is a GPU figure: a CPU engine would decode them one slow batch at a time"),
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance": (
+        "1024",
+        "1024 sequences per engine is a GPU figure: a CPU engine would decode them one slow batch at a time",
+    ),
 }
 """Schema defaults that are not PSRL's, and why (every other ``psrl.*`` default is PSRL's)."""

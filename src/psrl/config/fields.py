@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from psrl.config.rules import check_file, check_out_dir, one_of
 from psrl.errors import ConfigError, resolve_target
@@ -23,10 +23,10 @@ from psrl.errors import ConfigError, resolve_target
 class Rule:
     """The values one key accepts. ``None`` (null) is accepted exactly when the key's type is Optional."""
 
-    ge: Optional[float] = None
-    gt: Optional[float] = None
-    le: Optional[float] = None
-    lt: Optional[float] = None
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
     choices: tuple = ()
     """Allowed values; with ``target`` set, a value outside them is resolved as module:attr."""
     target: str = ""
@@ -51,16 +51,24 @@ class Rule:
             if self.target and isinstance(value, str) and ":" in value:
                 resolve_target(key, value, self.target)
                 return
-            one_of(key, value, list(self.choices), extra="module:Class" if self.target == "class" else
-                   "module:function" if self.target else "")
+            one_of(
+                key,
+                value,
+                list(self.choices),
+                extra="module:Class" if self.target == "class" else "module:function" if self.target else "",
+            )
         if self.path == "file":
             check_file(key, value)
         elif self.path == "out_dir":
             check_out_dir(key, value)
 
     def _check_number(self, key: str, v: float) -> None:
-        bad = ((self.ge is not None and v < self.ge) or (self.gt is not None and v <= self.gt)
-               or (self.le is not None and v > self.le) or (self.lt is not None and v >= self.lt))
+        bad = (
+            (self.ge is not None and v < self.ge)
+            or (self.gt is not None and v <= self.gt)
+            or (self.le is not None and v > self.le)
+            or (self.lt is not None and v >= self.lt)
+        )
         if bad:
             fix = self.fix or f"set {key} to a value {self.describe()}"
             raise ConfigError(key, f"must be {self.describe()}, got {v}", fix)

@@ -30,14 +30,20 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return None
         return _coerce(value, args[0], key)
     if value is None and not dataclasses.is_dataclass(tp):
-        raise ConfigError(key, "is null, but this key needs a value", f"set {key} (see docs/configuration.md), "
-                          "or remove it for the default")
+        raise ConfigError(
+            key,
+            "is null, but this key needs a value",
+            f"set {key} (see docs/configuration.md), or remove it for the default",
+        )
     if dataclasses.is_dataclass(tp):
         if value is None:  # an empty section ("trainer:" with nothing under it) means the defaults
             value = {}
         if not isinstance(value, dict):
-            raise ConfigError(key, f"expected a mapping, got {show(value)}", f"write it as '{key}: {{...}}' "
-                              f"or set its keys one by one ({key}.KEY=VALUE)")
+            raise ConfigError(
+                key,
+                f"expected a mapping, got {show(value)}",
+                f"write it as '{key}: {{...}}' or set its keys one by one ({key}.KEY=VALUE)",
+            )
         return _build(tp, value, key)
     if tp is bool:
         if isinstance(value, bool):
@@ -95,8 +101,11 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
             raise ConfigError(full, f"{v!r} is not built here: {NOT_BUILT[(full, v)]}", "choose another value")
         if k not in by_key:
             close = difflib.get_close_matches(str(k), list(by_key), n=1)
-            fix = f"did you mean '{(prefix + '.') if prefix else ''}{close[0]}'?" if close else (
-                f"known keys here: {', '.join(sorted(by_key))}")
+            fix = (
+                f"did you mean '{(prefix + '.') if prefix else ''}{close[0]}'?"
+                if close
+                else (f"known keys here: {', '.join(sorted(by_key))}")
+            )
             raise ConfigError(full, "unknown key", fix)
         f = by_key[k]
         kwargs[f.name] = _coerce(v, types_of[f.name], full)
@@ -190,8 +199,11 @@ def _read_yaml(path: str | Path) -> dict:
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise ConfigError(str(path), f"top level of the YAML file must be a mapping, got {type(loaded).__name__}",
-                          "write sections such as 'psrl:' and 'trainer:' at the top level")
+        raise ConfigError(
+            str(path),
+            f"top level of the YAML file must be a mapping, got {type(loaded).__name__}",
+            "write sections such as 'psrl:' and 'trainer:' at the top level",
+        )
     return loaded
 
 

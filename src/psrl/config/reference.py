@@ -44,7 +44,19 @@ def _rows(cls: type, prefix: str) -> list[tuple[str, str, str, str, str]]:
             rows.extend(_rows(tp, key))
             continue
         default = getattr(inst, f.name)
-        shown = "null" if default is None else ("true" if default is True else "false" if default is False else repr(default) if isinstance(default, (dict, list)) else str(default))
+        shown = (
+            "null"
+            if default is None
+            else (
+                "true"
+                if default is True
+                else "false"
+                if default is False
+                else repr(default)
+                if isinstance(default, (dict, list))
+                else str(default)
+            )
+        )
         rows.append((key, _type_name(tp), shown, allowed(f, tp), f.metadata.get("help", "")))
     return rows
 
@@ -61,8 +73,12 @@ def reference_markdown() -> str:
     ]
     for f in dataclasses.fields(Config):
         sect = yaml_key(f)
-        lines += [f"## `{sect}` -- {f.metadata['help']}", "", "| key | type | default | allowed | meaning |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            f"## `{sect}` -- {f.metadata['help']}",
+            "",
+            "| key | type | default | allowed | meaning |",
+            "|---|---|---|---|---|",
+        ]
         for key, tp, default, ok, help in _rows(hints(Config)[f.name], sect):
             cells = [f"`{key}`", tp, f"`{default}`", ok, help]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")  # '|' would split a cell
@@ -83,15 +99,22 @@ def _fate_table() -> list[str]:
             why = f"default differs from PSRL's {differs[0]}: {differs[1]}" if differs else "PSRL's meaning and default"
             rows.append((key, "built", why))
     rows += [(f"{k} = {v}", "rejected", why) for (k, v), why in NOT_BUILT.items()]
-    rows += [(f"{k}.*" if k not in ("psrl.ps_mode", "psrl.colocate") else k, "rejected (out of scope)", why)
-             for k, why in OUT_OF_SCOPE.items()]
+    rows += [
+        (f"{k}.*" if k not in ("psrl.ps_mode", "psrl.colocate") else k, "rejected (out of scope)", why)
+        for k, why in OUT_OF_SCOPE.items()
+    ]
     rows += [(k, "removed", f"use {new}") for k, new in MOVED.items() if k.startswith("psrl.")]
-    lines = ["## PSRL's keys and their fate", "",
-             "Every key of PSRL's `psrl:` group: built with PSRL's meaning, accepted with no effect here (and why),",
-             "or rejected at load with a message that says why; a removed name's message names its replacement.",
-             "Keys a YAML file leaves out take the defaults above; `psrl train` with no file runs the built-in",
-             f"default job `src/psrl/config/{PRESET.name}`, which sets its own sizes.", "",
-             "| key | fate | why |", "|---|---|---|"]
+    lines = [
+        "## PSRL's keys and their fate",
+        "",
+        "Every key of PSRL's `psrl:` group: built with PSRL's meaning, accepted with no effect here (and why),",
+        "or rejected at load with a message that says why; a removed name's message names its replacement.",
+        "Keys a YAML file leaves out take the defaults above; `psrl train` with no file runs the built-in",
+        f"default job `src/psrl/config/{PRESET.name}`, which sets its own sizes.",
+        "",
+        "| key | fate | why |",
+        "|---|---|---|",
+    ]
     for key, fate, why in rows:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (f"`{key}`", fate, why)) + " |")
     lines.append("")

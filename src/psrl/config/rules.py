@@ -93,8 +93,9 @@ def check_out_dir(key: str, value: str | os.PathLike) -> Path:
         _WRITABLE.add(anc)
     except OSError as e:
         what = "the directory" if anc == p else f"its nearest existing parent {anc}"
-        raise ConfigError(key, f"cannot write to {what} ({e.strerror or e})",
-                          "choose a directory you can write to") from e
+        raise ConfigError(
+            key, f"cannot write to {what} ({e.strerror or e})", "choose a directory you can write to"
+        ) from e
     return p
 
 
@@ -117,21 +118,35 @@ def check_model(m: Any) -> None:
     """
     if m.path is None:
         if m.gguf_file is not None:
-            raise ConfigError("model.gguf_file", "is set but model.path is null",
-                              "set model.path to the directory that holds the GGUF file")
+            raise ConfigError(
+                "model.gguf_file",
+                "is set but model.path is null",
+                "set model.path to the directory that holds the GGUF file",
+            )
         return
     if not m.path.strip():
-        raise ConfigError("model.path", "is an empty path", "give a local model directory, or null for the built-in model")
+        raise ConfigError(
+            "model.path", "is an empty path", "give a local model directory, or null for the built-in model"
+        )
     d = Path(m.path)
     if not d.exists():
-        hint = (f" (psrl loads models offline; '{m.path}' looks like a Hugging Face hub id)"
-                if not d.is_absolute() and m.path.count("/") == 1 else "")
-        raise ConfigError("model.path", f"no such directory: {d}{hint}",
-                          "download the model first (huggingface-cli download ORG/NAME --local-dir DIR) "
-                          "and set model.path=DIR, or null for the built-in model")
+        hint = (
+            f" (psrl loads models offline; '{m.path}' looks like a Hugging Face hub id)"
+            if not d.is_absolute() and m.path.count("/") == 1
+            else ""
+        )
+        raise ConfigError(
+            "model.path",
+            f"no such directory: {d}{hint}",
+            "download the model first (huggingface-cli download ORG/NAME --local-dir DIR) "
+            "and set model.path=DIR, or null for the built-in model",
+        )
     if not d.is_dir():
-        fix = (f"set model.path={d.parent} model.gguf_file={d.name}" if d.suffix == ".gguf"
-               else "give the model's directory, not a file")
+        fix = (
+            f"set model.path={d.parent} model.gguf_file={d.name}"
+            if d.suffix == ".gguf"
+            else "give the model's directory, not a file"
+        )
         raise ConfigError("model.path", f"{d} is a file, not a directory", fix)
     try:
         names = {p.name for p in d.iterdir()}
@@ -141,11 +156,17 @@ def check_model(m: Any) -> None:
         g = d / m.gguf_file
         if not m.gguf_file.strip() or not g.is_file():
             found = sorted(n for n in names if n.endswith(".gguf"))
-            raise ConfigError("model.gguf_file", f"no file {m.gguf_file!r} in {d}",
-                              f"use one of {', '.join(found)}" if found else "give the name of a .gguf file in model.path")
+            raise ConfigError(
+                "model.gguf_file",
+                f"no file {m.gguf_file!r} in {d}",
+                f"use one of {', '.join(found)}" if found else "give the name of a .gguf file in model.path",
+            )
         if importlib.util.find_spec("gguf") is None:
-            raise ConfigError("model.gguf_file", "loading a GGUF file needs the 'gguf' package, which is not installed",
-                              "pip install gguf, or use a safetensors model directory")
+            raise ConfigError(
+                "model.gguf_file",
+                "loading a GGUF file needs the 'gguf' package, which is not installed",
+                "pip install gguf, or use a safetensors model directory",
+            )
         return
     missing = []
     if "config.json" not in names:
@@ -156,8 +177,11 @@ def check_model(m: Any) -> None:
         missing.append("a tokenizer (tokenizer.json or tokenizer_config.json)")
     if missing:
         gg = sorted(n for n in names if n.endswith(".gguf"))
-        fix = (f"it holds {gg[0]}: set model.gguf_file={gg[0]}" if gg else
-               "give a Hugging Face model directory (save_pretrained writes one; a run's final/ is one)")
+        fix = (
+            f"it holds {gg[0]}: set model.gguf_file={gg[0]}"
+            if gg
+            else "give a Hugging Face model directory (save_pretrained writes one; a run's final/ is one)"
+        )
         raise ConfigError("model.path", f"{d} is not a model directory: no {', no '.join(missing)}", fix)
 
 
@@ -170,8 +194,9 @@ def check_task(task_cfg: Any, seed: int = 0) -> type:
     cls = resolve_task(task_cfg.name)
     bad = [k for k in task_cfg.kwargs if not isinstance(k, str) or not k.isidentifier()]
     if bad:
-        raise ConfigError("task.kwargs", f"keys must be argument names, got {bad[0]!r}",
-                          "write task.kwargs as name: value pairs")
+        raise ConfigError(
+            "task.kwargs", f"keys must be argument names, got {bad[0]!r}", "write task.kwargs as name: value pairs"
+        )
     try:
         sig = inspect.signature(cls)
     except (TypeError, ValueError):  # no introspectable signature: the constructor will tell
@@ -179,8 +204,15 @@ def check_task(task_cfg: Any, seed: int = 0) -> type:
     try:
         sig.bind(task_cfg, seed=seed, tokenizer=None, **task_cfg.kwargs)
     except TypeError as e:
-        accepted = [n for n, p in sig.parameters.items() if n not in ("task_cfg", "seed", "tokenizer", "self")
-                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        raise ConfigError("task.kwargs", f"{task_cfg.name} does not accept them ({e})",
-                          f"use only {', '.join(accepted)}" if accepted else "remove task.kwargs") from e
+        accepted = [
+            n
+            for n, p in sig.parameters.items()
+            if n not in ("task_cfg", "seed", "tokenizer", "self")
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        raise ConfigError(
+            "task.kwargs",
+            f"{task_cfg.name} does not accept them ({e})",
+            f"use only {', '.join(accepted)}" if accepted else "remove task.kwargs",
+        ) from e
     return cls

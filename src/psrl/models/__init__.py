@@ -4,4 +4,3 @@ from psrl.models.policy import Policy, build_policy, resolve_device
 from psrl.models.tokenizer import MARKERS, CharTokenizer, HFTokenizer, load_tokenizer
 
 __all__ = ["Policy", "build_policy", "resolve_device", "CharTokenizer", "HFTokenizer", "load_tokenizer", "MARKERS"]
-

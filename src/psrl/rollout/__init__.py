@@ -8,9 +8,34 @@ from psrl.rollout.build import build_rollout, sampling_of
 from psrl.rollout.client import AgentManager, MemorySink
 from psrl.rollout.engines import BatchingEngine, NoCacheEngine, TokenModel
 from psrl.rollout.serving import InstancePool, RolloutInstance, Session
-from psrl.rollout.types import (InFlight, InstanceFactory, InstanceStatus, Pool, RolloutStatus, Router, SyncStrategy,
-                                VersionProvider)
+from psrl.rollout.types import (
+    InFlight,
+    InstanceFactory,
+    InstanceStatus,
+    Pool,
+    RolloutStatus,
+    Router,
+    SyncStrategy,
+    VersionProvider,
+)
 
-__all__ = ["build_rollout", "sampling_of", "AgentManager", "MemorySink", "BatchingEngine", "NoCacheEngine",
-           "TokenModel", "InstancePool", "RolloutInstance", "Session", "Pool", "Router", "SyncStrategy",
-           "VersionProvider", "InstanceFactory", "InstanceStatus", "InFlight", "RolloutStatus"]
+__all__ = [
+    "build_rollout",
+    "sampling_of",
+    "AgentManager",
+    "MemorySink",
+    "BatchingEngine",
+    "NoCacheEngine",
+    "TokenModel",
+    "InstancePool",
+    "RolloutInstance",
+    "Session",
+    "Pool",
+    "Router",
+    "SyncStrategy",
+    "VersionProvider",
+    "InstanceFactory",
+    "InstanceStatus",
+    "InFlight",
+    "RolloutStatus",
+]

@@ -9,7 +9,8 @@ through the pool. The sampling settings take one route: :func:`sampling_of` is w
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from psrl.rollout.client.agents import AgentManager
 from psrl.rollout.engines.base import TokenModel, as_engine
@@ -33,9 +34,16 @@ def sampling_of(cfg: Config, task: Task) -> Sampling:
     return Sampling(temperature=cfg.trainer.temperature, top_p=cfg.trainer.top_p, stop_ids=stop_ids)
 
 
-def build_rollout(cfg: Config, engines: Sequence[Union[Engine, TokenModel]], store: WeightSource,
-                  manager: StalenessManager, *, task: Task, sink: Optional[Sink] = None,
-                  log: Callable[[str], None] = print) -> tuple[InstancePool, AgentManager]:
+def build_rollout(
+    cfg: Config,
+    engines: Sequence[Engine | TokenModel],
+    store: WeightSource,
+    manager: StalenessManager,
+    *,
+    task: Task,
+    sink: Sink | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[InstancePool, AgentManager]:
     """The instance pool over ``engines`` and the agent manager that feeds ``manager`` from it.
 
     Args:
@@ -56,15 +64,29 @@ def build_rollout(cfg: Config, engines: Sequence[Union[Engine, TokenModel]], sto
         if not isinstance(model, Engine):
             model.load_weights(state, version)
     new_instance = functools.partial(
-        RolloutInstance, weights=store, sync=build_sync(cfg, manager), log=log,
-        partial_rollout=p.partial_rollout.enable, interrupt_as_prompt=p.partial_rollout.interrupt_as_prompt,
-        max_new_tokens=cfg.trainer.max_new_tokens, max_restarts=cfg.rollout.max_restarts,
-        max_batch=rs.max_concurrent_seqs_per_instance, multi_priority_queue=rs.enable_multi_priority_queue,
-        request_sort=rs.request_sort_indicator)
-    pool = InstancePool([as_engine(e, sampling) for e in engines], new_instance, build_router(cfg, cfg.trainer.seed),
-                        capacity=rs.max_concurrent_seqs_per_instance, candidate_sort=rs.candidate_sort_indicator,
-                        group_sticky=rs.enable_group_sticky, trajectory_sticky=rs.enable_trajectory_sticky,
-                        migration=build_migration(cfg))
-    agents = AgentManager(task, manager, pool, cfg, workers=len(pool.instances) * rs.max_concurrent_seqs_per_instance,
-                          sink=sink)
+        RolloutInstance,
+        weights=store,
+        sync=build_sync(cfg, manager),
+        log=log,
+        partial_rollout=p.partial_rollout.enable,
+        interrupt_as_prompt=p.partial_rollout.interrupt_as_prompt,
+        max_new_tokens=cfg.trainer.max_new_tokens,
+        max_restarts=cfg.rollout.max_restarts,
+        max_batch=rs.max_concurrent_seqs_per_instance,
+        multi_priority_queue=rs.enable_multi_priority_queue,
+        request_sort=rs.request_sort_indicator,
+    )
+    pool = InstancePool(
+        [as_engine(e, sampling) for e in engines],
+        new_instance,
+        build_router(cfg, cfg.trainer.seed),
+        capacity=rs.max_concurrent_seqs_per_instance,
+        candidate_sort=rs.candidate_sort_indicator,
+        group_sticky=rs.enable_group_sticky,
+        trajectory_sticky=rs.enable_trajectory_sticky,
+        migration=build_migration(cfg),
+    )
+    agents = AgentManager(
+        task, manager, pool, cfg, workers=len(pool.instances) * rs.max_concurrent_seqs_per_instance, sink=sink
+    )
     return pool, agents

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from psrl.staleness import Batch
 from psrl.tasks.base import Episode, GenerateFn, Prompt, Task
@@ -46,9 +46,17 @@ class FakeEngine:
     start of every async decode step).
     """
 
-    def __init__(self, token_cost: float = 0.01, step_cost: float = 0.0, sync_cost: float = 0.0,
-                 vocab: int = 97, stop_id: Optional[int] = None, stop_at: Optional[int] = None,
-                 version: int = 0, record: bool = False):
+    def __init__(
+        self,
+        token_cost: float = 0.01,
+        step_cost: float = 0.0,
+        sync_cost: float = 0.0,
+        vocab: int = 97,
+        stop_id: int | None = None,
+        stop_at: int | None = None,
+        version: int = 0,
+        record: bool = False,
+    ):
         self.token_cost = float(token_cost)
         self.step_cost = float(step_cost)
         self.sync_cost = float(sync_cost)
@@ -56,7 +64,7 @@ class FakeEngine:
         self.stop_id = stop_id
         self.stop_at = stop_at
         self.version = int(version)
-        self.state: Optional[WeightState] = None
+        self.state: WeightState | None = None
         self.calls = 0
         self.rows = 0
         self.loads = 0
@@ -73,7 +81,9 @@ class FakeEngine:
             tok = (tok + 1) % self.vocab
         return tok
 
-    def next_token(self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[int], list[float]]:
+    def next_token(
+        self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0
+    ) -> tuple[list[int], list[float]]:
         """Tokens of every row; the log-prob encodes the version (``-1 - version / 100``) for tests."""
         self.calls += 1
         self.rows += len(seqs)
@@ -82,7 +92,9 @@ class FakeEngine:
         toks = [self.token_for(s) for s in seqs]
         return toks, [-1.0 - self.version / 100.0] * len(seqs)
 
-    async def anext_token(self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0) -> tuple[list[int], list[float]]:
+    async def anext_token(
+        self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0
+    ) -> tuple[list[int], list[float]]:
         """``next_token`` after ``step_cost + len(seqs) * token_cost`` seconds of (virtual) time."""
         cost = self.step_cost + self.token_cost * len(seqs)
         if self.record:
@@ -125,10 +137,16 @@ class FakeTask:
     stop_ids: set = set()
     max_context = 10**6
 
-    def __init__(self, turns: int = 2, turn_tokens: int = 4, tool_latency: float = 0.0,
-                 latency_fn: Optional[LatencyFn] = None, score_fn: Optional[ScoreFn] = None,
-                 reward_fn: Optional[Callable[[Prompt, Episode], dict]] = None,
-                 episode_fn: Optional[Callable[[Prompt], None]] = None):
+    def __init__(
+        self,
+        turns: int = 2,
+        turn_tokens: int = 4,
+        tool_latency: float = 0.0,
+        latency_fn: LatencyFn | None = None,
+        score_fn: ScoreFn | None = None,
+        reward_fn: Callable[[Prompt, Episode], dict] | None = None,
+        episode_fn: Callable[[Prompt], None] | None = None,
+    ):
         self.turns = int(turns)
         self.turn_tokens = int(turn_tokens)
         self.tool_latency = float(tool_latency)
@@ -185,12 +203,12 @@ class FakeTrainer:
     skips a step.
     """
 
-    def __init__(self, policy: Optional[FakeEngine] = None, train_time: float = 0.1):
+    def __init__(self, policy: FakeEngine | None = None, train_time: float = 0.1):
         self.policy = policy if policy is not None else FakeEngine()
         self.train_time = float(train_time)
         self.batches: list = []
         self.intervals: list[tuple[float, float]] = []
-        self.last_skip: Optional[str] = None
+        self.last_skip: str | None = None
         self.skipped_in_a_row = 0
 
     @property
@@ -217,8 +235,9 @@ class FakeTrainer:
         return self.version
 
 
-def random_batch(task: Task, version: int = 0, groups: int = 3, n: int = 3, seed: int = 0,
-                 lengths: tuple[int, int] = (1, 5)) -> Batch:
+def random_batch(
+    task: Task, version: int = 0, groups: int = 3, n: int = 3, seed: int = 0, lengths: tuple[int, int] = (1, 5)
+) -> Batch:
     """A consumed batch for a real trainer (its tests, the checkpoint-cost benchmark): ``groups`` of the task's
     prompts, ``n`` random responses each of ``lengths`` tokens (inclusive), rewards that differ inside every group
     (non-zero advantages)."""
@@ -229,8 +248,17 @@ def random_batch(task: Task, version: int = 0, groups: int = 3, n: int = 3, seed
         members = []
         for i in range(n):
             resp = [rng.randrange(task.tokenizer.vocab_size) for _ in range(rng.randint(*lengths))]
-            members.append(Trajectory(uid=f"{g}/{i}", group=str(g), v_traj=version, prompt_ids=prompt.ids,
-                                      response_ids=resp, logprobs=[-1.0] * len(resp), loss_mask=[1] * len(resp),
-                                      reward=float(rng.random() < 0.5) + 0.1 * i))
+            members.append(
+                Trajectory(
+                    uid=f"{g}/{i}",
+                    group=str(g),
+                    v_traj=version,
+                    prompt_ids=prompt.ids,
+                    response_ids=resp,
+                    logprobs=[-1.0] * len(resp),
+                    loss_mask=[1] * len(resp),
+                    reward=float(rng.random() < 0.5) + 0.1 * i,
+                )
+            )
         out.append(members)
     return Batch(version, out, [], [])

@@ -8,15 +8,24 @@ strategy (:class:`SyncStrategy`), and what a sync strategy reads of the stalenes
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Hashable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from psrl.rollout.serving.instance import InstanceRequest, RolloutInstance
     from psrl.types import Engine
 
-__all__ = ["VersionProvider", "SyncStrategy", "Router", "InstanceFactory", "Pool", "InstanceStatus", "InFlight",
-           "RolloutStatus"]
+__all__ = [
+    "VersionProvider",
+    "SyncStrategy",
+    "Router",
+    "InstanceFactory",
+    "Pool",
+    "InstanceStatus",
+    "InFlight",
+    "RolloutStatus",
+]
 
 
 class VersionProvider(Protocol):
@@ -44,8 +53,14 @@ class Router(Protocol):
 class InstanceFactory(Protocol):
     """Builds the pool's instance ``index`` over ``engine``, wired to the pool's two listeners."""
 
-    def __call__(self, index: int, engine: Engine, *, on_version: Callable[[RolloutInstance], None],
-                 on_round: Callable[[RolloutInstance], None]) -> RolloutInstance:
+    def __call__(
+        self,
+        index: int,
+        engine: Engine,
+        *,
+        on_version: Callable[[RolloutInstance], None],
+        on_round: Callable[[RolloutInstance], None],
+    ) -> RolloutInstance:
         """A :class:`~psrl.rollout.serving.instance.RolloutInstance` with the run's weights, sync and settings."""
 
 
@@ -55,8 +70,7 @@ class Pool(Protocol):
     trajectory_sticky: bool
     """Later turns of a trajectory stay on its instance."""
 
-    def route(self, v_min: int, group: Optional[Hashable] = None,
-              avoid: Optional[RolloutInstance] = None) -> RolloutInstance:
+    def route(self, v_min: int, group: Hashable | None = None, avoid: RolloutInstance | None = None) -> RolloutInstance:
         """An instance holding a version ``>= v_min`` for a trajectory of ``group`` (not ``avoid`` if another
         will do)."""
 

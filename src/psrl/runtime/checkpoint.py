@@ -30,8 +30,9 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from psrl.errors import RunError, describe
 from psrl.rollout.client.records import trajectory_record
@@ -45,8 +46,10 @@ _MANIFEST = "manifest.json"
 _EVENTS = "events.jsonl"
 _KEPT = re.compile(r"^checkpoint\.v(\d+)$")
 _KEYS = ("version", "staleness", "agents", "offsets")
-_FIX = ("delete that directory to resume from the one before it (if any), set trainer.resume=false to start "
-        "over in this run directory, or give a new trainer.run_dir")
+_FIX = (
+    "delete that directory to resume from the one before it (if any), set trainer.resume=false to start "
+    "over in this run directory, or give a new trainer.run_dir"
+)
 
 
 class CheckpointWriteError(RunError):
@@ -107,8 +110,14 @@ def _capture(run_dir: str | Path, coord: Any, recorder: Any, copy: bool = False)
         offsets[_EVENTS] = events.offset()
     state = {**coord.state_dict(), "offsets": offsets}
     trainer_state = coord.trainer.state_dict() if copy and hasattr(coord.trainer, "state_dict") else None
-    return (Path(run_dir), int(coord.version), coord.cfg.trainer.keep_checkpoints, trainer_state,
-            pickle.dumps(state), coord.trainer)
+    return (
+        Path(run_dir),
+        int(coord.version),
+        coord.cfg.trainer.keep_checkpoints,
+        trainer_state,
+        pickle.dumps(state),
+        coord.trainer,
+    )
 
 
 def _write(run_dir: Path, version: int, keep: int, trainer_state: Any, coord_state: bytes, trainer: Any) -> Path:
@@ -125,9 +134,12 @@ def _write(run_dir: Path, version: int, keep: int, trainer_state: Any, coord_sta
         (tmp / _MANIFEST).write_text(json.dumps({"version": version, "files": files}))
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointWriteError(f"checkpoint {final}", f"could not be written: {describe(e)}; the previous "
-                                   "checkpoint is intact", "free disk space (or fix the directory's permissions); "
-                                   "the same command resumes from the previous checkpoint") from e
+        raise CheckpointWriteError(
+            f"checkpoint {final}",
+            f"could not be written: {describe(e)}; the previous checkpoint is intact",
+            "free disk space (or fix the directory's permissions); "
+            "the same command resumes from the previous checkpoint",
+        ) from e
     if final.exists():
         prev = _version_of(final)
         kept = run_dir / f"checkpoint.v{prev}" if prev is not None else run_dir / "checkpoint.old"
@@ -135,12 +147,12 @@ def _write(run_dir: Path, version: int, keep: int, trainer_state: Any, coord_sta
         final.rename(kept)
     tmp.rename(final)
     shutil.rmtree(run_dir / "checkpoint.old", ignore_errors=True)
-    for old in _kept(run_dir)[max(keep - 1, 0):]:
+    for old in _kept(run_dir)[max(keep - 1, 0) :]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _version_of(path: Path) -> Optional[int]:
+def _version_of(path: Path) -> int | None:
     """The version in a checkpoint's manifest (None for a checkpoint written before manifests, or damaged)."""
     try:
         return int(json.loads((path / _MANIFEST).read_text())["version"])
@@ -167,7 +179,9 @@ def _read_state(path: Path) -> dict:
         for name, size in dict(manifest["files"]).items():
             have = (path / name).stat().st_size if (path / name).exists() else None
             if have != int(size):
-                raise ValueError(f"{name} is {'missing' if have is None else f'{have} bytes'}, the manifest says {size}")
+                raise ValueError(
+                    f"{name} is {'missing' if have is None else f'{have} bytes'}, the manifest says {size}"
+                )
     with open(path / _STATE, "rb") as f:
         state = pickle.load(f)
     if not isinstance(state, dict) or any(k not in state for k in _KEYS):
@@ -175,7 +189,7 @@ def _read_state(path: Path) -> dict:
     return state
 
 
-def load_checkpoint(run_dir: str | Path) -> Optional[dict]:
+def load_checkpoint(run_dir: str | Path) -> dict | None:
     """The state :func:`save_checkpoint` wrote plus ``dir`` (for ``trainer.load``) of the newest checkpoint
     whose state reads, or None when there is none; if none reads, RunError naming the newest."""
     damaged = []
@@ -193,8 +207,9 @@ def load_checkpoint(run_dir: str | Path) -> Optional[dict]:
     return None
 
 
-def restore_manager(snapshot: dict, group_filter: Any = None, sink: Any = None,
-                    on_event: Optional[Callable[[Event], Any]] = None) -> StalenessManager:
+def restore_manager(
+    snapshot: dict, group_filter: Any = None, sink: Any = None, on_event: Callable[[Event], Any] | None = None
+) -> StalenessManager:
     """The staleness manager of a checkpoint, with every RESERVED entry aborted and its trajectories reported;
     ``on_event`` hears it from then on (the aborts belong to the process that died, not to the event log)."""
     m = StalenessManager.restore(snapshot, group_filter=group_filter)
@@ -212,9 +227,14 @@ def restore_manager(snapshot: dict, group_filter: Any = None, sink: Any = None,
     return StalenessManager.restore(m.snapshot(), group_filter=group_filter, on_event=on_event)
 
 
-def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any = None,
-           log: Optional[Callable[[str], None]] = None,
-           on_event: Optional[Callable[[Event], Any]] = None) -> Optional[dict]:
+def resume(
+    run_dir: str | Path,
+    trainer: Any,
+    recorder: Any,
+    group_filter: Any = None,
+    log: Callable[[str], None] | None = None,
+    on_event: Callable[[Event], Any] | None = None,
+) -> dict | None:
     """Restore the newest intact checkpoint of ``run_dir`` into ``trainer`` and ``recorder``; None when there
     is none (then the logs a run killed before its first checkpoint left are cut to empty).
 
@@ -245,8 +265,10 @@ def resume(run_dir: str | Path, trainer: Any, recorder: Any, group_filter: Any =
             aside = bad.with_name(bad.name + ".damaged")
             shutil.rmtree(aside, ignore_errors=True)
             bad.rename(aside)
-            (log or print)(f"checkpoint {bad} {what} ({describe(e)}): resuming from {path} (version "
-                           f"{ck['version']}) instead; the damaged one is kept as {aside}")
+            (log or print)(
+                f"checkpoint {bad} {what} ({describe(e)}): resuming from {path} (version "
+                f"{ck['version']}) instead; the damaged one is kept as {aside}"
+            )
         return ck
     if damaged:
         path, e, what = damaged[0]

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from psrl.algo.filters import build_group_filter
 from psrl.errors import RunError
@@ -34,8 +35,8 @@ from psrl.rollout.engines.base import TokenModel
 from psrl.rollout.types import RolloutStatus
 from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import Batch, Event, StalenessManager
-from psrl.train.store import ParameterStore
 from psrl.tasks.base import Task
+from psrl.train.store import ParameterStore
 from psrl.types import Engine, Sink, StepTrainer, Trajectory
 
 if TYPE_CHECKING:
@@ -44,14 +45,21 @@ if TYPE_CHECKING:
 __all__ = ["Coordinator", "build_staleness_manager", "batch_metrics"]
 
 
-def build_staleness_manager(cfg: Config, train_version: int = 0,
-                            on_event: Optional[Callable[[Event], Any]] = None) -> StalenessManager:
+def build_staleness_manager(
+    cfg: Config, train_version: int = 0, on_event: Callable[[Event], Any] | None = None
+) -> StalenessManager:
     """The staleness manager of ``psrl.*`` (with its group filter) at ``train_version``; ``on_event`` hears every
     transition (``events.jsonl``)."""
     p = cfg.psrl
     return StalenessManager(
-        p.staleness, p.batch_size, p.group_size, p.redundant_batch_size, p.redundant_group_size,
-        group_filter=build_group_filter(p, cfg.algorithm), on_event=on_event, train_version=train_version,
+        p.staleness,
+        p.batch_size,
+        p.group_size,
+        p.redundant_batch_size,
+        p.redundant_group_size,
+        group_filter=build_group_filter(p, cfg.algorithm),
+        on_event=on_event,
+        train_version=train_version,
     )
 
 
@@ -75,9 +83,17 @@ class Coordinator:
     instead of one with a consumed but untrained batch. Cancelling again stops at once.
     """
 
-    def __init__(self, cfg: Config, task: Task, trainer: StepTrainer, engines: Sequence[Union[Engine, TokenModel]], *,
-                 sink: Optional[Sink] = None, manager: Optional[StalenessManager] = None,
-                 log: Optional[Callable[[str], None]] = None):
+    def __init__(
+        self,
+        cfg: Config,
+        task: Task,
+        trainer: StepTrainer,
+        engines: Sequence[Engine | TokenModel],
+        *,
+        sink: Sink | None = None,
+        manager: StalenessManager | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.cfg = cfg
         self.log = log or print
         self.trainer = trainer
@@ -86,11 +102,12 @@ class Coordinator:
         self.store = ParameterStore(keep=cfg.psrl.staleness + 2)
         self.store.publish(int(policy.version), policy.export_state())
         self.manager = manager or build_staleness_manager(cfg, int(policy.version))
-        self.pool, self.agents = build_rollout(cfg, engines, self.store, self.manager, task=task, sink=sink,
-                                               log=self.log)
+        self.pool, self.agents = build_rollout(
+            cfg, engines, self.store, self.manager, task=task, sink=sink, log=self.log
+        )
         self.rows: list[dict] = []
         self.in_step = False
-        self.watchdog: Optional[Watchdog] = None
+        self.watchdog: Watchdog | None = None
         self._t0 = 0.0
         self._last = 0.0
 
@@ -108,7 +125,7 @@ class Coordinator:
         """What the rollout side is doing now: its instances and the trajectories in flight (the stall report)."""
         return RolloutStatus(self.pool.status(), self.agents.in_flight())
 
-    async def run(self, total_steps: int, on_step: Optional[Callable[[dict], None]] = None) -> list[dict]:
+    async def run(self, total_steps: int, on_step: Callable[[dict], None] | None = None) -> list[dict]:
         """Train until the trainer holds version ``total_steps``; returns one metrics row per step. ``on_step`` is
         called with each step's row once the step is published (psrl train: show, validate, checkpoint)."""
         loop = asyncio.get_running_loop()
@@ -133,7 +150,7 @@ class Coordinator:
             await self.pool.stop()
         return self.rows
 
-    def _watchdog(self) -> Optional[asyncio.Task]:
+    def _watchdog(self) -> asyncio.Task | None:
         """The stall watchdog (``trainer.stall_timeout_s``; 0 = none): the bound on reserve / next_batch waits."""
         timeout = self.cfg.trainer.stall_timeout_s
         if timeout <= 0:
@@ -157,7 +174,7 @@ class Coordinator:
             fut.result()  # raises the crash
         raise RuntimeError("the agent dispatcher stopped")
 
-    async def _train_on(self, batch: Batch, on_step: Optional[Callable[[dict], None]] = None) -> None:
+    async def _train_on(self, batch: Batch, on_step: Callable[[dict], None] | None = None) -> None:
         """Record the batch, train on it (generation keeps going), publish ``T + 1``, wake instances."""
         loop = asyncio.get_running_loop()
         self.agents.after_consume(batch)
@@ -170,8 +187,9 @@ class Coordinator:
         except asyncio.CancelledError:
             interrupted = True
             if not step.done():
-                self.log(f"interrupted: finishing training step {int(batch.version) + 1} first "
-                         "(interrupt again to stop now)")
+                self.log(
+                    f"interrupted: finishing training step {int(batch.version) + 1} first (interrupt again to stop now)"
+                )
                 try:
                     await asyncio.wait([step])
                 except asyncio.CancelledError:
@@ -201,12 +219,17 @@ class Coordinator:
         """Say that step ``version`` was skipped; stop after ``trainer.max_skipped_steps`` in a row."""
         in_a_row = int(self.trainer.skipped_in_a_row)
         limit = self.cfg.trainer.max_skipped_steps
-        self.log(f"step {version} skipped ({reason}): its trajectories are recorded 'skipped', "
-                 f"{in_a_row} in a row of trainer.max_skipped_steps={limit}")
+        self.log(
+            f"step {version} skipped ({reason}): its trajectories are recorded 'skipped', "
+            f"{in_a_row} in a row of trainer.max_skipped_steps={limit}"
+        )
         if in_a_row >= limit:
-            raise RunError(f"trainer at step {version}", f"{in_a_row} steps in a row skipped, the last: {reason}",
-                           "lower trainer.lr or trainer.grad_clip, or check the model's dtype and the rewards; "
-                           "the run is checkpointed here and the same command resumes it")
+            raise RunError(
+                f"trainer at step {version}",
+                f"{in_a_row} steps in a row skipped, the last: {reason}",
+                "lower trainer.lr or trainer.grad_clip, or check the model's dtype and the rewards; "
+                "the run is checkpointed here and the same command resumes it",
+            )
 
     async def _step(self, batch: Batch) -> dict:
         step = self.trainer.step

@@ -9,7 +9,7 @@ With ``runtime.backend=ray`` each engine lives in a Ray actor (:mod:`psrl.runtim
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from psrl.rollout.build import sampling_of
 from psrl.types import Engine
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["build_engines"]
 
 
-def build_engines(cfg: Config, policy: Any, task: Task, run_dir: Optional[Path] = None) -> list[Engine]:
+def build_engines(cfg: Config, policy: Any, task: Task, run_dir: Path | None = None) -> list[Engine]:
     """One engine per rollout instance for ``cfg`` (the policy supplies weights, tokenizer and shape), each
     sampling as :func:`psrl.rollout.sampling_of` says."""
     n, seed, r = cfg.psrl.deployment.n_rollout_instances, cfg.trainer.seed, cfg.rollout
@@ -36,5 +36,7 @@ def build_engines(cfg: Config, policy: Any, task: Task, run_dir: Optional[Path] 
         return build_vllm_engines(cfg, policy, run_dir, sampling)
     from psrl.rollout.engines.hf import HFEngine
 
-    return [HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, sampling=sampling)
-            for i in range(n)]
+    return [
+        HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, sampling=sampling)
+        for i in range(n)
+    ]

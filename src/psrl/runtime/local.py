@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -54,8 +55,17 @@ class _StepHook:
     """After each step: show and track it, validate (``trainer.val_every``), put events.jsonl on disk,
     checkpoint every ``trainer.checkpoint_every`` steps and at the end."""
 
-    def __init__(self, coord: Coordinator, run_dir: Path, recorder: RunRecorder, events: EventLog, total: int,
-                 every: int, watch: RunWatch, saver: CheckpointSaver):
+    def __init__(
+        self,
+        coord: Coordinator,
+        run_dir: Path,
+        recorder: RunRecorder,
+        events: EventLog,
+        total: int,
+        every: int,
+        watch: RunWatch,
+        saver: CheckpointSaver,
+    ):
         self.coord, self.run_dir, self.recorder, self.events = coord, run_dir, recorder, events
         self.total, self.every, self.watch, self.saver = total, every, watch, saver
 
@@ -68,11 +78,19 @@ class _StepHook:
             self.saver.save(self.run_dir, self.coord, self.recorder, wait=row["step"] >= self.total)
 
 
-def build(cfg: Config, recorder: Optional[RunRecorder] = None, log: Callable[[str], None] = print, *,
-          task: Optional[Task] = None, trainer: Optional[StepTrainer] = None,
-          engines: Optional[Sequence[Union[Engine, TokenModel]]] = None, weights: Optional[WeightState] = None,
-          sink: Optional[Sink] = None, manager: Optional[StalenessManager] = None,
-          on_event: Optional[Callable[[Event], Any]] = None) -> Coordinator:
+def build(
+    cfg: Config,
+    recorder: RunRecorder | None = None,
+    log: Callable[[str], None] = print,
+    *,
+    task: Task | None = None,
+    trainer: StepTrainer | None = None,
+    engines: Sequence[Engine | TokenModel] | None = None,
+    weights: WeightState | None = None,
+    sink: Sink | None = None,
+    manager: StalenessManager | None = None,
+    on_event: Callable[[Event], Any] | None = None,
+) -> Coordinator:
     """The one builder of a run: task, trainer, rollout engines, staleness manager and coordinator for ``cfg``.
 
     ``psrl train``, the tests, the benchmarks and the simulator's ``coordinator`` policy all build here; a part
@@ -105,8 +123,9 @@ def build(cfg: Config, recorder: Optional[RunRecorder] = None, log: Callable[[st
         engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
     if manager is None:
         manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)
-    coord = Coordinator(cfg, task, trainer, engines, sink=sink if sink is not None else recorder, manager=manager,
-                        log=log)
+    coord = Coordinator(
+        cfg, task, trainer, engines, sink=sink if sink is not None else recorder, manager=manager, log=log
+    )
     if ck is not None:
         coord.agents.load_state_dict(ck["agents"])
     return coord
@@ -130,9 +149,11 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
     saver = CheckpointSaver(background=cfg.trainer.checkpoint_in_background)
     on_step = _StepHook(coord, run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch, saver)
     p = cfg.psrl
-    log(f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
+    log(
+        f"psrl train: staleness {p.staleness}, B={p.batch_size} (B'={p.redundant_batch_size}), N={p.group_size} "
         f"(N'={p.redundant_group_size}), {p.deployment.n_rollout_instances} instances x {p.routing_strategy.max_concurrent_seqs_per_instance} workers, "
-        f"task {cfg.task.name}, {total} steps -> {run_dir}")
+        f"task {cfg.task.name}, {total} steps -> {run_dir}"
+    )
     started = time.perf_counter()
     with _sigterm_cancels(asyncio.current_task()) as terminated:
         try:
@@ -157,8 +178,10 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
     recorder.close()
     if rows:
         first, last = rows[0]["reward/mean"], rows[-1]["reward/mean"]
-        log(f"done: {len(rows)} steps in {time.perf_counter() - started:.1f}s, reward {first:.3f} -> {last:.3f}, "
-            f"max staleness {max(r['staleness/max'] for r in rows)} (bound {p.staleness}); run dir {run_dir}")
+        log(
+            f"done: {len(rows)} steps in {time.perf_counter() - started:.1f}s, reward {first:.3f} -> {last:.3f}, "
+            f"max staleness {max(r['staleness/max'] for r in rows)} (bound {p.staleness}); run dir {run_dir}"
+        )
     return rows
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from psrl.rollout.engines.base import as_engine
 from psrl.rollout.serving.router import CostModel, fit_cost_model, save_cost_model
@@ -23,8 +24,9 @@ from psrl.types import GenRequest
 __all__ = ["profile_engine", "main"]
 
 
-async def profile_engine(engine: Any, sizes: Sequence[int] = (1, 2, 4, 8), tokens: int = 16,
-                         context: Sequence[int] = (1, 2, 3)) -> list[tuple[int, float, float]]:
+async def profile_engine(
+    engine: Any, sizes: Sequence[int] = (1, 2, 4, 8), tokens: int = 16, context: Sequence[int] = (1, 2, 3)
+) -> list[tuple[int, float, float]]:
     """``(n, kv_usage, tokens_per_s)`` of ``engine`` (or a bare ``next_token`` model) at each batch size;
     the engine is started, not closed."""
     engine = as_engine(engine)
@@ -51,8 +53,12 @@ async def _profile_all(engines: Sequence[Any], sizes: Sequence[int], tokens: int
             m = fit_cost_model(samples)
             if m is None:
                 raise ValueError(f"instance {i}: need at least two batch sizes to fit a cost model")
-            print(f"instance {i}: " + ", ".join(f"n={n}: {tps:.1f} tok/s" for n, _, tps in samples)
-                  + f"  ->  step = {m.k3:.4g}*n + {m.k4:.4g} (+ {m.k1:.4g}*kv) s", flush=True)
+            print(
+                f"instance {i}: "
+                + ", ".join(f"n={n}: {tps:.1f} tok/s" for n, _, tps in samples)
+                + f"  ->  step = {m.k3:.4g}*n + {m.k4:.4g} (+ {m.k1:.4g}*kv) s",
+                flush=True,
+            )
             models.append(m)
     finally:
         for eng in engines:

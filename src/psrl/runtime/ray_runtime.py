@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Optional
+from typing import Any
 
 from psrl.types import EngineLoad, GenRequest, WeightSource
 
@@ -148,7 +148,7 @@ class RayEngine:
         ray.kill(self.actor)
 
 
-def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Start (or join) Ray once; local clusters bind to loopback with the dashboard off."""
     import ray
 
@@ -161,16 +161,18 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
         ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
 
 
-def build_ray_engines(cfg: Any, n: int, seed: int, policy: Any = None, task: Any = None,
-                      run_dir: Any = None) -> list[RayEngine]:
+def build_ray_engines(
+    cfg: Any, n: int, seed: int, policy: Any = None, task: Any = None, run_dir: Any = None
+) -> list[RayEngine]:
     """``n`` engine actors (sampling seeds ``seed + 1 + i``); the instances load the first version at start."""
     import ray
-
     from psrl.config import config_to_dict
 
     if cfg.rollout.engine != "hf":
-        raise NotImplementedError("runtime.backend=ray runs the hf engine in its actors; for vLLM under Ray attach "
-                                  "to the servers with rollout.engine=vllm and rollout.vllm.urls")
+        raise NotImplementedError(
+            "runtime.backend=ray runs the hf engine in its actors; for vLLM under Ray attach "
+            "to the servers with rollout.engine=vllm and rollout.vllm.urls"
+        )
     ensure_ray(cfg.runtime.ray_address)
     remote_cls = ray.remote(num_cpus=0)(EngineWorker)
     data = config_to_dict(cfg)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
 import time
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 from psrl.metrics import checked
 
@@ -26,7 +27,7 @@ def default_run_dir(root: str | Path = "runs") -> Path:
     """``runs/<UTC timestamp>`` (a suffix is added if it exists)."""
     import datetime
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     path = Path(root) / stamp
     k = 1
     while path.exists():
@@ -111,7 +112,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
-def jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any, Optional[str]]]:
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any, str | None]]:
     """``(line number, value, None)`` for every non-blank line of a JSONL file that parses, ``(line number, None,
     why)`` for one that does not: for files a run may have left damaged (killed mid-line, disk full, edited),
     whose readers decide what a damaged line means. An unreadable file raises OSError."""
@@ -137,11 +138,11 @@ class EventLog:
     flushes after every training step, so a run that is killed keeps its log up to the last step.
     """
 
-    def __init__(self, path: str | Path, clock: Optional[Callable[[], float]] = None, flush_every: int = 256):
+    def __init__(self, path: str | Path, clock: Callable[[], float] | None = None, flush_every: int = 256):
         self.path = Path(path)
         self._fh = self.path.open("a", buffering=1 << 16)
         self._clock = clock or time.monotonic
-        self._t0: Optional[float] = None
+        self._t0: float | None = None
         self._n = 0
         self._flush_every = flush_every
 

@@ -21,7 +21,8 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from psrl.rollout.engines.base import turns
 from psrl.rollout.engines.hf import HFEngine
@@ -49,11 +50,12 @@ async def _scores(task, engine: HFEngine, prompts: list, k: int, seed: str) -> t
             return {}
 
     flat = await asyncio.gather(*[one(p, i) for p in prompts for i in range(k)])
-    return [list(flat[j * k:(j + 1) * k]) for j in range(len(prompts))], failed
+    return [list(flat[j * k : (j + 1) * k]) for j in range(len(prompts))], failed
 
 
-async def _scored(task, policy, temperature: float, top_p: float, prompts: list, k: int,
-                  seed: str) -> tuple[list[list[dict]], int]:
+async def _scored(
+    task, policy, temperature: float, top_p: float, prompts: list, k: int, seed: str
+) -> tuple[list[list[dict]], int]:
     engine = HFEngine(policy, sampling=Sampling(temperature, top_p, frozenset(task.stop_ids)))
     try:
         return await _scores(task, engine, prompts, k, seed)
@@ -61,8 +63,9 @@ async def _scored(task, policy, temperature: float, top_p: float, prompts: list,
         await engine.close()
 
 
-async def validate(task, policy, prompts: list, val_n: int, temperature: float, top_p: float,
-                   seed: int = 0) -> dict[str, float]:
+async def validate(
+    task, policy, prompts: list, val_n: int, temperature: float, top_p: float, seed: int = 0
+) -> dict[str, float]:
     """The ``val/*`` metrics of ``policy`` on ``prompts``."""
     started = time.perf_counter()
     saved = policy.generator.get_state()

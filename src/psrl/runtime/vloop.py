@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 __all__ = ["VirtualTimeEventLoop", "VirtualTimeDeadlock", "run_virtual"]
 
@@ -37,7 +38,7 @@ class _VirtualSelector(selectors.BaseSelector):
 
     def __init__(self) -> None:
         self._real = selectors.DefaultSelector()
-        self.loop: "VirtualTimeEventLoop | None" = None
+        self.loop: VirtualTimeEventLoop | None = None
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 __all__ = ["Trackers", "RunWatch", "scalars"]
 
@@ -33,16 +34,22 @@ class Trackers:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package ([track])
 
             # a resumed run rewrites the steps after its checkpoint: drop TensorBoard's copies of them
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_version + 1 if resume_version else None)
+            self.tb = SummaryWriter(
+                str(run_dir / "tensorboard"), purge_step=resume_version + 1 if resume_version else None
+            )
         if "wandb" in names:
             import wandb  # [track]
 
             from psrl.config import config_to_dict
 
             self.wandb = wandb.init(
-                project=cfg.trainer.project_name, name=cfg.trainer.experiment_name or run_dir.name, dir=str(run_dir),
-                mode=os.environ.get("WANDB_MODE", "offline"), config=config_to_dict(cfg),
-                settings=wandb.Settings(console="off", silent=True))
+                project=cfg.trainer.project_name,
+                name=cfg.trainer.experiment_name or run_dir.name,
+                dir=str(run_dir),
+                mode=os.environ.get("WANDB_MODE", "offline"),
+                config=config_to_dict(cfg),
+                settings=wandb.Settings(console="off", silent=True),
+            )
 
     def log(self, row: dict) -> None:
         step = int(row.get("step", 0))
@@ -71,8 +78,10 @@ class _Bar:
 
     def step(self, row: dict) -> None:
         self.bar.update(int(row["step"]) - self.bar.n)
-        self.bar.set_postfix_str(f"reward {row['reward/mean']:.3f} staleness {row['staleness/mean']:.2f}"
-                                 f"/{row['staleness/max']}", refresh=True)
+        self.bar.set_postfix_str(
+            f"reward {row['reward/mean']:.3f} staleness {row['staleness/mean']:.2f}/{row['staleness/max']}",
+            refresh=True,
+        )
 
     def close(self) -> None:
         self.bar.close()
@@ -91,15 +100,23 @@ class RunWatch:
         tty: whether stdout is a terminal (default: ask it).
     """
 
-    def __init__(self, cfg: Any, run_dir: Path, coord: Any, recorder: Any, log: Callable[[str], None],
-                 line: Callable[[dict, int], str], tty: Optional[bool] = None):
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: Path,
+        coord: Any,
+        recorder: Any,
+        log: Callable[[str], None],
+        line: Callable[[dict, int], str],
+        tty: bool | None = None,
+    ):
         self.cfg, self.coord, self.recorder, self.log, self.line = cfg, coord, recorder, log, line
         self.total = cfg.trainer.total_steps
         self.console = "console" in cfg.trainer.logger
         tty = sys.stdout.isatty() if tty is None else tty
         self.bar = _Bar(self.total, coord.version) if self.console and tty else None
         self.trackers = Trackers(cfg, Path(run_dir), resume_version=coord.version)
-        self._val_prompts: Optional[list] = None
+        self._val_prompts: list | None = None
         dropped = getattr(coord.agents.task, "dropped", 0) if hasattr(coord, "agents") else 0
         if dropped:
             log(f"data: dropped {dropped} prompts longer than data.max_prompt_length (data.filter_overlong_prompts)")
@@ -128,9 +145,11 @@ class RunWatch:
         self.recorder.metric(out)
         self.trackers.log(out)
         if self.console:
-            msg = (f"validation at step {out['step']} (v{out['version']}): accuracy {out['val/accuracy']:.3f} "
-                   f"reward {out['val/reward']:.3f} pass@{t.val_n} {out['val/pass@k']:.3f} "
-                   f"on {len(self._val_prompts)} prompts ({out['val/seconds']:.1f}s)")
+            msg = (
+                f"validation at step {out['step']} (v{out['version']}): accuracy {out['val/accuracy']:.3f} "
+                f"reward {out['val/reward']:.3f} pass@{t.val_n} {out['val/pass@k']:.3f} "
+                f"on {len(self._val_prompts)} prompts ({out['val/seconds']:.1f}s)"
+            )
             if self.bar is not None:
                 self.bar.bar.write(msg)
             else:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from psrl.errors import RunError
 
@@ -41,8 +42,9 @@ class Watchdog:
         log: the console.
     """
 
-    def __init__(self, coord: Coordinator, timeout: float, run_dir: Optional[Path] = None,
-                 log: Callable[[str], None] = print):
+    def __init__(
+        self, coord: Coordinator, timeout: float, run_dir: Path | None = None, log: Callable[[str], None] = print
+    ):
         self.coord, self.timeout, self.run_dir, self.log = coord, float(timeout), run_dir, log
         self.dumps: list[Path] = []
         self.stalls = 0
@@ -80,16 +82,21 @@ class Watchdog:
             path.write_text(json.dumps(report, indent=1, default=str))
             self.dumps.append(path)
             where = f"; details in {path}"
-        self.log(f"stall: no trajectory completed and no training step for {idle:.0f}s "
-                 f"(trainer.stall_timeout_s={self.timeout:g}): {report['summary']}{where}; "
-                 f"the run stops if nothing moves for another {self.timeout:g}s")
+        self.log(
+            f"stall: no trajectory completed and no training step for {idle:.0f}s "
+            f"(trainer.stall_timeout_s={self.timeout:g}): {report['summary']}{where}; "
+            f"the run stops if nothing moves for another {self.timeout:g}s"
+        )
 
     def _stop(self, idle: float) -> None:
-        err = RunError("run", f"stalled: no trajectory completed and no training step for {idle:.0f}s "
-                       f"(2 x trainer.stall_timeout_s={self.timeout:g}); {stall_report(self.coord, idle)['summary']}",
-                       "see the stall-*.json report in the run directory for what it waited on; raise "
-                       "trainer.stall_timeout_s if generations or rewards legitimately take this long; "
-                       "the run is checkpointed and the same command resumes it")
+        err = RunError(
+            "run",
+            f"stalled: no trajectory completed and no training step for {idle:.0f}s "
+            f"(2 x trainer.stall_timeout_s={self.timeout:g}); {stall_report(self.coord, idle)['summary']}",
+            "see the stall-*.json report in the run directory for what it waited on; raise "
+            "trainer.stall_timeout_s if generations or rewards legitimately take this long; "
+            "the run is checkpointed and the same command resumes it",
+        )
         failure = self.coord.agents.failure
         if failure is not None and not failure.done():
             failure.set_exception(err)
@@ -103,25 +110,51 @@ def stall_report(coord: Coordinator, idle: float, events: int = 50) -> dict:
     buffers = {}
     for b, state in m.buffer_states().items():
         occupied, reserved, _ = m.counts(b)
-        buffers[str(b)] = {"state": str(state), "occupied": occupied, "reserved": reserved,
-                           "blocking": [str(e) for e in m.blocking(b)]}
+        buffers[str(b)] = {
+            "state": str(state),
+            "occupied": occupied,
+            "reserved": reserved,
+            "blocking": [str(e) for e in m.blocking(b)],
+        }
     status = coord.status()
     flight: dict[int, list] = {i.index: [] for i in status.instances}
     for t in status.in_flight:
-        flight.setdefault(t.instance, []).append({
-            "trajectory": t.trajectory, "entry": t.entry, "age_s": round(t.age_s, 3),
-            "in": "model turn" if t.in_model_turn else "tool call or reward"})
-    instances = [{"index": i.index, "version": i.version, "dead": i.dead, "syncing": i.syncing,
-                  "active": i.active, "queued": i.queued, "in_flight": flight.get(i.index, [])}
-                 for i in status.instances]
+        flight.setdefault(t.instance, []).append(
+            {
+                "trajectory": t.trajectory,
+                "entry": t.entry,
+                "age_s": round(t.age_s, 3),
+                "in": "model turn" if t.in_model_turn else "tool call or reward",
+            }
+        )
+    instances = [
+        {
+            "index": i.index,
+            "version": i.version,
+            "dead": i.dead,
+            "syncing": i.syncing,
+            "active": i.active,
+            "queued": i.queued,
+            "in_flight": flight.get(i.index, []),
+        }
+        for i in status.instances
+    ]
     n_flight = sum(len(v) for v in flight.values())
     oldest = max((t["age_s"] for v in flight.values() for t in v), default=0.0)
     states = " ".join(f"{b}:{v['state']}" for b, v in buffers.items())
-    summary = (f"T={m.train_version}, buffers {states}, "
-               f"{n_flight} trajectories in flight (oldest {oldest:.0f}s), instances "
-               f"v{[i['version'] for i in instances]} dead {[i['index'] for i in instances if i['dead']]}")
-    return {"idle_s": round(idle, 3), "train_version": m.train_version, "summary": summary, "buffers": buffers,
-            "instances": instances, "last_events": _last_events(m, events)}
+    summary = (
+        f"T={m.train_version}, buffers {states}, "
+        f"{n_flight} trajectories in flight (oldest {oldest:.0f}s), instances "
+        f"v{[i['version'] for i in instances]} dead {[i['index'] for i in instances if i['dead']]}"
+    )
+    return {
+        "idle_s": round(idle, 3),
+        "train_version": m.train_version,
+        "summary": summary,
+        "buffers": buffers,
+        "instances": instances,
+        "last_events": _last_events(m, events),
+    }
 
 
 def _last_events(manager: Any, n: int) -> list:

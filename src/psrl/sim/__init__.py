@@ -19,8 +19,18 @@ from psrl.sim.metrics import JSON_KEYS, Result
 from psrl.sim.psrl_policy import PsrlPolicy
 from psrl.sim.workload import Workload
 
-__all__ = ["POLICIES", "DEFAULT_POLICIES", "Workload", "Result", "JSON_KEYS", "Engine", "Group", "SimulationStuck", "simulate",
-           "compare"]
+__all__ = [
+    "POLICIES",
+    "DEFAULT_POLICIES",
+    "Workload",
+    "Result",
+    "JSON_KEYS",
+    "Engine",
+    "Group",
+    "SimulationStuck",
+    "simulate",
+    "compare",
+]
 
 POLICIES: dict[str, type] = {
     "psrl": PsrlPolicy,

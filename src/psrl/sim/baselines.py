@@ -32,8 +32,15 @@ from collections import deque
 from psrl.sim.engine import Engine, Group
 from psrl.sim.workload import Workload
 
-__all__ = ["BatchedPolicy", "Sync", "OneStepOff", "Areal", "DiscardRequeue", "SampleBudget",
-           "verl_max_required_samples"]
+__all__ = [
+    "BatchedPolicy",
+    "Sync",
+    "OneStepOff",
+    "Areal",
+    "DiscardRequeue",
+    "SampleBudget",
+    "verl_max_required_samples",
+]
 
 
 class _QueuePolicy(Engine):
@@ -242,9 +249,9 @@ class BatchedPolicy(Engine):
 
     def __init__(self, wl: Workload):
         super().__init__(wl)
-        self.batch = 0          # batch being generated
+        self.batch = 0  # batch being generated
         self.kept: list[Group] = []
-        self.in_progress = 0    # groups of this batch launched and not finished
+        self.in_progress = 0  # groups of this batch launched and not finished
         self.started = False
         self.done: deque[list[int]] = deque()
 

@@ -34,21 +34,44 @@ def build_parser() -> argparse.ArgumentParser:
         prog="psrl simulate",
         description="Simulate throughput, staleness and waste of psrl and other staleness policies on a workload.",
     )
-    ap.add_argument("args", nargs="*", metavar="[CONFIG] key=value",
-                    help="optional YAML config, then dotted overrides such as sim.slots=64 psrl.staleness=2")
-    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                    help=f"comma-separated subset of {','.join(POLICIES)} (default: {','.join(DEFAULT_POLICIES)}; "
-                         "'coordinator' runs psrl train's real coordinator in virtual time)")
+    ap.add_argument(
+        "args",
+        nargs="*",
+        metavar="[CONFIG] key=value",
+        help="optional YAML config, then dotted overrides such as sim.slots=64 psrl.staleness=2",
+    )
+    ap.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated subset of {','.join(POLICIES)} (default: {','.join(DEFAULT_POLICIES)}; "
+        "'coordinator' runs psrl train's real coordinator in virtual time)",
+    )
     ap.add_argument("--json", action="store_true", help=f"one JSON object per row with keys {', '.join(JSON_KEYS)}")
-    ap.add_argument("--sweep", default=None, metavar="KEY=v1,v2,...",
-                    help="rerun every policy for each value of one config key, e.g. psrl.staleness=0,1,2,4,8")
-    ap.add_argument("--plot", default=None, metavar="FILE.png",
-                    help="write throughput/staleness vs eta and the frontier to this PNG")
-    ap.add_argument("--frontier", action="store_true",
-                    help="print only the frontier: best steps/h per true max staleness, with each point's "
-                         "discarded fraction and length bias (with --json: one object per point)")
-    ap.add_argument("--min-length-bias", type=float, default=0.0, metavar="X",
-                    help="frontier over runs with length_bias >= X only, for every policy alike (e.g. 0.95)")
+    ap.add_argument(
+        "--sweep",
+        default=None,
+        metavar="KEY=v1,v2,...",
+        help="rerun every policy for each value of one config key, e.g. psrl.staleness=0,1,2,4,8",
+    )
+    ap.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="write throughput/staleness vs eta and the frontier to this PNG",
+    )
+    ap.add_argument(
+        "--frontier",
+        action="store_true",
+        help="print only the frontier: best steps/h per true max staleness, with each point's "
+        "discarded fraction and length bias (with --json: one object per point)",
+    )
+    ap.add_argument(
+        "--min-length-bias",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="frontier over runs with length_bias >= X only, for every policy alike (e.g. 0.95)",
+    )
     return ap
 
 
@@ -77,8 +100,11 @@ def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
     if unknown or not names:
-        raise ConfigError("--policies", f"unknown policy {', '.join(unknown) or '(none)'}",
-                          f"use a comma-separated subset of {','.join(POLICIES)}")
+        raise ConfigError(
+            "--policies",
+            f"unknown policy {', '.join(unknown) or '(none)'}",
+            f"use a comma-separated subset of {','.join(POLICIES)}",
+        )
     return names
 
 
@@ -91,14 +117,16 @@ def _workloads(path: str | None, overrides: list[str], sweep_spec: str | None) -
 
 def _describe(wl: Workload) -> str:
     shape = f"alpha={wl.alpha}" if wl.dist == "pareto" else f"sigma={wl.sigma}"
-    return (f"workload: slots={wl.slots} B={wl.batch_size} B'={wl.redundant_batch_size} N={wl.group_size} "
-            f"N'={wl.redundant_group_size} gen={wl.dist}(median={wl.median}, {shape}) "
-            f"train_time={wl.train_time:g} sync_time={wl.sync_time:g} drop={wl.filter_drop_rate:g} steps={wl.steps}\n"
-            f"peers: areal max_concurrent_rollouts={wl.areal_max_concurrent_rollouts or wl.batch_size}, "
-            f"tinker groups_per_batch={wl.tinker_groups_per_batch or wl.batch_size}, "
-            f"verl staleness_threshold={wl.verl_staleness_threshold:g} "
-            f"trigger_parameter_sync_step={wl.verl_trigger_parameter_sync_step} "
-            f"max_concurrent_samples={wl.verl_max_concurrent_samples}")
+    return (
+        f"workload: slots={wl.slots} B={wl.batch_size} B'={wl.redundant_batch_size} N={wl.group_size} "
+        f"N'={wl.redundant_group_size} gen={wl.dist}(median={wl.median}, {shape}) "
+        f"train_time={wl.train_time:g} sync_time={wl.sync_time:g} drop={wl.filter_drop_rate:g} steps={wl.steps}\n"
+        f"peers: areal max_concurrent_rollouts={wl.areal_max_concurrent_rollouts or wl.batch_size}, "
+        f"tinker groups_per_batch={wl.tinker_groups_per_batch or wl.batch_size}, "
+        f"verl staleness_threshold={wl.verl_staleness_threshold:g} "
+        f"trigger_parameter_sync_step={wl.verl_trigger_parameter_sync_step} "
+        f"max_concurrent_samples={wl.verl_max_concurrent_samples}"
+    )
 
 
 def prepare(ns: argparse.Namespace) -> tuple[list[str], list[Workload], list[Workload]]:

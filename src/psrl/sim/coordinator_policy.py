@@ -29,7 +29,7 @@ the simulator's model and the real code. It costs about 0.1 ms of real time per 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any
 
 from psrl.sim.metrics import Recorder, Result
 from psrl.sim.workload import Workload
@@ -58,8 +58,9 @@ def coordinator_config(wl: Workload) -> Any:
         items["psrl.deployment.n_rollout_instances"] = wl.instances
         items["psrl.routing_strategy.max_concurrent_seqs_per_instance"] = -(-wl.slots // wl.instances)
         items["trainer.max_new_tokens"] = 10**9  # a trajectory is as long as the stream says
-        items.update({k: ("null" if v is None else str(v).lower() if isinstance(v, bool) else v)
-                      for k, v in wl.routing})
+        items.update(
+            {k: ("null" if v is None else str(v).lower() if isinstance(v, bool) else v) for k, v in wl.routing}
+        )
     return load_config(None, [f"{k}={v}" for k, v in items.items()])
 
 
@@ -70,11 +71,11 @@ class _Meter:
         self.wl = wl
         self.rec = Recorder(wl.slots, wl.staleness)
         self.stream = wl.gen_stream()
-        self.drawn: dict[str, float] = {}     # member uid -> its full generation time
-        self.cut: dict[str, float] = {}       # member uid -> seconds it ran before it was cancelled
+        self.drawn: dict[str, float] = {}  # member uid -> its full generation time
+        self.cut: dict[str, float] = {}  # member uid -> seconds it ran before it was cancelled
         self.recorded: set[str] = set()
         self.running = 0
-        self.busy = 0.0                        # integral of running generations over time
+        self.busy = 0.0  # integral of running generations over time
         self.last = 0.0
         self.finished = False
 
@@ -141,7 +142,7 @@ class _SimTrainer:
 
         self.meter = meter
         self.policy = FakeEngine(token_cost=0.0)
-        self.last_skip: Optional[str] = None
+        self.last_skip: str | None = None
         self.skipped_in_a_row = 0
 
     async def step(self, batch: Any) -> dict:
@@ -192,8 +193,10 @@ def _engines(wl: Workload) -> list:
     if not wl.decode:
         return [FakeEngine(token_cost=0.0, sync_cost=wl.sync_time)]
     speeds = wl.decode_speeds or (1.0,) * wl.instances
-    return [FakeEngine(token_cost=wl.decode_row_time / v, step_cost=wl.decode_step_time / v, sync_cost=wl.sync_time)
-            for v in speeds]
+    return [
+        FakeEngine(token_cost=wl.decode_row_time / v, step_cost=wl.decode_step_time / v, sync_cost=wl.sync_time)
+        for v in speeds
+    ]
 
 
 class CoordinatorPolicy:
@@ -224,12 +227,25 @@ class CoordinatorPolicy:
                     draws.append(u.next())
                 return draws[i] >= wl.filter_drop_rate
 
-            sm = StalenessManager(wl.staleness, wl.batch_size, wl.group_size, wl.redundant_batch_size,
-                                  wl.redundant_group_size, group_filter=keep)
+            sm = StalenessManager(
+                wl.staleness,
+                wl.batch_size,
+                wl.group_size,
+                wl.redundant_batch_size,
+                wl.redundant_group_size,
+                group_filter=keep,
+            )
         else:
             sm = build_staleness_manager(cfg)
-        coord = build(cfg, log=lambda _: None, task=_SimTask(meter), trainer=_SimTrainer(meter), engines=_engines(wl),
-                      sink=_Sink(meter), manager=sm)
+        coord = build(
+            cfg,
+            log=lambda _: None,
+            task=_SimTask(meter),
+            trainer=_SimTrainer(meter),
+            engines=_engines(wl),
+            sink=_Sink(meter),
+            manager=sm,
+        )
         if wl.decode and wl.decode_max_running is not None:
             for inst in coord.pool.instances:  # the engine's own batch limit (vLLM's max_num_seqs)
                 inst.max_batch = wl.decode_max_running

@@ -44,14 +44,14 @@ class Group:
     __slots__ = ("ordinal", "key", "size", "unlaunched", "members", "completed", "ended", "batch")
 
     def __init__(self, ordinal: int, size: int, key=None, batch: int = 0):
-        self.ordinal = ordinal      # creation order: the i-th group gets the i-th filter draw
-        self.key = key              # policy's handle (psrl: the manager's entry id)
-        self.size = size            # members to launch
+        self.ordinal = ordinal  # creation order: the i-th group gets the i-th filter draw
+        self.key = key  # policy's handle (psrl: the manager's entry id)
+        self.size = size  # members to launch
         self.unlaunched = size
-        self.members: list[int] = []    # launched trajectory indices
+        self.members: list[int] = []  # launched trajectory indices
         self.completed: list[int] = []  # of those, the ones that finished generating
-        self.ended = False          # no longer wanted (aborted, filtered, consumed)
-        self.batch = batch          # batched policies: the batch it belongs to
+        self.ended = False  # no longer wanted (aborted, filtered, consumed)
+        self.batch = batch  # batched policies: the batch it belongs to
 
 
 class Engine:
@@ -72,11 +72,11 @@ class Engine:
         self.gen_version = 0
         self.trainer_version = 0
         self.trainer_busy = False
-        self.heap: list = []       # trainer, publish and timer events, in wall time
-        self.gen_heap: list = []   # completion events, in generation time
+        self.heap: list = []  # trainer, publish and timer events, in wall time
+        self.gen_heap: list = []  # completion events, in generation time
         self.gen_paused = False
         self._pause_start = 0.0
-        self.paused_total = 0.0    # wall seconds generation has been paused so far
+        self.paused_total = 0.0  # wall seconds generation has been paused so far
         self.syncing = False
         self._seq = itertools.count()
         self.pending: deque[Group] = deque()

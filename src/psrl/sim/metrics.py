@@ -27,8 +27,18 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["Recorder", "Result", "JSON_KEYS", "percentile_from_hist", "warmup_steps"]
 
 JSON_KEYS = (
-    "policy", "staleness", "steps_per_hour", "ideal_steps_per_hour", "ratio_to_ideal", "trainer_idle",
-    "generator_idle", "staleness_mean", "staleness_p99", "staleness_max", "violations", "discarded_fraction",
+    "policy",
+    "staleness",
+    "steps_per_hour",
+    "ideal_steps_per_hour",
+    "ratio_to_ideal",
+    "trainer_idle",
+    "generator_idle",
+    "staleness_mean",
+    "staleness_p99",
+    "staleness_max",
+    "violations",
+    "discarded_fraction",
     "length_bias",
 )
 
@@ -149,16 +159,23 @@ class Recorder:
         all_slot = completed_gen + self.cancelled_slot
         bias = (self.trained_slot / n) / (resolved_drawn / resolved_n) if n and resolved_drawn > 0 else 1.0
         return Result(
-            policy=policy, staleness=self.eta, steps_per_hour=sph, ideal_steps_per_hour=ideal,
+            policy=policy,
+            staleness=self.eta,
+            steps_per_hour=sph,
+            ideal_steps_per_hour=ideal,
             ratio_to_ideal=sph / ideal if ideal > 0 else 0.0,
             trainer_idle=_clip01(1.0 - busy_train / window) if window > 0 else 0.0,
             generator_idle=_clip01(1.0 - busy_slots / (self.slots * window)) if window > 0 else 0.0,
-            staleness_mean=mean_s, staleness_p99=percentile_from_hist(self.hist, 0.99), staleness_max=smax,
-            violations=sum(self.hist[self.eta + 1:]),
+            staleness_mean=mean_s,
+            staleness_p99=percentile_from_hist(self.hist, 0.99),
+            staleness_max=smax,
+            violations=sum(self.hist[self.eta + 1 :]),
             discarded_fraction=self.discarded_slot / completed_gen if completed_gen > 0 else 0.0,
             length_bias=bias,
             wasted_fraction=(self.discarded_slot + self.cancelled_slot) / all_slot if all_slot > 0 else 0.0,
-            trained_trajectories=n, launched_trajectories=launched, sim_seconds=ends[-1],
+            trained_trajectories=n,
+            launched_trajectories=launched,
+            sim_seconds=ends[-1],
             seconds_per_step=window / steps if steps else 0.0,
         )
 

@@ -40,8 +40,11 @@ class PsrlPolicy(Engine):
         super().__init__(wl)
         self.group_slots = wl.redundant_group_size
         self.m = StalenessManager(
-            staleness=wl.staleness, batch_size=wl.batch_size, group_size=wl.group_size,
-            redundant_batch_size=wl.redundant_batch_size, redundant_group_size=wl.redundant_group_size,
+            staleness=wl.staleness,
+            batch_size=wl.batch_size,
+            group_size=wl.group_size,
+            redundant_batch_size=wl.redundant_batch_size,
+            redundant_group_size=wl.redundant_group_size,
             group_filter=self.group_filter if wl.filter_drop_rate > 0 else None,
         )
         self.blocked = False

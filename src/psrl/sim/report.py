@@ -8,8 +8,9 @@ throughput among its points whose true worst case is <= s.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 from psrl.sim import compare
 from psrl.sim.metrics import Result
@@ -109,15 +110,19 @@ def format_frontier(results: Iterable[Result], min_length_bias: float = 0.0) -> 
     policies = list(fr)
     cond = f", length_bias >= {min_length_bias:g} for every policy" if min_length_bias > 0 else ""
     w = max([17] + [len(p) for p in policies])
-    lines = [f"frontier: best steps/h with true max staleness <= s{cond}; disc = discarded fraction, "
-             "bias = length bias of that run ('-': no run)",
-             "  ".join([f"{'':>4}"] + [f"{p:>{w}}" for p in policies]),
-             "  ".join([f"{'s':>4}"] + [f"{'steps/h  disc  bias':>{w}}" for _ in policies])]
+    lines = [
+        f"frontier: best steps/h with true max staleness <= s{cond}; disc = discarded fraction, "
+        "bias = length bias of that run ('-': no run)",
+        "  ".join([f"{'':>4}"] + [f"{p:>{w}}" for p in policies]),
+        "  ".join([f"{'s':>4}"] + [f"{'steps/h  disc  bias':>{w}}" for _ in policies]),
+    ]
     for s in levels:
         cells = []
         for p in policies:
             pt = best_at(fr[p], s)
-            cell = "-" if pt is None else f"{pt.steps_per_hour:7.1f}  {pt.discarded_fraction:4.2f}  {pt.length_bias:4.2f}"
+            cell = (
+                "-" if pt is None else f"{pt.steps_per_hour:7.1f}  {pt.discarded_fraction:4.2f}  {pt.length_bias:4.2f}"
+            )
             cells.append(f"{cell:>{w}}")
         lines.append("  ".join([f"{s:>4}"] + cells))
     return "\n".join(lines)
@@ -129,9 +134,17 @@ def frontier_json(results: Iterable[Result], min_length_bias: float = 0.0) -> li
     for policy, pts in frontier(results, min_length_bias).items():
         for p in pts:
             r = p.result
-            out.append({"policy": policy, "s": p.s, "steps_per_hour": p.steps_per_hour,
-                        "ratio_to_ideal": r.ratio_to_ideal, "discarded_fraction": r.discarded_fraction,
-                        "length_bias": r.length_bias, "staleness": r.staleness})
+            out.append(
+                {
+                    "policy": policy,
+                    "s": p.s,
+                    "steps_per_hour": p.steps_per_hour,
+                    "ratio_to_ideal": r.ratio_to_ideal,
+                    "discarded_fraction": r.discarded_fraction,
+                    "length_bias": r.length_bias,
+                    "staleness": r.staleness,
+                }
+            )
     return out
 
 
@@ -161,8 +174,14 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "", min_lengt
         etas = [r.staleness for r in rs]
         a_eta.plot(etas, [r.steps_per_hour for r in rs], color=color, **style)
         a_st.plot(etas, [r.staleness_max for r in rs], color=color, **style)
-        a_fr.scatter([r.staleness_max for r in rs], [r.steps_per_hour for r in rs], color=color, alpha=0.25,
-                     marker=markers[k % len(markers)], s=18)
+        a_fr.scatter(
+            [r.staleness_max for r in rs],
+            [r.steps_per_hour for r in rs],
+            color=color,
+            alpha=0.25,
+            marker=markers[k % len(markers)],
+            s=18,
+        )
         pts = fronts[policy]
         a_fr.step([p.s for p in pts], [p.steps_per_hour for p in pts], where="post", color=color, **style)
         a_disc.plot([p.s for p in pts], [p.discarded_fraction for p in pts], color=color, **style)
@@ -183,8 +202,11 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "", min_lengt
     a_disc.set(xlabel="true max staleness", ylabel="discarded fraction", title="frontier points: discarded work")
     a_bias.set(xlabel="true max staleness", ylabel="length bias", title="frontier points: length bias")
     if constrained is not None:
-        a_con.set(xlabel="true max staleness", ylabel="training steps / hour",
-                  title=f"frontier, length_bias >= {min_length_bias:g}")
+        a_con.set(
+            xlabel="true max staleness",
+            ylabel="training steps / hour",
+            title=f"frontier, length_bias >= {min_length_bias:g}",
+        )
     else:
         a_con.set_axis_off()
     for ax in (a_eta, a_st, a_fr, a_disc, a_bias) + ((a_con,) if constrained is not None else ()):

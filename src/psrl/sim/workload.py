@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class Workload:
     """lognormal: sigma of log-time."""
     alpha: float = 1.5
     """pareto: tail index (> 1, so the mean is finite); the scale puts the median at ``median``."""
-    trace: Optional[tuple] = None
+    trace: tuple | None = None
     """trace: generation seconds replayed in order (cycled)."""
     train_time: float = 1.0
     """Fixed seconds per training step."""
@@ -64,7 +65,7 @@ class Workload:
     """Seconds from the end of a training step until generators hold the new weights."""
     filter_drop_rate: float = 0.0
     """Probability that the group filter drops a completed group."""
-    proactive_method: Optional[str] = None
+    proactive_method: str | None = None
     """psrl proactive filter on the last RESERVED entries of a STUCK buffer: None | retry | truncate."""
     proactive_threshold: int = 4
     proactive_scope: str = "window"
@@ -73,9 +74,9 @@ class Workload:
     proactive_grace: float = 0.0
     """head scope: act only after the trainer has waited this many seconds for buffer T."""
     """Act when the STUCK buffer has at most this many RESERVED entries."""
-    areal_max_concurrent_rollouts: Optional[int] = None
+    areal_max_concurrent_rollouts: int | None = None
     """areal: groups generating at once (None: B, AReaL's default)."""
-    tinker_groups_per_batch: Optional[int] = None
+    tinker_groups_per_batch: int | None = None
     """discard_requeue (Tinker): worker coroutines, one group each (None: B, as in Tinker)."""
     verl_staleness_threshold: float = 0.1
     """sample_budget (verl fully-async): async_training.staleness_threshold."""
@@ -95,10 +96,10 @@ class Workload:
     decode_step_time: float = 0.02
     decode_row_time: float = 0.002
     decode_speeds: tuple = ()
-    decode_max_running: Optional[int] = None
+    decode_max_running: int | None = None
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "Workload":
+    def from_config(cls, cfg: Config) -> Workload:
         """Read ``sim.*`` and ``psrl.*``; a trace is loaded here, once."""
         s, p = cfg.sim, cfg.psrl
         gt = s.gen_time
@@ -110,41 +111,65 @@ class Workload:
             if measured is not None:
                 train_time = measured
         wl = cls(
-            slots=s.slots, steps=s.steps, staleness=p.staleness,
-            batch_size=p.batch_size, redundant_batch_size=p.redundant_batch_size,
-            group_size=p.group_size, redundant_group_size=p.redundant_group_size,
-            dist=gt.dist, median=gt.median, sigma=1.0 if gt.sigma is None else gt.sigma, alpha=gt.alpha, trace=trace,
-            train_time=train_time, train_time_per_token=s.train_time_per_token,
-            tokens_per_second=s.gen_tokens_per_second, sync_time=s.sync_time,
+            slots=s.slots,
+            steps=s.steps,
+            staleness=p.staleness,
+            batch_size=p.batch_size,
+            redundant_batch_size=p.redundant_batch_size,
+            group_size=p.group_size,
+            redundant_group_size=p.redundant_group_size,
+            dist=gt.dist,
+            median=gt.median,
+            sigma=1.0 if gt.sigma is None else gt.sigma,
+            alpha=gt.alpha,
+            trace=trace,
+            train_time=train_time,
+            train_time_per_token=s.train_time_per_token,
+            tokens_per_second=s.gen_tokens_per_second,
+            sync_time=s.sync_time,
             filter_drop_rate=s.filter_drop_rate,
             proactive_method=p.proactive_filter_strategy.method,
             proactive_threshold=p.proactive_filter_strategy.threshold,
-            proactive_scope=s.proactive.scope, proactive_grace=s.proactive.grace,
+            proactive_scope=s.proactive.scope,
+            proactive_grace=s.proactive.grace,
             areal_max_concurrent_rollouts=s.areal.max_concurrent_rollouts,
             tinker_groups_per_batch=s.tinker.groups_per_batch,
             verl_staleness_threshold=s.verl.staleness_threshold,
             verl_trigger_parameter_sync_step=s.verl.trigger_parameter_sync_step,
-            verl_max_concurrent_samples=s.verl.max_concurrent_samples, seed=s.seed,
-            instances=p.deployment.n_rollout_instances, routing=_routing(cfg),
-            decode=s.decode.enable, decode_step_time=s.decode.step_time, decode_row_time=s.decode.row_time,
-            decode_speeds=_speeds(s.decode.speeds), decode_max_running=s.decode.max_running,
+            verl_max_concurrent_samples=s.verl.max_concurrent_samples,
+            seed=s.seed,
+            instances=p.deployment.n_rollout_instances,
+            routing=_routing(cfg),
+            decode=s.decode.enable,
+            decode_step_time=s.decode.step_time,
+            decode_row_time=s.decode.row_time,
+            decode_speeds=_speeds(s.decode.speeds),
+            decode_max_running=s.decode.max_running,
         )
         return wl.check()
 
-    def check(self) -> "Workload":
+    def check(self) -> Workload:
         """Reject workloads the simulator cannot run, naming the key and the fix."""
         if self.decode_speeds and (len(self.decode_speeds) != self.instances or min(self.decode_speeds) <= 0):
-            raise ConfigError("sim.decode.speeds", f"needs {self.instances} positive numbers (one per instance), "
-                              f"got {list(self.decode_speeds)}", "give one speed per psrl.deployment.n_rollout_instances, "
-                              "or [] for all 1.0")
+            raise ConfigError(
+                "sim.decode.speeds",
+                f"needs {self.instances} positive numbers (one per instance), got {list(self.decode_speeds)}",
+                "give one speed per psrl.deployment.n_rollout_instances, or [] for all 1.0",
+            )
         if self.dist == "pareto" and self.alpha <= 1.0:
-            raise ConfigError("sim.gen_time.alpha", f"pareto tail index must be > 1 (finite mean), got {self.alpha}",
-                              "use e.g. alpha=1.5 for a heavy but finite tail")
+            raise ConfigError(
+                "sim.gen_time.alpha",
+                f"pareto tail index must be > 1 (finite mean), got {self.alpha}",
+                "use e.g. alpha=1.5 for a heavy but finite tail",
+            )
         if self.dist in ("lognormal", "pareto", "constant") and self.median <= 0:
             raise ConfigError("sim.gen_time.median", "must be > 0")
         if not 0.0 <= self.filter_drop_rate < 1.0:
-            raise ConfigError("sim.filter_drop_rate", f"must be in [0, 1), got {self.filter_drop_rate}",
-                              "a filter that drops every group never trains")
+            raise ConfigError(
+                "sim.filter_drop_rate",
+                f"must be in [0, 1), got {self.filter_drop_rate}",
+                "a filter that drops every group never trains",
+            )
         if self.train_time < 0 or self.sync_time < 0:
             raise ConfigError("sim.train_time", "train_time and sync_time must be >= 0")
         if self.proactive_scope not in ("window", "head"):
@@ -155,21 +180,27 @@ class Workload:
             raise ConfigError("sim.verl.trigger_parameter_sync_step", "must be >= 1")
         if self.verl_staleness_threshold < 0:
             raise ConfigError("sim.verl.staleness_threshold", "must be >= 0")
-        for key, val in [("sim.areal.max_concurrent_rollouts", self.areal_max_concurrent_rollouts),
-                         ("sim.tinker.groups_per_batch", self.tinker_groups_per_batch),
-                         ("sim.verl.max_concurrent_samples", self.verl_max_concurrent_samples)]:
+        for key, val in [
+            ("sim.areal.max_concurrent_rollouts", self.areal_max_concurrent_rollouts),
+            ("sim.tinker.groups_per_batch", self.tinker_groups_per_batch),
+            ("sim.verl.max_concurrent_samples", self.verl_max_concurrent_samples),
+        ]:
             if val is not None and val < 1:
                 raise ConfigError(key, f"must be >= 1, got {val}")
         if self.steps < 1:
             raise ConfigError("sim.steps", "must be >= 1")
         if self.slots < self.redundant_group_size:
-            raise ConfigError("sim.slots", f"a group launches {self.redundant_group_size} trajectories at once but "
-                              f"there are only {self.slots} slots", "raise sim.slots or lower the group size")
+            raise ConfigError(
+                "sim.slots",
+                f"a group launches {self.redundant_group_size} trajectories at once but "
+                f"there are only {self.slots} slots",
+                "raise sim.slots or lower the group size",
+            )
         if self.dist == "trace" and not self.trace:
             raise ConfigError("sim.gen_time.trace", "the trace holds no gen_seconds")
         return self
 
-    def replace(self, **changes) -> "Workload":
+    def replace(self, **changes) -> Workload:
         """A copy with some fields changed (validated)."""
         return dataclasses.replace(self, **changes).check()
 
@@ -180,7 +211,7 @@ class Workload:
         if self.dist == "constant":
             return self.median
         if self.dist == "lognormal":
-            return self.median * math.exp(self.sigma ** 2 / 2)
+            return self.median * math.exp(self.sigma**2 / 2)
         if self.dist == "pareto":
             xm = self.median / 2 ** (1 / self.alpha)
             return self.alpha * xm / (self.alpha - 1)
@@ -208,11 +239,11 @@ class Workload:
 
     # ------------------------------------------------------------------ streams
 
-    def gen_stream(self) -> "GenTimeStream":
+    def gen_stream(self) -> GenTimeStream:
         """The generation time of the i-th launched trajectory, the same for every policy."""
         return GenTimeStream(self)
 
-    def filter_stream(self) -> "UniformStream":
+    def filter_stream(self) -> UniformStream:
         """Uniform numbers, the i-th for the i-th created group (filter decisions)."""
         return UniformStream(self.seed)
 
@@ -284,8 +315,11 @@ def load_trace(path: str | Path) -> list[float]:
         # an aborted (cancelled) record holds a partial time: not a full generation
         if "gen_seconds" in rec and rec.get("status") != "aborted":
             if not _seconds(rec["gen_seconds"]):
-                raise ConfigError("sim.gen_time.trace", f"{p}:{n}: gen_seconds is {rec['gen_seconds']!r}, not a "
-                                  "number of seconds >= 0", "give a trajectories.jsonl written by psrl train")
+                raise ConfigError(
+                    "sim.gen_time.trace",
+                    f"{p}:{n}: gen_seconds is {rec['gen_seconds']!r}, not a number of seconds >= 0",
+                    "give a trajectories.jsonl written by psrl train",
+                )
             recs.append(rec)
     if not recs:
         raise ConfigError("sim.gen_time.trace", f"no 'gen_seconds' field in {p}")
@@ -302,8 +336,11 @@ def _speeds(value: Any) -> tuple:
             raise TypeError
         return tuple(float(x) for x in value)
     except (TypeError, ValueError):
-        raise ConfigError("sim.decode.speeds", f"needs a list of numbers, got {value!r}",
-                          "give one relative speed per instance, e.g. sim.decode.speeds=[1.0,0.5]") from None
+        raise ConfigError(
+            "sim.decode.speeds",
+            f"needs a list of numbers, got {value!r}",
+            "give one relative speed per instance, e.g. sim.decode.speeds=[1.0,0.5]",
+        ) from None
 
 
 def _jsonl(p: Path, key: str) -> Iterator[tuple[int, dict]]:
@@ -311,8 +348,11 @@ def _jsonl(p: Path, key: str) -> Iterator[tuple[int, dict]]:
     try:
         for n, rec, why in jsonl_lines(p):
             if why is not None:
-                raise ConfigError(key, f"{p}:{n} is not a JSON line ({why})",
-                                  "give a trajectories.jsonl written by psrl train (or delete the damaged line)")
+                raise ConfigError(
+                    key,
+                    f"{p}:{n} is not a JSON line ({why})",
+                    "give a trajectories.jsonl written by psrl train (or delete the damaged line)",
+                )
             if not isinstance(rec, dict):
                 raise ConfigError(key, f"{p}:{n} is not a JSON object", "give a trajectories.jsonl of psrl train")
             yield n, rec
@@ -324,7 +364,7 @@ def _seconds(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
-def _launch_key(rec: dict) -> Optional[tuple[int, int]]:
+def _launch_key(rec: dict) -> tuple[int, int] | None:
     """(group number, member number) from ids like group 'g12', uid 'g12-3'; None if not that shape."""
     group, uid = str(rec.get("group", "")), str(rec.get("uid", ""))
     head, _, member = uid.rpartition("-")
@@ -336,7 +376,7 @@ def _launch_key(rec: dict) -> Optional[tuple[int, int]]:
 _TRAIN_KEYS = ("time/train_s",)
 
 
-def trace_train_time(trace_path: str | Path) -> Optional[float]:
+def trace_train_time(trace_path: str | Path) -> float | None:
     """Mean training seconds per step from the ``metrics.jsonl`` beside the trace, if it records them."""
     p = Path(trace_path).with_name("metrics.jsonl")
     if not p.exists():

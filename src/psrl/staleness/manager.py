@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable, Hashable, Optional
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from .types import (
     Batch,
@@ -64,7 +65,7 @@ class _Entry:
         self.slot = slot
         self.state = _RESERVED
         self.members: list = []
-        self.min_version: Optional[int] = None
+        self.min_version: int | None = None
 
 
 class _Buffer:
@@ -97,10 +98,10 @@ class StalenessManager:
         staleness: int,
         batch_size: int,
         group_size: int,
-        redundant_batch_size: Optional[int] = None,
-        redundant_group_size: Optional[int] = None,
-        group_filter: Optional[Callable[[list], Any]] = None,
-        on_event: Optional[Callable[[Event], Any]] = None,
+        redundant_batch_size: int | None = None,
+        redundant_group_size: int | None = None,
+        group_filter: Callable[[list], Any] | None = None,
+        on_event: Callable[[Event], Any] | None = None,
         train_version: int = 0,
     ):
         _require_int("staleness", staleness, 0)
@@ -127,9 +128,7 @@ class StalenessManager:
         """Passively aborted entries not yet drained: (id, the trajectories they held)."""
         self._lock = threading.RLock()
         self._events: dict[asyncio.AbstractEventLoop, tuple[asyncio.Event, int]] = {}
-        self.stats = Stats(
-            occupies_by_offset=[0] * (staleness + 1), staleness_hist=[0] * (staleness + 1)
-        )
+        self.stats = Stats(occupies_by_offset=[0] * (staleness + 1), staleness_hist=[0] * (staleness + 1))
 
     # ------------------------------------------------------------------ reading
 
@@ -187,7 +186,7 @@ class StalenessManager:
 
     # ------------------------------------------------------------------ Reserve
 
-    def try_reserve(self, version: int) -> Optional[Hashable]:
+    def try_reserve(self, version: int) -> Hashable | None:
         """Reserve a group entry for generation starting at ``version``; None when refused (back-pressure).
 
         Raises ``ValueError`` for ``version > T`` and :class:`StaleVersionError` for ``version + eta < T``.
@@ -195,7 +194,7 @@ class StalenessManager:
         with self._lock:
             return self._reserve_locked(version)
 
-    def _reserve_locked(self, version: int) -> Optional[Hashable]:
+    def _reserve_locked(self, version: int) -> Hashable | None:
         T = self._T
         if version > T:
             raise ValueError(f"version {version} does not exist yet: train_version is {T}")
@@ -293,7 +292,7 @@ class StalenessManager:
         self._notify()
         return CompleteResult(Status.OCCUPIED, b)
 
-    def _room(self, r: int) -> Optional[int]:
+    def _room(self, r: int) -> int | None:
         """Earliest buffer in ``[T, r]`` with ``O_b < B`` and ``E_b > 0``; buffers below the frontier are full."""
         B, cap = self.batch_size, self.redundant_batch_size
         buffers = self._buffers
@@ -328,7 +327,7 @@ class StalenessManager:
         del self._entries[entry.id]
         self._emit(kind, entry, entry.slot)
 
-    def _emit(self, kind: EventKind, entry: _Entry, buffer: int, reserved_buffer: Optional[int] = None) -> None:
+    def _emit(self, kind: EventKind, entry: _Entry, buffer: int, reserved_buffer: int | None = None) -> None:
         if self.on_event is not None:
             self.on_event(Event(kind, entry.id, buffer, entry.version, entry.min_version, self._T, reserved_buffer))
 
@@ -357,7 +356,7 @@ class StalenessManager:
             out, self._aborted = self._aborted, []
             return out
 
-    def entry_buffer(self, eid: Hashable) -> Optional[int]:
+    def entry_buffer(self, eid: Hashable) -> int | None:
         """The buffer an OCCUPIED entry waits in; None for a RESERVED, ended or unknown entry."""
         with self._lock:
             e = self._entries.get(eid)
@@ -447,6 +446,7 @@ class StalenessManager:
         whose fields :class:`~psrl.staleness.types.SnapshotEntry` names; ``snap["train_version"]`` is ``T``.
         """
         with self._lock:
+
             def dump(e: _Entry) -> tuple:
                 return (e.id, e.version, e.slot, e.state, list(e.members), e.min_version)
 
@@ -472,9 +472,9 @@ class StalenessManager:
     def restore(
         cls,
         snap: dict,
-        group_filter: Optional[Callable[[list], Any]] = None,
-        on_event: Optional[Callable[[Event], Any]] = None,
-    ) -> "StalenessManager":
+        group_filter: Callable[[list], Any] | None = None,
+        on_event: Callable[[Event], Any] | None = None,
+    ) -> StalenessManager:
         """Rebuild a manager that continues exactly where the snapshotted one was."""
         if snap.get("format") != 1:
             raise ValueError(f"unknown snapshot format {snap.get('format')!r}")
@@ -510,4 +510,3 @@ class StalenessManager:
 def _require_int(name: str, value: Any, low: int, why: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}" + (f" ({why})" if why else ""))
-

@@ -7,8 +7,9 @@ can cross processes.
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Hashable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 __all__ = [
     "BufferState",
@@ -73,7 +74,7 @@ class CompleteResult(NamedTuple):
     """What ``complete()`` returns: the status and, for ``occupied``, the buffer version."""
 
     status: Status
-    buffer: Optional[int] = None
+    buffer: int | None = None
 
 
 class Batch(NamedTuple):
@@ -125,9 +126,9 @@ class Event(NamedTuple):
     entry: Hashable
     buffer: int
     version: int
-    group_version: Optional[int]
+    group_version: int | None
     train_version: int
-    reserved_buffer: Optional[int] = None
+    reserved_buffer: int | None = None
 
 
 class SnapshotEntry(NamedTuple):
@@ -148,7 +149,7 @@ class SnapshotEntry(NamedTuple):
     """0 RESERVED, 1 OCCUPIED."""
     members: list[Any]
     """The trajectories it holds so far, in completion order."""
-    min_version: Optional[int]
+    min_version: int | None
     """The minimum member ``V_traj`` (None before the first member)."""
 
 

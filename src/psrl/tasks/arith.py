@@ -7,7 +7,6 @@ a model's own tokenizer grown by the task's markers) and answer parsing.
 from __future__ import annotations
 
 import random
-from typing import Optional
 
 from psrl.models.tokenizer import CharTokenizer
 from psrl.tasks.base import Demo, Episode, GenerateFn, Prompt, Task
@@ -15,7 +14,7 @@ from psrl.tasks.base import Demo, Episode, GenerateFn, Prompt, Task
 __all__ = ["ArithTask", "parse_int"]
 
 
-def parse_int(text: str) -> Optional[int]:
+def parse_int(text: str) -> int | None:
     """The integer a turn answers, or None when it is not a plain (optionally signed) integer."""
     t = text.strip()
     body = t[1:] if t.startswith("-") else t
@@ -44,7 +43,7 @@ class BuiltinTask(Task):
         """The tokens of a final answer: the number, then eos."""
         return self.tokenizer.encode(str(value)) + [self.eos_id]
 
-    def final_answer(self, episode: Episode) -> Optional[int]:
+    def final_answer(self, episode: Episode) -> int | None:
         """The integer of the episode's final answer turn (ends with eos), else None."""
         return episode.info.get("answer")
 
@@ -58,8 +57,9 @@ class ArithTask(BuiltinTask):
 
     warm_start_steps = 150
 
-    def __init__(self, task_cfg, seed: int = 0, tokenizer=None, max_value: int = 9, demo_noise: float = 0.5,
-                 turn_tokens: int = 4):
+    def __init__(
+        self, task_cfg, seed: int = 0, tokenizer=None, max_value: int = 9, demo_noise: float = 0.5, turn_tokens: int = 4
+    ):
         super().__init__(task_cfg, seed, tokenizer)
         self.max_value = int(max_value)
         self.demo_noise = float(demo_noise)

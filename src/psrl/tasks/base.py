@@ -13,13 +13,23 @@ import abc
 import inspect
 import math
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any
 
 from psrl.types import Trajectory
 
-__all__ = ["Prompt", "Segment", "Episode", "Task", "GenerateFn", "Demo", "lognormal_latency", "episode_to_trajectory",
-           "compute_reward"]
+__all__ = [
+    "Prompt",
+    "Segment",
+    "Episode",
+    "Task",
+    "GenerateFn",
+    "Demo",
+    "lognormal_latency",
+    "episode_to_trajectory",
+    "compute_reward",
+]
 
 
 @dataclass
@@ -125,7 +135,7 @@ class Task(abc.ABC):
         """What a checkpoint must keep of the task (a dataset's position); stateless tasks keep nothing."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 -- an optional hook: stateless tasks keep nothing
         """Restore :meth:`state_dict`."""
 
     @abc.abstractmethod
@@ -152,14 +162,29 @@ def lognormal_latency(rng: random.Random, median: float, sigma: float) -> float:
 
 
 def episode_to_trajectory(
-    prompt: Prompt, episode: Episode, reward: dict[str, float], *, uid: str, group: str, v_traj: int,
-    instances: Optional[list[int]] = None, gen_seconds: float = 0.0,
+    prompt: Prompt,
+    episode: Episode,
+    reward: dict[str, float],
+    *,
+    uid: str,
+    group: str,
+    v_traj: int,
+    instances: list[int] | None = None,
+    gen_seconds: float = 0.0,
 ) -> Trajectory:
     """Package a finished episode and its reward as the :class:`psrl.types.Trajectory` the trainer reads."""
     return Trajectory(
-        uid=uid, group=group, v_traj=int(v_traj), prompt_ids=list(prompt.ids),
-        response_ids=list(episode.response_ids), logprobs=list(episode.logprobs),
-        loss_mask=list(episode.loss_mask), token_versions=list(episode.token_versions),
-        reward=float(reward["score"]), metrics={k: float(v) for k, v in reward.items()},
-        instances=list(instances or []), truncated=bool(episode.truncated), gen_seconds=float(gen_seconds),
+        uid=uid,
+        group=group,
+        v_traj=int(v_traj),
+        prompt_ids=list(prompt.ids),
+        response_ids=list(episode.response_ids),
+        logprobs=list(episode.logprobs),
+        loss_mask=list(episode.loss_mask),
+        token_versions=list(episode.token_versions),
+        reward=float(reward["score"]),
+        metrics={k: float(v) for k, v in reward.items()},
+        instances=list(instances or []),
+        truncated=bool(episode.truncated),
+        gen_seconds=float(gen_seconds),
     )

@@ -18,15 +18,13 @@ epoch instead of restarting it.
 
 from __future__ import annotations
 
-from psrl.errors import PsrlError
-
 import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from psrl.errors import ConfigError
+from psrl.errors import ConfigError, PsrlError
 from psrl.models.tokenizer import CharTokenizer
 from psrl.tasks.base import Demo, Episode, GenerateFn, Prompt, Task
 from psrl.tasks.rewards import build_reward
@@ -121,9 +119,11 @@ class DatasetTask(Task):
         self.dropped = 0
         self.rows = self._rows(self.data.train_files, "data.train_files")
         if not self.rows:
-            raise DataError(f"data.train_files: no usable rows in {data.train_files}"
-                            + (f" ({self.dropped} over-long prompts were dropped)" if self.dropped else ""))
-        self._val: Optional[list[Row]] = None
+            raise DataError(
+                f"data.train_files: no usable rows in {data.train_files}"
+                + (f" ({self.dropped} over-long prompts were dropped)" if self.dropped else "")
+            )
+        self._val: list[Row] | None = None
         self.epoch, self.cursor, self.draws = 0, 0, 0
         self.order = self._order(0)
 
@@ -136,34 +136,46 @@ class DatasetTask(Task):
             if row is not None:
                 rows.append(row)
         if self.dropped:
-            log.warning("%s: dropped %d prompts longer than data.max_prompt_length=%d", key, self.dropped,
-                        self.data.max_prompt_length)
+            log.warning(
+                "%s: dropped %d prompts longer than data.max_prompt_length=%d",
+                key,
+                self.dropped,
+                self.data.max_prompt_length,
+            )
         return rows
 
-    def _row(self, f: str, i: int, raw: dict) -> Optional[Row]:
+    def _row(self, f: str, i: int, raw: dict) -> Row | None:
         d = self.data
         where = f"{f} row {i}"
         try:
             prompt = dig(raw, d.prompt_key)
         except KeyError:
-            raise DataError(f"{where}: no prompt at data.prompt_key={d.prompt_key!r} (columns: {sorted(raw)})") from None
+            raise DataError(
+                f"{where}: no prompt at data.prompt_key={d.prompt_key!r} (columns: {sorted(raw)})"
+            ) from None
         try:
             answer = dig(raw, d.answer_key)
         except KeyError:
-            raise DataError(f"{where}: no answer at data.answer_key={d.answer_key!r} (columns: {sorted(raw)})") from None
+            raise DataError(
+                f"{where}: no answer at data.answer_key={d.answer_key!r} (columns: {sorted(raw)})"
+            ) from None
         text = self.render(prompt, where)
         bad = getattr(self.tokenizer, "unknown", lambda _t: [])(text)
         if bad:
-            raise DataError(f"{where}: the tokenizer cannot represent {''.join(bad)!r} in data.prompt_key="
-                            f"{d.prompt_key!r} (the built-in model reads printable ASCII; use a model.path "
-                            "with its own tokenizer, or clean the row)")
+            raise DataError(
+                f"{where}: the tokenizer cannot represent {''.join(bad)!r} in data.prompt_key="
+                f"{d.prompt_key!r} (the built-in model reads printable ASCII; use a model.path "
+                "with its own tokenizer, or clean the row)"
+            )
         ids = self._bos + self.tokenizer.encode(text)
         if len(ids) > d.max_prompt_length:
             if d.filter_overlong_prompts:
                 self.dropped += 1
                 return None
-            raise DataError(f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={d.max_prompt_length} "
-                            "(set data.filter_overlong_prompts=true to drop such rows, or raise the limit)")
+            raise DataError(
+                f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={d.max_prompt_length} "
+                "(set data.filter_overlong_prompts=true to drop such rows, or raise the limit)"
+            )
         extra = raw.get("extra_info")
         return Row(f, i, text, ids, answer, str(raw.get("data_source") or ""), extra if extra is not None else {})
 
@@ -177,12 +189,19 @@ class DatasetTask(Task):
             if getattr(self.tokenizer, "chat_template", None):
                 return self.tokenizer.render_chat(prompt)
             return "\n".join(str(m["content"]) for m in prompt)
-        raise DataError(f"{where}: data.prompt_key={self.data.prompt_key!r} holds {type(prompt).__name__}; "
-                        "expected a string or a list of {role, content} messages")
+        raise DataError(
+            f"{where}: data.prompt_key={self.data.prompt_key!r} holds {type(prompt).__name__}; "
+            "expected a string or a list of {role, content} messages"
+        )
 
     def _prompt(self, row: Row, uid: str) -> Prompt:
-        return Prompt(uid=uid, ids=list(row.ids), answer=row.answer, text=row.text,
-                      info={"data_source": row.data_source, "extra_info": row.extra_info, "where": row.where})
+        return Prompt(
+            uid=uid,
+            ids=list(row.ids),
+            answer=row.answer,
+            text=row.text,
+            info={"data_source": row.data_source, "extra_info": row.extra_info, "where": row.where},
+        )
 
     # ------------------------------------------------------------------ order and cursor
 
@@ -235,8 +254,13 @@ class DatasetTask(Task):
     async def reward(self, prompt: Prompt, episode: Episode) -> dict[str, float]:
         """``task.reward`` on the decoded answer (verl's compute_score arguments); raises RewardError naming the row."""
         info = prompt.info
-        return await self.reward_fn(info.get("data_source", ""), episode.info.get("solution", ""), prompt.answer,
-                                    info.get("extra_info", {}), where=info.get("where", prompt.uid))
+        return await self.reward_fn(
+            info.get("data_source", ""),
+            episode.info.get("solution", ""),
+            prompt.answer,
+            info.get("extra_info", {}),
+            where=info.get("where", prompt.uid),
+        )
 
     def demonstrations(self, n: int, rng: random.Random) -> list[Demo]:
         """The reference answer of random rows, then eos (for ``trainer.warm_start_steps > 0``)."""

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from psrl.errors import resolve_target
-from psrl.errors import ConfigError
+from psrl.errors import ConfigError, resolve_target
 
 __all__ = ["get_task", "register_task", "resolve_task", "TASKS"]
 
@@ -28,8 +27,12 @@ def resolve_task(name: str) -> type:
         import difflib
 
         close = difflib.get_close_matches(name, list(TASKS), n=1)
-        raise ConfigError("task.name", f"unknown task {name!r}", f"use one of {', '.join(sorted(TASKS))} or "
-                          "module:Class" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        raise ConfigError(
+            "task.name",
+            f"unknown task {name!r}",
+            f"use one of {', '.join(sorted(TASKS))} or "
+            "module:Class" + (f" (did you mean '{close[0]}'?)" if close else ""),
+        )
     return resolve_target("task.name", target, "class")
 
 

@@ -20,8 +20,9 @@ import importlib.util
 import inspect
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from psrl.errors import ConfigError
 
@@ -81,13 +82,15 @@ def _load_function(spec: str) -> Callable[..., Any]:
             module = importlib.import_module(mod_name)
         fn = getattr(module, fn_name)
     except (ImportError, AttributeError, FileNotFoundError, SyntaxError) as e:
-        raise ConfigError("task.reward", f"cannot load {spec!r}: {e}", "give module:function or file.py:function") from e
+        raise ConfigError(
+            "task.reward", f"cannot load {spec!r}: {e}", "give module:function or file.py:function"
+        ) from e
     if not callable(fn):
         raise ConfigError("task.reward", f"{spec!r} is not callable", "name a function")
     return fn
 
 
-def build_reward(spec: str, timeout: float) -> "RewardFn":
+def build_reward(spec: str, timeout: float) -> RewardFn:
     """The reward of ``task.reward``."""
     if spec == "math":
         return RewardFn("math", math_score, timeout)
@@ -95,7 +98,7 @@ def build_reward(spec: str, timeout: float) -> "RewardFn":
         return RewardFn("exact", exact_score, timeout)
     if spec.startswith("regex:"):
         try:
-            return RewardFn(spec, _regex_score(spec[len("regex:"):]), timeout)
+            return RewardFn(spec, _regex_score(spec[len("regex:") :]), timeout)
         except re.error as e:
             raise ConfigError("task.reward", f"bad regular expression in {spec!r}: {e}", "fix the pattern") from e
     if ":" in spec:
@@ -109,20 +112,27 @@ class RewardFn:
     def __init__(self, name: str, fn: Callable[..., Any], timeout: float):
         self.name, self.fn, self.timeout = name, fn, float(timeout)
 
-    async def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any,
-                       where: str = "") -> dict[str, float]:
+    async def __call__(
+        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any, where: str = ""
+    ) -> dict[str, float]:
         """``score``, ``acc``, ``seq_reward``, ``seq_final_reward`` (plus any other numbers the function returned)."""
-        kw = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth,
-              "extra_info": extra_info}
+        kw = {
+            "data_source": data_source,
+            "solution_str": solution_str,
+            "ground_truth": ground_truth,
+            "extra_info": extra_info,
+        }
         at = f" on {where}" if where else ""
         try:
             if inspect.iscoroutinefunction(self.fn):
                 out = await asyncio.wait_for(self.fn(**kw), self.timeout)
             else:
                 out = await asyncio.wait_for(asyncio.to_thread(self.fn, **kw), self.timeout)
-        except asyncio.TimeoutError:
-            raise RewardError(f"reward {self.name} timed out after {self.timeout:g}s{at} "
-                              "(raise task.reward_timeout if it needs longer)") from None
+        except TimeoutError:
+            raise RewardError(
+                f"reward {self.name} timed out after {self.timeout:g}s{at} "
+                "(raise task.reward_timeout if it needs longer)"
+            ) from None
         except Exception as e:
             raise RewardError(f"reward {self.name} raised{at}: {e!r}") from e
         return self._as_metrics(out, at)
@@ -131,14 +141,18 @@ class RewardFn:
         if isinstance(out, dict):
             if "score" not in out:
                 raise RewardError(f"reward {self.name} returned a dict without 'score'{at}: keys {sorted(out)}")
-            extra = {k: float(v) for k, v in out.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("score", "acc")}
+            extra = {
+                k: float(v)
+                for k, v in out.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("score", "acc")
+            }
             score = float(out["score"])
             acc = float(out.get("acc", score))
         elif isinstance(out, (int, float)):
             score = acc = float(out)
             extra = {}
         else:
-            raise RewardError(f"reward {self.name} returned {type(out).__name__}{at}; expected a number or "
-                              "a dict with 'score'")
+            raise RewardError(
+                f"reward {self.name} returned {type(out).__name__}{at}; expected a number or a dict with 'score'"
+            )
         return {**extra, "score": score, "acc": acc, "seq_reward": score, "seq_final_reward": score}

@@ -34,8 +34,16 @@ class ToolArithTask(BuiltinTask):
     markers = ["<eos>", "<call>", "</call>", "<res>", "</res>"]
     warm_start_steps = 800
 
-    def __init__(self, task_cfg, seed: int = 0, tokenizer=None, max_value: int = 99, max_operands: int = 3,
-                 demo_lazy_prob: float = 0.8, turn_tokens: int = 10):
+    def __init__(
+        self,
+        task_cfg,
+        seed: int = 0,
+        tokenizer=None,
+        max_value: int = 99,
+        max_operands: int = 3,
+        demo_lazy_prob: float = 0.8,
+        turn_tokens: int = 10,
+    ):
         super().__init__(task_cfg, seed, tokenizer)
         self.max_value = int(max_value)
         self.max_operands = max(2, min(int(max_operands), int(task_cfg.max_turns)))
@@ -89,8 +97,12 @@ class ToolArithTask(BuiltinTask):
     def reward(self, prompt: Prompt, episode: Episode) -> dict[str, float]:
         """``score = acc``: 1.0 for the exact sum. ``seq_reward`` also subtracts 0.1 per malformed call."""
         acc = float(self.final_answer(episode) == prompt.answer)
-        return {"score": acc, "acc": acc, "seq_reward": acc - 0.1 * episode.info.get("bad_calls", 0),
-                "seq_final_reward": acc}
+        return {
+            "score": acc,
+            "acc": acc,
+            "seq_reward": acc - 0.1 * episode.info.get("bad_calls", 0),
+            "seq_final_reward": acc,
+        }
 
     def expert_response(self, prompt_text: str, calls: int | None = None) -> tuple[list[int], list[int]]:
         """The scripted expert: add left to right with the tool, then answer. (response_ids, loss_mask).
@@ -102,7 +114,7 @@ class ToolArithTask(BuiltinTask):
         ids: list[int] = []
         mask: list[int] = []
         acc = ops[0]
-        for b in ops[1:calls + 1]:
+        for b in ops[1 : calls + 1]:
             call = [self.call_id] + self.tokenizer.encode(f"{acc}+{b}") + [self.end_call_id]
             acc += b
             res = [self.res_id] + self.tokenizer.encode(str(acc)) + [self.end_res_id]

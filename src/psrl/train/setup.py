@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,12 +40,18 @@ def build_task_and_policy(cfg):
     except PsrlError:
         raise
     except Exception as e:  # a task class rejecting its task.kwargs values, or failing to read its data
-        raise RunError(f"task.name={cfg.task.name}", f"the task could not be built: {describe(e)}",
-                       "check task.kwargs and the task's data files") from e
+        raise RunError(
+            f"task.name={cfg.task.name}",
+            f"the task could not be built: {describe(e)}",
+            "check task.kwargs and the task's data files",
+        ) from e
     turn = getattr(task, "turn_tokens", None)
     if turn is not None and int(turn) > cfg.trainer.max_new_tokens:
-        raise ConfigError("trainer.max_new_tokens", f"is {cfg.trainer.max_new_tokens}, below task {cfg.task.name}'s "
-                          f"turn length {turn}", f"set trainer.max_new_tokens={turn} or more")
+        raise ConfigError(
+            "trainer.max_new_tokens",
+            f"is {cfg.trainer.max_new_tokens}, below task {cfg.task.name}'s turn length {turn}",
+            f"set trainer.max_new_tokens={turn} or more",
+        )
     try:
         policy = build_policy(m, task, seed=cfg.trainer.seed)
     except PsrlError:

@@ -15,7 +15,6 @@ import shutil
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Optional
 
 from torch import Tensor
 
@@ -30,7 +29,7 @@ class ParameterStore:
             raise ValueError(f"ParameterStore keep must be >= 1, got {keep}")
         self.keep = int(keep)
         self._lock = threading.Lock()
-        self._states: "OrderedDict[int, dict[str, Tensor]]" = OrderedDict()
+        self._states: OrderedDict[int, dict[str, Tensor]] = OrderedDict()
         self._disk_lock = threading.Lock()
 
     def publish(self, version: int, state: dict[str, Tensor]) -> None:
@@ -43,7 +42,7 @@ class ParameterStore:
             while len(self._states) > self.keep:
                 self._states.popitem(last=False)
 
-    def latest_version(self) -> Optional[int]:
+    def latest_version(self) -> int | None:
         """Newest published version, or None before the first publish."""
         with self._lock:
             return next(reversed(self._states)) if self._states else None
@@ -53,7 +52,7 @@ class ParameterStore:
         with self._lock:
             return list(self._states)
 
-    def get(self, version: Optional[int] = None) -> tuple[int, dict[str, Tensor]]:
+    def get(self, version: int | None = None) -> tuple[int, dict[str, Tensor]]:
         """``(version, state)`` of ``version`` (default: the newest); ``KeyError`` if not held."""
         with self._lock:
             if not self._states:
@@ -64,7 +63,7 @@ class ParameterStore:
                 raise KeyError(f"version {version} is not held (held: {list(self._states)})")
             return version, self._states[version]
 
-    def path(self, version: int, root: str | Path, config_dir: Optional[str | Path] = None) -> Path:
+    def path(self, version: int, root: str | Path, config_dir: str | Path | None = None) -> Path:
         """``root/v{version}``: the weights of ``version`` as safetensors in Hugging Face layout, for engines that
         load from disk (vLLM's ``reload_weights``). Written once per version, atomically (a temporary directory
         renamed into place), with ``config.json`` from ``config_dir``; directories of versions this store no longer

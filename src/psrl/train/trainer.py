@@ -20,8 +20,9 @@ from __future__ import annotations
 import copy
 import math
 import random
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ class Trainer:
         self.rng = random.Random(trainer_cfg.seed)
         torch.manual_seed(trainer_cfg.seed)
         self.optimizer = self._adamw(trainer_cfg.lr)
-        self.last_skip: Optional[str] = None
+        self.last_skip: str | None = None
         """Why the last step was skipped (a NaN / infinite loss or gradient), or None if it trained."""
         self.skipped_steps = 0
         """Steps skipped over the run (checkpointed)."""
@@ -101,7 +102,9 @@ class Trainer:
         for k, idx in enumerate(chunks):
             logp = self.policy.sequence_logprobs([prompts[i] for i in idx], [responses[i] for i in idx], temp)
             width = logp.shape[1]
-            loss, m = policy_loss(logp, old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg)
+            loss, m = policy_loss(
+                logp, old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg
+            )
             where = f" (minibatch {k + 1}/{len(chunks)})" if len(chunks) > 1 else ""
             if not math.isfinite(float(loss.detach())):
                 return self._skip(f"loss is {float(loss.detach())!r}{where}", before, divergence)
@@ -112,10 +115,16 @@ class Trainer:
             m["train/loss"] = float(loss.detach())
             per_mb.append(m)
         self.skipped_in_a_row = 0
-        return {**_mean_metrics(per_mb), **mismatch, **divergence, **corrections,
-                "train/adv_abs_mean": float(adv.abs().mean()), "train/skipped_steps": self.skipped_steps}
+        return {
+            **_mean_metrics(per_mb),
+            **mismatch,
+            **divergence,
+            **corrections,
+            "train/adv_abs_mean": float(adv.abs().mean()),
+            "train/skipped_steps": self.skipped_steps,
+        }
 
-    def _skip(self, reason: str, before: Optional[tuple], divergence: dict[str, float]) -> dict[str, float]:
+    def _skip(self, reason: str, before: tuple | None, divergence: dict[str, float]) -> dict[str, float]:
         """Leave the weights as they were before ``batch`` and report why; the coordinator still moves the version
         on (the buffer was consumed), publishing the same weights, so the rollout side never waits for it. The
         batch's ``divergence/*`` are reported still: a skipped step is when they are looked for."""
@@ -132,7 +141,7 @@ class Trainer:
         """Weights and optimiser state, copied (only taken with several minibatches: one more model copy)."""
         return copy.deepcopy(self.policy.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
 
-    def _optimise(self, loss: torch.Tensor, lr_scale: float = 1.0) -> Optional[float]:
+    def _optimise(self, loss: torch.Tensor, lr_scale: float = 1.0) -> float | None:
         """Backward, clip, step with the learning rate times ``lr_scale`` (``ess_lr``: this step only); None (and no
         step) when the gradient norm is NaN or infinite."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -153,7 +162,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ warm start
 
-    def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: Optional[float] = None) -> list[float]:
+    def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: float | None = None) -> list[float]:
         """Supervised steps (masked next-token cross-entropy) on ``demos``; returns the loss per step.
 
         Uses its own AdamW (``lr``, default ``trainer.warm_start_lr``) so the RL optimiser starts fresh.
@@ -180,8 +189,11 @@ class Trainer:
         """What :meth:`save` writes. ``copied``: the optimiser state is a deep copy, so the caller may write it
         while training goes on (a synchronous save writes the live state and skips that copy)."""
         state = {
-            "model": self.policy.export_state(), "version": self.policy.version, "rng": self.rng.getstate(),
-            "sampler": self.policy.generator.get_state().clone(), "torch_rng": torch.get_rng_state(),
+            "model": self.policy.export_state(),
+            "version": self.policy.version,
+            "rng": self.rng.getstate(),
+            "sampler": self.policy.generator.get_state().clone(),
+            "torch_rng": torch.get_rng_state(),
             "skipped": (self.skipped_steps, self.skipped_in_a_row),
         }
         if self.cfg.save_optimizer:
@@ -189,7 +201,7 @@ class Trainer:
             state["optimizer"] = copy.deepcopy(opt) if copied else opt
         return state
 
-    def save(self, directory: str | Path, state: Optional[dict] = None) -> Path:
+    def save(self, directory: str | Path, state: dict | None = None) -> Path:
         """Write weights, optimiser state (unless ``trainer.save_optimizer`` is false), version, skip counters
         and generator states (``state``, else taken now) to ``directory/trainer.pt``."""
         path = Path(directory)
@@ -229,8 +241,9 @@ def _split(n: int, parts: int) -> list[torch.Tensor]:
     return [c for c in torch.arange(n).tensor_split(min(max(parts, 1), n)) if len(c)]
 
 
-def logprob_mismatch(recomputed: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor,
-                     version: int) -> dict[str, float]:
+def logprob_mismatch(
+    recomputed: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor, version: int
+) -> dict[str, float]:
     """Train-inference mismatch: mean and max |behaviour - recomputed log-prob| over the generated tokens the
     engines produced at the trainer's own ``version`` (the only tokens where both sides used the same weights).
 
@@ -242,11 +255,13 @@ def logprob_mismatch(recomputed: torch.Tensor, behav: torch.Tensor, mask: torch.
     diff = (recomputed[:, :width] - behav[:, :width]).abs()[same]
     if diff.numel() == 0:
         return {"engine/logprob_mismatch_mean": 0.0, "engine/logprob_mismatch_max": 0.0, "engine/mismatch_tokens": 0.0}
-    return {"engine/logprob_mismatch_mean": float(diff.mean()), "engine/logprob_mismatch_max": float(diff.max()),
-            "engine/mismatch_tokens": float(diff.numel())}
+    return {
+        "engine/logprob_mismatch_mean": float(diff.mean()),
+        "engine/logprob_mismatch_max": float(diff.max()),
+        "engine/mismatch_tokens": float(diff.numel()),
+    }
 
 
 def _mean_metrics(per_mb: list[dict[str, Any]]) -> dict[str, float]:
     keys = {k for m in per_mb for k in m}
     return {k: sum(float(m[k]) for m in per_mb if k in m) / sum(1 for m in per_mb if k in m) for k in sorted(keys)}
-

@@ -41,8 +41,11 @@ def load_run(run_dir: Path, warn=print) -> tuple[dict, Counter]:
     a truncated copy) are skipped and counted in one warning; a directory with neither file is an error."""
     events_path, traj_path = run_dir / "events.jsonl", run_dir / "trajectories.jsonl"
     if not events_path.is_file() and not traj_path.is_file():
-        raise RunError(f"{run_dir}", "holds neither events.jsonl nor trajectories.jsonl",
-                       "give the run directory psrl train wrote (trainer.run_dir, or runs/<time>)")
+        raise RunError(
+            f"{run_dir}",
+            "holds neither events.jsonl nor trajectories.jsonl",
+            "give the run directory psrl train wrote (trainer.run_dir, or runs/<time>)",
+        )
     events, bad_e = read_valid(events_path, EVENT_FIELDS)
     trajs, bad_t = read_valid(traj_path, TRAJ_FIELDS)
     bad = bad_e + bad_t
@@ -82,8 +85,9 @@ def draw(run_dir: Path, out: Path, max_buffers: int = 12, warn=print) -> Path:
     try:
         fig.savefig(out, dpi=110)
     except OSError as e:
-        raise RunError(f"--out {out}", f"cannot write the PNG ({e.strerror or e})",
-                       "give a path in a writable directory") from e
+        raise RunError(
+            f"--out {out}", f"cannot write the PNG ({e.strerror or e})", "give a path in a writable directory"
+        ) from e
     finally:
         plt.close(fig)
     return out
@@ -102,8 +106,12 @@ def main(argv: list[str]) -> int:
         raise RunError("--max-buffers", f"must be >= 1, got {ns.max_buffers}", "e.g. --max-buffers 12")
     from psrl.viz.curves import draw_curves
 
-    out = draw(ns.run_dir, ns.out or ns.run_dir / "timeline.png", ns.max_buffers,
-               warn=lambda line: print(line, file=sys.stderr))
+    out = draw(
+        ns.run_dir,
+        ns.out or ns.run_dir / "timeline.png",
+        ns.max_buffers,
+        warn=lambda line: print(line, file=sys.stderr),
+    )
     curves = draw_curves(ns.run_dir, out.with_name("curves.png"))
     print(f"wrote {out} and {curves}")
     return 0

@@ -44,8 +44,8 @@ def ess_by_level(rows: list[dict]) -> dict[int, list[float]]:
     head = "divergence/ess@s"
     for r in rows:
         for k, v in r.items():
-            if k.startswith(head) and k[len(head):].isdigit() and _num(v):
-                out[int(k[len(head):])].append(float(v))
+            if k.startswith(head) and k[len(head) :].isdigit() and _num(v):
+                out[int(k[len(head) :])].append(float(v))
     return dict(out)
 
 
@@ -76,12 +76,28 @@ def curves_figure(run_dir: Path):
     steps = _rows(run_dir / "metrics.jsonl", ("step", "time", "reward/mean"))
     vals = _rows(run_dir / "metrics.jsonl", ("step", "val/time", "val/accuracy", "val/pass@k"))
     fig, axes = plt.subplots(4, 2, figsize=(11, 13))
-    for ax, x_key, vx_key, label in ((axes[0, 0], "step", "step", "step"), (axes[0, 1], "time", "val/time", "wall-clock (s)")):
-        ax.plot([r[x_key] for r in steps], [r["reward/mean"] for r in steps], color="tab:blue", label="reward/mean (batch)")
+    for ax, x_key, vx_key, label in (
+        (axes[0, 0], "step", "step", "step"),
+        (axes[0, 1], "time", "val/time", "wall-clock (s)"),
+    ):
+        ax.plot(
+            [r[x_key] for r in steps], [r["reward/mean"] for r in steps], color="tab:blue", label="reward/mean (batch)"
+        )
         if vals:
-            ax.plot([r[vx_key] for r in vals], [r["val/accuracy"] for r in vals], "o-", color="tab:red", label="val/accuracy")
-            ax.plot([r[vx_key] for r in vals], [r["val/pass@k"] for r in vals], "s--", color="tab:orange",
-                    label=f"val/pass@{int(vals[-1].get('val/k', 1))}")
+            ax.plot(
+                [r[vx_key] for r in vals],
+                [r["val/accuracy"] for r in vals],
+                "o-",
+                color="tab:red",
+                label="val/accuracy",
+            )
+            ax.plot(
+                [r[vx_key] for r in vals],
+                [r["val/pass@k"] for r in vals],
+                "s--",
+                color="tab:orange",
+                label=f"val/pass@{int(vals[-1].get('val/k', 1))}",
+            )
         ax.set_xlabel(label)
         ax.set_ylabel("reward / accuracy")
         _legend(ax, loc="lower right")
@@ -104,9 +120,14 @@ def curves_figure(run_dir: Path):
             ax.plot(*zip(*pts), label=key)
     ax.set_xlabel("step")
     _legend(ax)
-    panels = ((axes[2, 0], "weight", ("correction/is_weight_mean", "correction/is_weight_max", "actor/ratio_mean")),
-              (axes[2, 1], "fraction", ("batch/masked_frac", "correction/rs_masked_frac", "correction/is_truncated_frac",
-                                        "actor/clip_frac_high")))
+    panels = (
+        (axes[2, 0], "weight", ("correction/is_weight_mean", "correction/is_weight_max", "actor/ratio_mean")),
+        (
+            axes[2, 1],
+            "fraction",
+            ("batch/masked_frac", "correction/rs_masked_frac", "correction/is_truncated_frac", "actor/clip_frac_high"),
+        ),
+    )
     for ax, ylabel, keys in panels:
         for key in keys:
             pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
@@ -125,8 +146,11 @@ def _divergence_panels(by_step, by_level, steps: list[dict]) -> None:
     """ESS (left axis) with M2 and KL (right axis, nats) against step; ESS against staleness level, every step's
     value as a dot and the mean over steps as a line."""
     right = by_step.twinx()
-    for ax, key, style in ((by_step, "divergence/ess", "-"), (right, "divergence/m2", "--"),
-                           (right, "divergence/kl", ":")):
+    for ax, key, style in (
+        (by_step, "divergence/ess", "-"),
+        (right, "divergence/m2", "--"),
+        (right, "divergence/kl", ":"),
+    ):
         pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
         if pts:
             ax.plot(*zip(*pts), style, label=key, color={"-": "tab:blue", "--": "tab:red", ":": "tab:purple"}[style])
@@ -142,8 +166,13 @@ def _divergence_panels(by_step, by_level, steps: list[dict]) -> None:
         by_level.plot([k] * len(ys), ys, ".", color="tab:blue", alpha=0.3)
     if levels:
         xs = sorted(levels)
-        by_level.plot(xs, [sum(levels[k]) / len(levels[k]) for k in xs], "o-", color="tab:blue",
-                      label="divergence/ess@s<k>, mean over steps")
+        by_level.plot(
+            xs,
+            [sum(levels[k]) / len(levels[k]) for k in xs],
+            "o-",
+            color="tab:blue",
+            label="divergence/ess@s<k>, mean over steps",
+        )
         by_level.set_xticks(xs)
     by_level.set_xlabel("staleness (version - V_traj)")
     by_level.set_ylabel("ESS (normalised)")

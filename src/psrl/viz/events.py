@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from psrl.runtime.recorder import jsonl_lines
 from psrl.staleness import EventKind

@@ -20,7 +20,8 @@ A raising episode or reward function is retried ``task.reward_retries`` times, t
 (record ``status: error`` with the reason in ``error``, ``counts/failed``); if the group can no
 longer reach N members its entry is aborted, so the slot refills instead of blocking a buffer.
 A reward that hangs (an awaitable reward still running after ``task.reward_timeout`` seconds) or
-returns a NaN / infinite score takes the same path: it is one more way for a reward to fail. The proactive filter
+returns a NaN / infinite score takes the same path (:mod:`psrl.rollout.client.rewards`): it is one more way for a
+reward to fail. The proactive filter
 (:mod:`psrl.rollout.client.proactive`) runs after every change of the protocol state and has the manager
 :meth:`~AgentManager.retry` or :meth:`~AgentManager.truncate` a group.
 """
@@ -29,19 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
-import math
 import random
-from typing import TYPE_CHECKING, Awaitable, Callable, Hashable, Optional, Sequence, TypeVar
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from psrl.errors import PsrlError, RunError, describe
 from psrl.rollout.client.proactive import ProactiveFilter
-from psrl.rollout.client.records import Counts, WorkerSlots, trajectory_record
+from psrl.rollout.client.records import Counts, Group, Member, WorkerSlots, trajectory_record
+from psrl.rollout.client.rewards import TaskReward, run_to_end
 from psrl.rollout.serving.session import Session
 from psrl.rollout.types import InFlight
 from psrl.staleness import Batch, SnapshotEntry, StalenessManager, StaleVersionError, Status
-from psrl.tasks.base import Episode, Prompt, Task, episode_to_trajectory
+from psrl.tasks.base import Episode, Task, episode_to_trajectory
 from psrl.types import Sink, Trajectory, segment_versions
 
 if TYPE_CHECKING:
@@ -53,43 +54,6 @@ __all__ = ["AgentManager"]
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-
-
-class _Member:
-    """One launched trajectory of a group (one agent worker)."""
-
-    __slots__ = ("idx", "uid", "task", "session", "started", "cancelled", "done", "keep_slot")
-
-    def __init__(self, idx: int, uid: str):
-        self.idx = idx
-        self.uid = uid
-        self.task: Optional[asyncio.Task] = None
-        self.session: Optional[Session] = None
-        self.started = 0.0
-        self.cancelled = False
-        self.done = False
-        self.keep_slot = False
-
-
-class _Group:
-    """A reserved group entry and the members generating for it. What the entry holds (its completed
-    trajectories) and whether it occupies a buffer is the staleness manager's: ``entry_members``,
-    ``entry_buffer``, ``drain_aborted_groups``."""
-
-    __slots__ = ("eid", "uid", "prompt", "version", "members", "next_idx", "proactive")
-
-    def __init__(self, eid: Hashable, uid: str, prompt: Prompt, version: int):
-        self.eid = eid
-        self.uid = uid
-        self.prompt = prompt
-        self.version = version
-        self.members: dict[int, _Member] = {}
-        self.next_idx = 0
-        self.proactive = False
-
-    def live(self) -> list[_Member]:
-        """Members still generating (not finished, not being cancelled), in launch order."""
-        return [m for m in self.members.values() if not m.done and not m.cancelled]
 
 
 class AgentManager:
@@ -105,8 +69,9 @@ class AgentManager:
         sink: gets one ``trajectory(record)`` call per trajectory that reached the manager.
     """
 
-    def __init__(self, task: Task, manager: StalenessManager, pool: Pool, cfg: Config, *, workers: int,
-                 sink: Optional[Sink] = None):
+    def __init__(
+        self, task: Task, manager: StalenessManager, pool: Pool, cfg: Config, *, workers: int, sink: Sink | None = None
+    ):
         p = cfg.psrl
         self.task = task
         self.manager = manager
@@ -118,11 +83,14 @@ class AgentManager:
         self.reward_timeout = cfg.task.reward_timeout
         """Seconds an awaitable reward may take (``task.reward_timeout``); None = unbounded. A synchronous
         reward runs on the event loop and cannot be interrupted: dataset rewards run in a thread for this."""
+        self.reward = TaskReward(task, self.reward_timeout)
         self.slots = WorkerSlots(workers)
         if self.redundant_group_size > workers:
-            raise ValueError(f"a group launches {self.redundant_group_size} trajectories but only {workers} agent workers exist "
-                             "(raise psrl.routing_strategy.max_concurrent_seqs_per_instance or lower "
-                             "psrl.redundant_rollout.redundant_rollout_n)")
+            raise ValueError(
+                f"a group launches {self.redundant_group_size} trajectories but only {workers} agent workers exist "
+                "(raise psrl.routing_strategy.max_concurrent_seqs_per_instance or lower "
+                "psrl.redundant_rollout.redundant_rollout_n)"
+            )
         pf = p.proactive_filter_strategy
         self.proactive = ProactiveFilter(self, pf.method, pf.threshold, p.staleness)
         self.sink = sink
@@ -132,9 +100,9 @@ class AgentManager:
         self.max_failed_in_a_row = max(32, 4 * self.redundant_group_size)
         """After this many failed trajectories with no success between them the run stops with the last
         error: a reward function or agent loop that always raises would otherwise retry groups forever."""
-        self.groups: dict[Hashable, _Group] = {}
+        self.groups: dict[Hashable, Group] = {}
         self.next_group = 0
-        self.failure: Optional[asyncio.Future] = None
+        self.failure: asyncio.Future | None = None
         self._deferred: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ dispatch
@@ -178,16 +146,16 @@ class AgentManager:
 
     def _start_group(self, eid: Hashable, version: int) -> None:
         prompt = self.task.sample_prompt(self.rng)
-        g = _Group(eid, f"g{self.next_group}", prompt, version)
+        g = Group(eid, f"g{self.next_group}", prompt, version)
         self.next_group += 1
         self.counts.groups += 1
         self.groups[eid] = g
         for _ in range(self.redundant_group_size):
             self._launch(g)
 
-    def _launch(self, g: _Group) -> _Member:
+    def _launch(self, g: Group) -> Member:
         """Start one member on an agent worker (its slot is already taken)."""
-        m = _Member(g.next_idx, f"{g.uid}-{g.next_idx}")
+        m = Member(g.next_idx, f"{g.uid}-{g.next_idx}")
         g.next_idx += 1
         g.members[m.idx] = m
         rng = random.Random(self.rng.getrandbits(64))
@@ -197,7 +165,7 @@ class AgentManager:
 
     # ------------------------------------------------------------------ one member
 
-    async def _member(self, g: _Group, m: _Member, rng: random.Random) -> None:
+    async def _member(self, g: Group, m: Member, rng: random.Random) -> None:
         m.started = asyncio.get_running_loop().time()
         m.session = Session(self.pool, g.version, g.prompt.ids, group=g.uid)
         episode = await self._episode(g, m, rng)
@@ -207,7 +175,7 @@ class AgentManager:
         if reward is not None:
             self._complete(g, m, self._trajectory(g, m, episode, reward))
 
-    def _member_finished(self, g: _Group, m: _Member, task: asyncio.Task) -> None:
+    def _member_finished(self, g: Group, m: Member, task: asyncio.Task) -> None:
         """Runs for every member however it ended (even if cancelled before it started)."""
         m.done = True
         if m.session is not None:
@@ -219,17 +187,24 @@ class AgentManager:
             exc = task.exception()
             log.error("agent worker %s crashed: %r", m.uid, exc)
             if self.failure is not None and not self.failure.done():
-                err = exc if isinstance(exc, PsrlError) else RunError(
-                    f"trajectory {m.uid} (group {g.uid})", f"its agent worker crashed: {describe(exc)}",
-                    "set PSRL_DEBUG=1 for the traceback")
+                err = (
+                    exc
+                    if isinstance(exc, PsrlError)
+                    else RunError(
+                        f"trajectory {m.uid} (group {g.uid})",
+                        f"its agent worker crashed: {describe(exc)}",
+                        "set PSRL_DEBUG=1 for the traceback",
+                    )
+                )
                 if err is not exc:  # a psrl error is reported as is (a cause pointing at itself is a cycle)
                     err.__cause__ = exc
                 self.failure.set_exception(err)
 
-    async def _retried(self, g: _Group, m: _Member, stage: str, attempt: Callable[[], Awaitable[_T]],
-                       episode: Optional[Episode] = None) -> Optional[_T]:
+    async def _retried(
+        self, g: Group, m: Member, stage: str, attempt: Callable[[], Awaitable[_T]], episode: Episode | None = None
+    ) -> _T | None:
         """``await attempt()``, retried ``task.reward_retries`` times when it raises; None once reported failed."""
-        err: Optional[BaseException] = None
+        err: BaseException | None = None
         for n in range(1 + self.retries):
             try:
                 return await attempt()
@@ -240,76 +215,60 @@ class AgentManager:
         self._fail(g, m, stage, err, episode)
         return None
 
-    async def _episode(self, g: _Group, m: _Member, rng: random.Random) -> Optional[Episode]:
+    async def _episode(self, g: Group, m: Member, rng: random.Random) -> Episode | None:
         """Run the episode, retrying a raising agent loop; None once reported as failed."""
         return await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, m.session.generate, rng))
 
-    async def _reward(self, g: _Group, m: _Member, episode: Episode) -> Optional[dict]:
+    async def _reward(self, g: Group, m: Member, episode: Episode) -> dict | None:
         """The task's reward (sync or async), retrying a raising, hanging or non-finite reward; None once
         reported as failed."""
-        async def attempt() -> dict:
-            out = self.task.reward(g.prompt, episode)
-            if inspect.isawaitable(out):
-                out = await self._bounded(out)
-            return finite_reward(out)
+        return await self._retried(g, m, "reward", lambda: self.reward(g.prompt, episode), episode)
 
-        return await self._retried(g, m, "reward", attempt, episode)
-
-    async def _bounded(self, awaitable: Awaitable[dict]) -> dict:
-        """``awaitable`` within ``task.reward_timeout`` seconds; a hang becomes a RewardTimeout (a failure)."""
-        if self.reward_timeout is None:
-            return await awaitable
-        try:
-            return await asyncio.wait_for(awaitable, self.reward_timeout)
-        except asyncio.TimeoutError:
-            raise RewardTimeout(f"no reward within task.reward_timeout={self.reward_timeout:g}s") from None
-
-    def reward_now(self, g: _Group, m: _Member, episode: Episode) -> Optional[dict]:
+    def reward_now(self, g: Group, m: Member, episode: Episode) -> dict | None:
         """:meth:`_reward` (the same retries) run to its end here, for a task whose reward is synchronous, so the
         proactive filter acts at once: with a synchronous reward that coroutine never suspends."""
-        run = self._reward(g, m, episode)
-        try:
-            run.send(None)
-        except StopIteration as done:
-            return done.value
-        run.close()
-        raise RuntimeError(f"reward_now: the reward of {type(self.task).__name__} suspended (it is asynchronous)")
+        return run_to_end(self._reward(g, m, episode), f"reward_now: the reward of {type(self.task).__name__}")
 
     @property
     def reward_is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.task.reward)
+        return self.reward.is_async
 
-    def complete_truncated_later(self, g: _Group, m: _Member, episode: Episode) -> None:
+    def complete_truncated_later(self, g: Group, m: Member, episode: Episode) -> None:
         """Force-complete ``m`` with ``episode`` once its (async) reward is in; the proactive filter's path
         for tasks whose reward must be awaited."""
         t = asyncio.get_running_loop().create_task(self._complete_truncated(g, m, episode))
         self._deferred.add(t)
         t.add_done_callback(self._deferred.discard)
 
-    async def _complete_truncated(self, g: _Group, m: _Member, episode: Episode) -> None:
+    async def _complete_truncated(self, g: Group, m: Member, episode: Episode) -> None:
         reward = await self._reward(g, m, episode)
         if reward is None or g.eid not in self.groups or self.manager.entry_buffer(g.eid) is not None:
             return  # failed (recorded), or the group resolved meanwhile: it is one more cancelled member
         self._complete_as_truncated(g, m, episode, reward)
 
-    def _complete_as_truncated(self, g: _Group, m: _Member, episode: Episode, reward: dict) -> None:
+    def _complete_as_truncated(self, g: Group, m: Member, episode: Episode, reward: dict) -> None:
         traj = self._trajectory(g, m, episode, reward)
         traj.truncated = True
         self.counts.truncated += 1
         self._complete(g, m, traj)
 
-    def _trajectory(self, g: _Group, m: _Member, episode: Episode, reward: dict) -> Trajectory:
+    def _trajectory(self, g: Group, m: Member, episode: Episode, reward: dict) -> Trajectory:
         s = m.session
         v_traj = s.v_traj if s is not None else g.version
         return episode_to_trajectory(
-            g.prompt, episode, reward, uid=m.uid, group=g.uid, v_traj=v_traj,
+            g.prompt,
+            episode,
+            reward,
+            uid=m.uid,
+            group=g.uid,
+            v_traj=v_traj,
             instances=list(s.instances) if s is not None else [],
             gen_seconds=asyncio.get_running_loop().time() - m.started,
         )
 
     # ------------------------------------------------------------------ statuses
 
-    def _complete(self, g: _Group, m: _Member, traj: Trajectory) -> None:
+    def _complete(self, g: Group, m: Member, traj: Trajectory) -> None:
         """Hand one trajectory to the manager and act on the status it returns."""
         m.done = True  # no longer generating: filters must not cancel or replace it
         self.failed_in_a_row = 0
@@ -329,8 +288,9 @@ class AgentManager:
             self._end_group(g, str(status), keep=m, held=held + [traj])
         self.after_change()
 
-    def _end_group(self, g: _Group, status: str, abort: bool = False, keep: Optional[_Member] = None,
-                   held: Sequence[Trajectory] = ()) -> None:
+    def _end_group(
+        self, g: Group, status: str, abort: bool = False, keep: Member | None = None, held: Sequence[Trajectory] = ()
+    ) -> None:
         """Forget a group that will not be trained: record what its entry held (``held``, or, for an abort, what
         the manager holds now), cancel what runs."""
         if self.groups.pop(g.eid, None) is None:
@@ -346,15 +306,14 @@ class AgentManager:
                 setattr(self.counts, counter, getattr(self.counts, counter) + 1)
         self._cancel_members(g, keep=keep)
 
-    def _cancel_members(self, g: _Group, keep: Optional[_Member] = None) -> None:
+    def _cancel_members(self, g: Group, keep: Member | None = None) -> None:
         for m in g.live():
             if m is not keep:
                 m.cancelled = True
                 m.task.cancel()
                 self.counts.cancelled += 1
 
-    def _fail(self, g: _Group, m: _Member, stage: str, err: Optional[BaseException],
-              episode: Optional[Episode] = None) -> None:
+    def _fail(self, g: Group, m: Member, stage: str, err: BaseException | None, episode: Episode | None = None) -> None:
         """Report a member whose episode or reward kept raising; abort the entry if the group cannot fill."""
         m.done = True
         self.counts.failed += 1
@@ -362,13 +321,23 @@ class AgentManager:
         self.failed_in_a_row += 1
         if self.failed_in_a_row >= self.max_failed_in_a_row and self.failure is not None and not self.failure.done():
             what = "reward function" if stage == "reward" else "agent loop (run_episode)"
-            self.failure.set_exception(RunError(
-                f"task {type(self.task).__name__} {what}",
-                f"the last {self.failed_in_a_row} trajectories all failed; last one {m.uid}: {describe(err)}",
-                "fix the task (trajectories.jsonl has every failure with status 'error'); PSRL_DEBUG=1 logs more"))
-        rec = {"uid": m.uid, "group": g.uid, "v_traj": m.session.v_traj if m.session else g.version,
-               "segment_versions": [], "instances": list(m.session.instances) if m.session else [],
-               "status": "error", "error": f"{stage}: {err!r}", "prompt": getattr(g.prompt, "text", "")}
+            self.failure.set_exception(
+                RunError(
+                    f"task {type(self.task).__name__} {what}",
+                    f"the last {self.failed_in_a_row} trajectories all failed; last one {m.uid}: {describe(err)}",
+                    "fix the task (trajectories.jsonl has every failure with status 'error'); PSRL_DEBUG=1 logs more",
+                )
+            )
+        rec = {
+            "uid": m.uid,
+            "group": g.uid,
+            "v_traj": m.session.v_traj if m.session else g.version,
+            "segment_versions": [],
+            "instances": list(m.session.instances) if m.session else [],
+            "status": "error",
+            "error": f"{stage}: {err!r}",
+            "prompt": getattr(g.prompt, "text", ""),
+        }
         if episode is not None:
             rec["segment_versions"] = segment_versions(episode.token_versions)
         self._emit(rec)
@@ -393,7 +362,7 @@ class AgentManager:
             self.groups.pop(eid, None)
         self.after_change()
 
-    def record_batch(self, batch: Batch, skipped: Optional[str] = None) -> None:
+    def record_batch(self, batch: Batch, skipped: str | None = None) -> None:
         """Record a consumed batch's trajectories: ``trained``, or ``skipped`` with the reason when the
         trainer skipped the step (NaN / infinite loss or gradient)."""
         for trajs in batch.groups:
@@ -442,7 +411,7 @@ class AgentManager:
                 self._complete_as_truncated(g, m, episode, reward)
         return True
 
-    def _proactive(self, eid: Hashable) -> Optional[_Group]:
+    def _proactive(self, eid: Hashable) -> Group | None:
         """The group of ``eid`` if the proactive filter may act on it, marked as acted on."""
         g = self.groups.get(eid)
         if g is None or g.proactive or self.manager.entry_buffer(eid) is not None:
@@ -453,13 +422,21 @@ class AgentManager:
     def in_flight(self) -> list[InFlight]:
         """Every trajectory being generated now (the stall watchdog's report)."""
         now = asyncio.get_running_loop().time()
-        return [InFlight(m.uid, str(g.eid), m.session.instance.index if m.session is not None else -1,
-                         now - m.started, m.session is not None and m.session.in_model_turn)
-                for g in self.groups.values() for m in g.live()]
+        return [
+            InFlight(
+                m.uid,
+                str(g.eid),
+                m.session.instance.index if m.session is not None else -1,
+                now - m.started,
+                m.session is not None and m.session.in_model_turn,
+            )
+            for g in self.groups.values()
+            for m in g.live()
+        ]
 
     # ------------------------------------------------------------------ records and shutdown
 
-    def _record(self, traj: Trajectory, status: str, consumed_version: Optional[int] = None) -> None:
+    def _record(self, traj: Trajectory, status: str, consumed_version: int | None = None) -> None:
         self._emit(trajectory_record(traj, status, consumed_version))
 
     def _emit(self, rec: dict) -> None:
@@ -495,8 +472,12 @@ class AgentManager:
         """What a checkpoint needs to continue the prompt stream and the counters."""
         from dataclasses import asdict
 
-        return {"rng": self.rng.getstate(), "counts": asdict(self.counts), "next_group": self.next_group,
-                "task": self.task.state_dict() if hasattr(self.task, "state_dict") else {}}
+        return {
+            "rng": self.rng.getstate(),
+            "counts": asdict(self.counts),
+            "next_group": self.next_group,
+            "task": self.task.state_dict() if hasattr(self.task, "state_dict") else {},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.setstate(state["rng"])
@@ -504,19 +485,3 @@ class AgentManager:
             self.task.load_state_dict(state["task"])  # a dataset continues its epoch
         self.counts = Counts(**state["counts"])
         self.next_group = int(state["next_group"])
-
-
-class RewardTimeout(Exception):
-    """A reward that did not return within ``task.reward_timeout`` (it is cancelled, then retried)."""
-
-
-class NonFiniteReward(ValueError):
-    """A reward whose score is NaN or infinite: training on it would poison the advantages."""
-
-
-def finite_reward(reward: dict) -> dict:
-    """``reward`` itself, or NonFiniteReward when its ``score`` is NaN or infinite."""
-    score = reward["score"]
-    if not math.isfinite(float(score)):
-        raise NonFiniteReward(f"reward score is {float(score)!r} (not finite)")
-    return reward

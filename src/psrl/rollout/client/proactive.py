@@ -17,7 +17,7 @@ polling loop and no timer is involved.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from psrl.staleness import BufferState
 
@@ -37,7 +37,7 @@ class ProactiveFilter:
         staleness: eta (buffers ``T .. T + eta`` are watched).
     """
 
-    def __init__(self, agents: AgentManager, method: Optional[str], threshold: int, staleness: int):
+    def __init__(self, agents: AgentManager, method: str | None, threshold: int, staleness: int):
         self.agents = agents
         self.method = method
         self.threshold = int(threshold)

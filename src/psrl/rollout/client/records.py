@@ -1,4 +1,5 @@
-"""Bookkeeping of the rollout side: worker slots, counters and per-trajectory records.
+"""Bookkeeping of the rollout side: worker slots, counters, per-trajectory records and the agent manager's
+groups (a reserved entry and its members).
 
 Every trajectory that reaches the staleness manager ends in exactly one record with a
 ``status`` (``trained``, ``skipped``, ``surplus``, ``filtered``, ``rejected``, ``aborted``,
@@ -9,14 +10,18 @@ Every trajectory that reaches the staleness manager ends in exactly one record w
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass
-from typing import Optional
-
-from psrl.types import Trajectory
+from typing import TYPE_CHECKING
 
 from psrl.metrics import checked
+from psrl.types import Trajectory
 
-__all__ = ["WorkerSlots", "Counts", "trajectory_record", "MemorySink"]
+if TYPE_CHECKING:
+    from psrl.rollout.serving.session import Session
+    from psrl.tasks.base import Prompt
+
+__all__ = ["WorkerSlots", "Counts", "trajectory_record", "MemorySink", "Member", "Group"]
 
 
 class WorkerSlots:
@@ -88,7 +93,7 @@ class Counts:
         return {f"counts/{k}": v for k, v in asdict(self).items()}
 
 
-def trajectory_record(traj: Trajectory, status: str, consumed_version: Optional[int] = None, **extra: object) -> dict:
+def trajectory_record(traj: Trajectory, status: str, consumed_version: int | None = None, **extra: object) -> dict:
     """One ``trajectories.jsonl`` line for a :class:`psrl.types.Trajectory`."""
     rec: dict[str, object] = {
         "uid": traj.uid,
@@ -121,3 +126,40 @@ class MemorySink:
     def metric(self, row: dict) -> None:
         """One row, once :func:`psrl.metrics.checked` says every key is in the metric table (as the recorder)."""
         self.metrics.append(checked(row))
+
+
+class Member:
+    """One launched trajectory of a group (one agent worker)."""
+
+    __slots__ = ("idx", "uid", "task", "session", "started", "cancelled", "done", "keep_slot")
+
+    def __init__(self, idx: int, uid: str):
+        self.idx = idx
+        self.uid = uid
+        self.task: asyncio.Task | None = None
+        self.session: Session | None = None
+        self.started = 0.0
+        self.cancelled = False
+        self.done = False
+        self.keep_slot = False
+
+
+class Group:
+    """A reserved group entry and the members generating for it. What the entry holds (its completed
+    trajectories) and whether it occupies a buffer is the staleness manager's: ``entry_members``,
+    ``entry_buffer``, ``drain_aborted_groups``."""
+
+    __slots__ = ("eid", "uid", "prompt", "version", "members", "next_idx", "proactive")
+
+    def __init__(self, eid: Hashable, uid: str, prompt: Prompt, version: int):
+        self.eid = eid
+        self.uid = uid
+        self.prompt = prompt
+        self.version = version
+        self.members: dict[int, Member] = {}
+        self.next_idx = 0
+        self.proactive = False
+
+    def live(self) -> list[Member]:
+        """Members still generating (not finished, not being cancelled), in launch order."""
+        return [m for m in self.members.values() if not m.done and not m.cancelled]

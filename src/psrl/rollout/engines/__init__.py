@@ -9,8 +9,21 @@ from psrl.rollout.engines.base import BatchingEngine, NoCacheEngine, TokenModel,
 from psrl.rollout.engines.vllm import VLLMEngine, WeightFiles, build_vllm_engines
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
 
-__all__ = ["BatchingEngine", "NoCacheEngine", "TokenModel", "TokenRate", "as_engine", "turns", "HFEngine",
-           "VLLMEngine", "WeightFiles", "build_vllm_engines", "EngineSetupError", "VLLMServer", "find_vllm_python"]
+__all__ = [
+    "BatchingEngine",
+    "NoCacheEngine",
+    "TokenModel",
+    "TokenRate",
+    "as_engine",
+    "turns",
+    "HFEngine",
+    "VLLMEngine",
+    "WeightFiles",
+    "build_vllm_engines",
+    "EngineSetupError",
+    "VLLMServer",
+    "find_vllm_python",
+]
 
 
 def __getattr__(name: str) -> object:

@@ -21,15 +21,23 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Protocol
 
 from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, WeightState
 
 if TYPE_CHECKING:
     from psrl.tasks.base import GenerateFn
 
-__all__ = ["BatchingEngine", "NoCacheEngine", "TokenModel", "TokenRate", "decode_step", "load_weights_into", "as_engine",
-           "turns"]
+__all__ = [
+    "BatchingEngine",
+    "NoCacheEngine",
+    "TokenModel",
+    "TokenRate",
+    "decode_step",
+    "load_weights_into",
+    "as_engine",
+    "turns",
+]
 
 
 class TokenModel(Protocol):
@@ -49,8 +57,9 @@ class TokenModel(Protocol):
         """Hold ``state`` as ``version``."""
 
 
-async def decode_step(model: TokenModel, seqs: list[list[int]], temperature: float,
-                      top_p: float) -> tuple[list[int], list[float]]:
+async def decode_step(
+    model: TokenModel, seqs: list[list[int]], temperature: float, top_p: float
+) -> tuple[list[int], list[float]]:
     """One decode step of ``model`` over ``seqs`` without blocking the event loop."""
     fast = getattr(model, "anext_token", None)
     if fast is not None:
@@ -96,7 +105,7 @@ class BatchingEngine:
         max_batch: most requests per decode step (None: all); the rest wait, counted as queued.
     """
 
-    def __init__(self, *, sampling: Sampling = Sampling(), max_batch: Optional[int] = None):
+    def __init__(self, *, sampling: Sampling = Sampling(), max_batch: int | None = None):
         self.sampling = sampling
         self.max_batch = max_batch
         self.steps = 0
@@ -105,9 +114,9 @@ class BatchingEngine:
         self._waiting: list[GenRequest] = []
         self._done: dict[int, asyncio.Future] = {}
         self._paused = False
-        self._wake: Optional[asyncio.Event] = None
-        self._idle: Optional[asyncio.Event] = None
-        self._task: Optional[asyncio.Task] = None
+        self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
         self._rate = TokenRate()
 
     # ------------------------------------------------------------------ the Engine interface
@@ -157,8 +166,12 @@ class BatchingEngine:
         await self._load(state, int(version))
 
     def load(self) -> EngineLoad:
-        return EngineLoad(running=len(self._rows), queued=len(self._waiting), tokens_per_s=self._rate.per_s(),
-                          kv_usage=self._kv_usage())
+        return EngineLoad(
+            running=len(self._rows),
+            queued=len(self._waiting),
+            tokens_per_s=self._rate.per_s(),
+            kv_usage=self._kv_usage(),
+        )
 
     async def close(self) -> None:
         if self._task is not None:
@@ -176,7 +189,7 @@ class BatchingEngine:
     async def _load(self, state: WeightState, version: int) -> None:
         raise NotImplementedError
 
-    def _kv_usage(self) -> Optional[float]:
+    def _kv_usage(self) -> float | None:
         return None
 
     # ------------------------------------------------------------------ the loop
@@ -246,7 +259,7 @@ class BatchingEngine:
 class NoCacheEngine(BatchingEngine):
     """A :class:`BatchingEngine` over a ``next_token`` model: every step re-runs whole sequences (no cache)."""
 
-    def __init__(self, model: TokenModel, *, sampling: Sampling = Sampling(), max_batch: Optional[int] = None):
+    def __init__(self, model: TokenModel, *, sampling: Sampling = Sampling(), max_batch: int | None = None):
         super().__init__(sampling=sampling, max_batch=max_batch)
         self.model = model
 
@@ -255,14 +268,15 @@ class NoCacheEngine(BatchingEngine):
         return int(self.model.version)
 
     async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
-        return await decode_step(self.model, [r.context + r.tokens for r in rows], self.sampling.temperature,
-                                 self.sampling.top_p)
+        return await decode_step(
+            self.model, [r.context + r.tokens for r in rows], self.sampling.temperature, self.sampling.top_p
+        )
 
     async def _load(self, state: WeightState, version: int) -> None:
         await load_weights_into(self.model, state, version)
 
 
-def as_engine(model_or_engine: Union[Engine, TokenModel], sampling: Sampling = Sampling()) -> Engine:
+def as_engine(model_or_engine: Engine | TokenModel, sampling: Sampling = Sampling()) -> Engine:
     """An engine as is; a bare :class:`TokenModel` wrapped in a :class:`NoCacheEngine` with ``sampling``."""
     if isinstance(model_or_engine, Engine):
         return model_or_engine

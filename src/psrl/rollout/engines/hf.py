@@ -27,7 +27,6 @@ Across a weight update under partial rollout (``rollout.kv_after_update``):
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
 
 import torch
 from transformers import DynamicCache
@@ -51,8 +50,14 @@ class HFEngine(BatchingEngine):
         sampling, max_batch: as :class:`BatchingEngine`.
     """
 
-    def __init__(self, policy: Policy, kv_after_update: str = "recompute", *, sampling: Sampling = Sampling(),
-                 max_batch: Optional[int] = None):
+    def __init__(
+        self,
+        policy: Policy,
+        kv_after_update: str = "recompute",
+        *,
+        sampling: Sampling = Sampling(),
+        max_batch: int | None = None,
+    ):
         super().__init__(sampling=sampling, max_batch=max_batch)
         if kv_after_update not in KV_MODES:
             raise ValueError(f"kv_after_update must be one of {KV_MODES}, got {kv_after_update!r}")
@@ -61,8 +66,8 @@ class HFEngine(BatchingEngine):
         self.prefills = 0
         """Requests prefilled (joins, and re-prefills after a ``recompute`` update)."""
         self._cached: list[GenRequest] = []
-        self._cache: Optional[Cache] = None
-        self._mask: Optional[torch.Tensor] = None
+        self._cache: Cache | None = None
+        self._mask: torch.Tensor | None = None
 
     @property
     def version(self) -> int:
@@ -97,15 +102,17 @@ class HFEngine(BatchingEngine):
             logits.append(self._decode_cached())
         if joins:
             logits.append(self._prefill(joins))
-        toks, lps = sample(torch.cat(logits, dim=0), self.sampling.temperature, self.sampling.top_p,
-                           self.policy.generator)
+        toks, lps = sample(
+            torch.cat(logits, dim=0), self.sampling.temperature, self.sampling.top_p, self.policy.generator
+        )
         where = {id(r): i for i, r in enumerate(self._cached)}
         order = [where[id(r)] for r in rows]
         return [toks[i] for i in order], [lps[i] for i in order]
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        out = self.policy.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                                use_cache=True, logits_to_keep=1)
+        out = self.policy.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1
+        )
         self._last_cache = cache  # extended in place
         return out.logits[:, -1, :]
 
@@ -130,8 +137,13 @@ class HFEngine(BatchingEngine):
             self._cache, self._mask = _grow_cache(kv), mask
         else:
             width = max(self._mask.shape[1], mask.shape[1])
-            _set(self._cache, [(torch.cat([_lpad(k0, width), _lpad(k1, width)]), torch.cat([_lpad(v0, width), _lpad(v1, width)]))
-                               for (k0, v0), (k1, v1) in zip(_layers(self._cache), kv)])
+            _set(
+                self._cache,
+                [
+                    (torch.cat([_lpad(k0, width), _lpad(k1, width)]), torch.cat([_lpad(v0, width), _lpad(v1, width)]))
+                    for (k0, v0), (k1, v1) in zip(_layers(self._cache), kv)
+                ],
+            )
             self._mask = torch.cat([_lpad(self._mask, width), _lpad(mask, width)])
         self._cached = self._cached + list(joins)
         return logits
@@ -150,8 +162,13 @@ class HFEngine(BatchingEngine):
         used = mask.sum(dim=0).nonzero()
         first = int(used[0]) if len(used) else mask.shape[1]
         self._mask = mask[:, first:]
-        _set(self._cache, [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:])
-                           for k, v in _layers(self._cache)])
+        _set(
+            self._cache,
+            [
+                (k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:])
+                for k, v in _layers(self._cache)
+            ],
+        )
         self._cached = [self._cached[i] for i in keep]
 
     def _drop_all(self) -> None:
@@ -179,10 +196,10 @@ class _GrowLayer(DynamicLayer):
         t = key_states.shape[-2]
         if self.n + t > self._k.shape[-2]:
             self.set(self.keys, self.values, room=max(self.n, 64) + t)
-        self._k[:, :, self.n:self.n + t] = key_states
-        self._v[:, :, self.n:self.n + t] = value_states
+        self._k[:, :, self.n : self.n + t] = key_states
+        self._v[:, :, self.n : self.n + t] = value_states
         self.n += t
-        self.keys, self.values = self._k[:, :, :self.n], self._v[:, :, :self.n]
+        self.keys, self.values = self._k[:, :, : self.n], self._v[:, :, : self.n]
         return self.keys, self.values
 
 

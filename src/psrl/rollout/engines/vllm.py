@@ -43,7 +43,7 @@ import json
 import re
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from psrl.rollout.engines.base import TokenRate
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
@@ -68,7 +68,7 @@ class WeightFiles(WeightSource, Protocol):
     """A weight source that also writes a version as a Hugging Face directory (what ``reload_weights`` reads):
     :meth:`psrl.train.ParameterStore.path`."""
 
-    def path(self, version: int, root: Path, config_dir: Optional[Path] = None) -> Path:
+    def path(self, version: int, root: Path, config_dir: Path | None = None) -> Path:
         """The directory holding ``version``'s weights under ``root``, written on first use."""
 
 
@@ -82,9 +82,17 @@ class VLLMEngine:
         config_dir: a model directory whose ``config.json`` goes beside each version's weights.
     """
 
-    def __init__(self, url: Optional[str] = None, server: Optional[VLLMServer] = None, *, weights_root: Path,
-                 config_dir: Optional[Path] = None, sampling: Sampling = Sampling(), request_timeout_s: float = 300.0,
-                 model_name: str = "psrl"):
+    def __init__(
+        self,
+        url: str | None = None,
+        server: VLLMServer | None = None,
+        *,
+        weights_root: Path,
+        config_dir: Path | None = None,
+        sampling: Sampling = Sampling(),
+        request_timeout_s: float = 300.0,
+        model_name: str = "psrl",
+    ):
         if (url is None) == (server is None):
             raise ValueError("VLLMEngine needs exactly one of url (attach) and server (start)")
         self.url = url.rstrip("/") if url else None
@@ -113,9 +121,9 @@ class VLLMEngine:
         """Requests :meth:`abort` was called on (by ``id``): they end as ``abort`` unless they finished first."""
         self._aborts: set[asyncio.Task] = set()
         self._rate = TokenRate()
-        self._kv: Optional[float] = None
+        self._kv: float | None = None
         self._waiting = 0
-        self._poller: Optional[asyncio.Task] = None
+        self._poller: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -124,10 +132,11 @@ class VLLMEngine:
 
         if self._client is None:
             # connect too: a busy server may take long to accept; a dead one refuses at once
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s),
-                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
-                                                                 keepalive_expiry=KEEPALIVE_S),
-                                             trust_env=False)
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.request_timeout_s),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S),
+                trust_env=False,
+            )
         if self.server is not None and not self.server.alive():
             self.url = await self.server.start(self._client)
         elif self.server is None:
@@ -140,32 +149,41 @@ class VLLMEngine:
             resp = await self._client.get(f"{self.url}/health", timeout=10.0)
             ok = resp.status_code == 200
         except Exception as exc:  # noqa: BLE001
-            raise EngineSetupError(f"{self.url} does not answer /health ({type(exc).__name__}: {exc})",
-                                   "start the server or fix the URL", source="rollout.vllm.urls") from None
+            raise EngineSetupError(
+                f"{self.url} does not answer /health ({type(exc).__name__}: {exc})",
+                "start the server or fix the URL",
+                source="rollout.vllm.urls",
+            ) from None
         if not ok:
-            raise EngineSetupError(f"{self.url}/health answered {resp.status_code}", "check the server's log",
-                                   source="rollout.vllm.urls")
+            raise EngineSetupError(
+                f"{self.url}/health answered {resp.status_code}", "check the server's log", source="rollout.vllm.urls"
+            )
         # a server left paused (a run stopped mid-update; a pause sent as that run stopped may even land after
         # its closing resume) would hold every request, the probe below included
         bound = min(self.request_timeout_s, 60.0)
         resp = await self._client.post(f"{self.url}/resume", timeout=bound)
         if resp.status_code != 200:
-            raise EngineSetupError(f"{self.url}/resume answered {resp.status_code}",
-                                   "start the server with VLLM_SERVER_DEV_MODE=1 (docs/engines.md)",
-                                   source="rollout.vllm.urls")
+            raise EngineSetupError(
+                f"{self.url}/resume answered {resp.status_code}",
+                "start the server with VLLM_SERVER_DEV_MODE=1 (docs/engines.md)",
+                source="rollout.vllm.urls",
+            )
         probe = {"model": self.model_name, "token_ids": [0], "sampling_params": {"max_tokens": 1, "detokenize": False}}
         resp = await self._client.post(f"{self.url}/inference/v1/generate", json=probe, timeout=bound)
         if resp.status_code in (403, 404):  # 403: scale-out endpoints disabled; 404: a vLLM without them
-            raise EngineSetupError(f"{self.url} does not serve vLLM's token-in/token-out endpoint "
-                                   f"/inference/v1/generate (HTTP {resp.status_code})",
-                                   "start it with --enable-scale-out and VLLM_SERVER_DEV_MODE=1 (vLLM >= 0.32; "
-                                   "docs/engines.md)", source="rollout.vllm.urls")
+            raise EngineSetupError(
+                f"{self.url} does not serve vLLM's token-in/token-out endpoint "
+                f"/inference/v1/generate (HTTP {resp.status_code})",
+                "start it with --enable-scale-out and VLLM_SERVER_DEV_MODE=1 (vLLM >= 0.32; docs/engines.md)",
+                source="rollout.vllm.urls",
+            )
 
     async def restart(self) -> None:
         """After a failure: a server psrl owns is stopped and started again (an attached one cannot be)."""
         if self.server is None:
-            raise EngineSetupError(f"the vLLM server at {self.url} failed and psrl did not start it, so it cannot "
-                                   "restart it")
+            raise EngineSetupError(
+                f"the vLLM server at {self.url} failed and psrl did not start it, so it cannot restart it"
+            )
         await self._cancel_all()
         await asyncio.to_thread(self.server.stop)
         self.version = self._token_version = -1
@@ -262,10 +280,22 @@ class VLLMEngine:
     async def _stream(self, req: GenRequest) -> None:
         key, base = id(req), len(req.tokens)
         sp = self.sampling
-        params = {"max_tokens": int(req.max_new_tokens), "temperature": sp.temperature, "top_p": sp.top_p,
-                  "logprobs": 0, "stop_token_ids": sorted(sp.stop_ids), "ignore_eos": True, "detokenize": False}
-        body = {"model": self.model_name, "request_id": self._sids[key], "token_ids": list(req.context),
-                "sampling_params": params, "stream": True}
+        params = {
+            "max_tokens": int(req.max_new_tokens),
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "logprobs": 0,
+            "stop_token_ids": sorted(sp.stop_ids),
+            "ignore_eos": True,
+            "detokenize": False,
+        }
+        body = {
+            "model": self.model_name,
+            "request_id": self._sids[key],
+            "token_ids": list(req.context),
+            "sampling_params": params,
+            "stream": True,
+        }
         for attempt in range(SEND_ATTEMPTS):
             answered = False
             try:
@@ -331,8 +361,9 @@ class VLLMEngine:
         if not isinstance(store, WeightFiles):
             raise TypeError(f"vLLM loads weights from files: {type(store).__name__} does not write them (path)")
         path = await asyncio.to_thread(store.path, int(version), self.weights_root, self.config_dir)
-        out = await self._post("/collective_rpc", json={"method": "reload_weights",
-                                                       "kwargs": {"weights_path": str(path)}})
+        out = await self._post(
+            "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+        )
         await self._label(int(version))
         self.version = int(version)
         self.reloads += 1
@@ -344,8 +375,9 @@ class VLLMEngine:
         """Name the server's weights ``version``: vLLM labels every output produced from now on with it."""
         await self._post("/update_weight_version", json={"new_version": str(int(version))})
 
-    async def _post(self, path: str, *, params: Optional[dict] = None, json: Optional[dict] = None,
-                    timeout: Optional[float] = None) -> Any:
+    async def _post(
+        self, path: str, *, params: dict | None = None, json: dict | None = None, timeout: float | None = None
+    ) -> Any:
         """POST a control call (pause, resume, reload, version, abort: all idempotent), sent again up to
         ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`_resend_delay`). ``timeout``:
         seconds instead of the client's ``request_timeout_s``."""
@@ -367,8 +399,9 @@ class VLLMEngine:
     # ------------------------------------------------------------------ load figures
 
     def load(self) -> EngineLoad:
-        return EngineLoad(running=len(self._inflight), queued=self._waiting, tokens_per_s=self._rate.per_s(),
-                          kv_usage=self._kv)
+        return EngineLoad(
+            running=len(self._inflight), queued=self._waiting, tokens_per_s=self._rate.per_s(), kv_usage=self._kv
+        )
 
     async def _poll_metrics(self, every_s: float = 2.0) -> None:
         """KV-cache use and waiting requests from the server's Prometheus ``/metrics``, every ``every_s``."""
@@ -383,7 +416,7 @@ class VLLMEngine:
             await asyncio.sleep(every_s)
 
 
-def _resend_delay(attempt: int, exc: BaseException) -> Optional[float]:
+def _resend_delay(attempt: int, exc: BaseException) -> float | None:
     """Seconds to wait before sending a request again whose try number ``attempt`` (from 0) failed with
     ``exc``: 0.2, then 0.4; None once ``SEND_ATTEMPTS`` tries are spent, or when ``exc`` is not a connection
     that failed before the server answered. Those are refused, reset, or closed by the server (an idle
@@ -393,7 +426,7 @@ def _resend_delay(attempt: int, exc: BaseException) -> Optional[float]:
     import httpx
 
     unanswered = isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
-    return 0.2 * 2 ** attempt if unanswered and attempt < SEND_ATTEMPTS - 1 else None
+    return 0.2 * 2**attempt if unanswered and attempt < SEND_ATTEMPTS - 1 else None
 
 
 def _versions(spans: list[dict], n: int) -> list[int]:
@@ -409,12 +442,12 @@ def _versions(spans: list[dict], n: int) -> list[int]:
     return out
 
 
-def _gauge(text: str, name: str) -> Optional[float]:
+def _gauge(text: str, name: str) -> float | None:
     m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
     return float(m.group(1)) if m else None
 
 
-def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Optional[Path], sampling: Sampling) -> list[VLLMEngine]:
+def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Path | None, sampling: Sampling) -> list[VLLMEngine]:
     """One engine per rollout instance: attached to ``rollout.vllm.urls`` or each with a server psrl starts.
 
     The servers start from the policy itself, saved as a Hugging Face directory in the run directory
@@ -424,16 +457,32 @@ def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Optional[Path], sam
     r, n = cfg.rollout, cfg.psrl.deployment.n_rollout_instances
     root = Path(run_dir if run_dir is not None else ".") / "vllm"
     model_dir = root / "model"
-    engine = functools.partial(VLLMEngine, weights_root=root / "weights", config_dir=model_dir,
-                               request_timeout_s=r.request_timeout_s, sampling=sampling)
+    engine = functools.partial(
+        VLLMEngine,
+        weights_root=root / "weights",
+        config_dir=model_dir,
+        request_timeout_s=r.request_timeout_s,
+        sampling=sampling,
+    )
     if not (model_dir / "config.json").exists():
         policy.save_pretrained(model_dir)
     if r.vllm.urls:
         return [engine(url=u) for u in r.vllm.urls]
     python = find_vllm_python(r.vllm.python)
     mcfg = policy.model.config
-    max_len = r.vllm.max_model_len or getattr(mcfg, "max_position_embeddings", None) or getattr(mcfg, "n_positions")
-    return [engine(server=VLLMServer(python, model_dir, root / f"server-{i}.log", dtype=cfg.model.dtype,
-                                     max_model_len=max_len, kv_cache_gb=r.vllm.kv_cache_gb, extra_args=r.vllm.args,
-                                     startup_timeout_s=r.vllm.startup_timeout_s))
-            for i in range(n)]
+    max_len = r.vllm.max_model_len or getattr(mcfg, "max_position_embeddings", None) or mcfg.n_positions
+    return [
+        engine(
+            server=VLLMServer(
+                python,
+                model_dir,
+                root / f"server-{i}.log",
+                dtype=cfg.model.dtype,
+                max_model_len=max_len,
+                kv_cache_gb=r.vllm.kv_cache_gb,
+                extra_args=r.vllm.args,
+                startup_timeout_s=r.vllm.startup_timeout_s,
+            )
+        )
+        for i in range(n)
+    ]

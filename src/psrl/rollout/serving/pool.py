@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Hashable, Optional, Sequence
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
 
 from psrl.rollout.serving.instance import InstanceRequest, RolloutInstance
 from psrl.rollout.types import InstanceStatus
@@ -52,9 +53,18 @@ class InstancePool:
         migration: a :class:`~psrl.rollout.serving.sync.Migration`, or None.
     """
 
-    def __init__(self, engines: Sequence[Engine], new_instance: InstanceFactory, router: Router, *,
-                 capacity: Optional[int] = None, candidate_sort: str = "version", group_sticky: bool = False,
-                 trajectory_sticky: bool = True, migration: Optional[Migration] = None):
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        new_instance: InstanceFactory,
+        router: Router,
+        *,
+        capacity: int | None = None,
+        candidate_sort: str = "version",
+        group_sticky: bool = False,
+        trajectory_sticky: bool = True,
+        migration: Migration | None = None,
+    ):
         if not engines:
             raise ValueError("InstancePool needs at least one rollout instance")
         self.router = router
@@ -69,8 +79,10 @@ class InstancePool:
         the loads it would read are about to change)."""
         self._changed = asyncio.Event()
         self._loops: list[asyncio.Task] = []
-        self.instances = [new_instance(i, engine, on_version=self._on_version, on_round=self._on_round)
-                          for i, engine in enumerate(engines)]
+        self.instances = [
+            new_instance(i, engine, on_version=self._on_version, on_round=self._on_round)
+            for i, engine in enumerate(engines)
+        ]
 
     def alive(self) -> list[RolloutInstance]:
         """Instances not given up on; a run with none left cannot continue."""
@@ -78,9 +90,12 @@ class InstancePool:
         if not alive:
             from psrl.errors import RunError
 
-            raise RunError("rollout.max_restarts", f"every rollout instance is dead ({len(self.instances)} instances, "
-                           "each restarted up to rollout.max_restarts times)",
-                           "see the engine messages above; fix the engines, or raise rollout.max_restarts")
+            raise RunError(
+                "rollout.max_restarts",
+                f"every rollout instance is dead ({len(self.instances)} instances, "
+                "each restarted up to rollout.max_restarts times)",
+                "see the engine messages above; fix the engines, or raise rollout.max_restarts",
+            )
         return alive
 
     def min_version(self) -> int:
@@ -90,7 +105,7 @@ class InstancePool:
     def versions(self) -> list[int]:
         return [inst.version for inst in self.instances]
 
-    def candidates(self, v_min: int, avoid: Optional[RolloutInstance] = None) -> list[RolloutInstance]:
+    def candidates(self, v_min: int, avoid: RolloutInstance | None = None) -> list[RolloutInstance]:
         """The instances a request of ``V_traj >= v_min`` may go to, best first (see the module docstring)."""
         eligible = [inst for inst in self.alive() if inst.version >= v_min]
         if not eligible:
@@ -103,8 +118,7 @@ class InstancePool:
             return sorted(ready, key=lambda inst: (inst.running, inst.index))
         return sorted(ready, key=lambda inst: (-inst.version, inst.index))
 
-    def route(self, v_min: int, group: Optional[Hashable] = None,
-              avoid: Optional[RolloutInstance] = None) -> RolloutInstance:
+    def route(self, v_min: int, group: Hashable | None = None, avoid: RolloutInstance | None = None) -> RolloutInstance:
         """An instance with version ``>= v_min`` for a trajectory (of ``group``), not ``avoid`` if another will do."""
         cands = self.candidates(v_min, avoid)
         if self.group_sticky and group is not None:

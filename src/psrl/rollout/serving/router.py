@@ -29,16 +29,26 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from psrl.config import Config
     from psrl.rollout.serving.instance import RolloutInstance
     from psrl.rollout.types import Router
 
-__all__ = ["RandomRouter", "RoundRobinRouter", "RequestNumBalanceRouter", "ThroughputOptimalRouter", "CostModel",
-           "fit_cost_model", "load_cost_model", "save_cost_model", "build_router"]
+__all__ = [
+    "RandomRouter",
+    "RoundRobinRouter",
+    "RequestNumBalanceRouter",
+    "ThroughputOptimalRouter",
+    "CostModel",
+    "fit_cost_model",
+    "load_cost_model",
+    "save_cost_model",
+    "build_router",
+]
 
 
 class RandomRouter:
@@ -107,7 +117,7 @@ class CostModel:
         return {"k1": self.k1, "k2": self.k2, "k3": self.k3, "k4": self.k4}
 
 
-def fit_cost_model(samples: Sequence[tuple[int, float, float]]) -> Optional[CostModel]:
+def fit_cost_model(samples: Sequence[tuple[int, float, float]]) -> CostModel | None:
     """Least-squares fit of ``step = k1*kv + k3*n + k4`` (``k2 = 0``) to ``(n, kv, tokens_per_s)`` samples.
 
     A sample's step time is ``n / tokens_per_s``. None until the samples hold two different ``n``.
@@ -129,8 +139,10 @@ def fit_cost_model(samples: Sequence[tuple[int, float, float]]) -> Optional[Cost
 
 def save_cost_model(path: str | Path, models: Sequence[CostModel]) -> None:
     """Write ``{"instances": [{k1..k4}, ...]}``, what ``routing_strategy.cost_model_path`` reads."""
-    Path(path).write_text(json.dumps({"form": "step = k1*kv + max(k2, k3*n) + k4",
-                                      "instances": [m.as_dict() for m in models]}, indent=1) + "\n")
+    Path(path).write_text(
+        json.dumps({"form": "step = k1*kv + max(k2, k3*n) + k4", "instances": [m.as_dict() for m in models]}, indent=1)
+        + "\n"
+    )
 
 
 def load_cost_model(path: str | Path) -> list[CostModel]:
@@ -143,8 +155,11 @@ def load_cost_model(path: str | Path) -> list[CostModel]:
         items = data["instances"] if isinstance(data, dict) and "instances" in data else [data]
         return [CostModel(**{k: float(v) for k, v in item.items() if k in CostModel.__slots__}) for item in items]
     except (OSError, ValueError, TypeError, KeyError) as e:
-        raise ConfigError(key, f"cannot read a cost model from {path} ({type(e).__name__}: {e})",
-                          "give the JSON file psrl profile writes, or null to fit the model online") from e
+        raise ConfigError(
+            key,
+            f"cannot read a cost model from {path} ({type(e).__name__}: {e})",
+            "give the JSON file psrl profile writes, or null to fit the model online",
+        ) from e
 
 
 class ThroughputOptimalRouter:
@@ -152,15 +167,14 @@ class ThroughputOptimalRouter:
 
     name = "throughput_optimal"
 
-    def __init__(self, models: Optional[Sequence[CostModel]] = None, delta_threshold: float = 0.5,
-                 max_samples: int = 256):
+    def __init__(self, models: Sequence[CostModel] | None = None, delta_threshold: float = 0.5, max_samples: int = 256):
         self.fixed = list(models) if models else None
         self.delta_threshold = float(delta_threshold)
         self.max_samples = int(max_samples)
         self.samples: dict[int, list[tuple[int, float, float]]] = {}
         self.fitted: dict[int, CostModel] = {}
 
-    def model(self, inst: RolloutInstance) -> Optional[CostModel]:
+    def model(self, inst: RolloutInstance) -> CostModel | None:
         if self.fixed is not None:
             return self.fixed[inst.index % len(self.fixed)]
         return self.fitted.get(inst.index)
@@ -174,7 +188,7 @@ class ThroughputOptimalRouter:
             return
         s = self.samples.setdefault(inst.index, [])
         s.append((int(ld.running), float(ld.kv_usage or 0.0), float(ld.tokens_per_s)))
-        del s[:-self.max_samples]
+        del s[: -self.max_samples]
         m = fit_cost_model(s)
         if m is not None:
             self.fitted[inst.index] = m
@@ -219,5 +233,8 @@ def build_router(cfg: Config, seed: int = 0) -> Router:
     if method == "throughput_optimal":
         models = load_cost_model(rs.cost_model_path) if rs.cost_model_path else None
         return ThroughputOptimalRouter(models, rs.delta_throughput_threshold)
-    raise ConfigError("psrl.routing_strategy.method", f"unknown router {method!r}",
-                      "use random, round_robin, request_num_balance or throughput_optimal")
+    raise ConfigError(
+        "psrl.routing_strategy.method",
+        f"unknown router {method!r}",
+        "use random, round_robin, request_num_balance or throughput_optimal",
+    )

@@ -16,7 +16,8 @@ filter can force-complete a trajectory with its partial output after cancelling 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Hashable, Optional
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 from psrl.tasks.base import Episode, Segment
 
@@ -30,7 +31,7 @@ __all__ = ["Session"]
 class Session:
     """Generation for one trajectory of ``V_traj = instance.version`` at open time."""
 
-    def __init__(self, pool: Pool, v_min: int, prompt_ids: list[int], group: Optional[Hashable] = None):
+    def __init__(self, pool: Pool, v_min: int, prompt_ids: list[int], group: Hashable | None = None):
         self.pool = pool
         self.instance = pool.route(v_min, group)
         self.instance.attach()
@@ -40,7 +41,7 @@ class Session:
         self._prompt_len = len(prompt_ids)
         self._prompt = list(prompt_ids)
         self._ep = Episode()
-        self._req: Optional[InstanceRequest] = None
+        self._req: InstanceRequest | None = None
         self._closed = False
 
     async def generate(self, context_ids: list[int], max_new_tokens: int) -> Segment:
@@ -103,17 +104,23 @@ class Session:
         """Tokens the context gained since the last call are tool output (masked, version -1)."""
         known = self._prompt + self._ep.response_ids
         if context[: len(known)] == known:
-            extra = list(context[len(known):])
+            extra = list(context[len(known) :])
         else:  # the task rewrote its context: keep what it shows, all as context
             self._ep = Episode()
-            extra = list(context[self._prompt_len:])
+            extra = list(context[self._prompt_len :])
         if extra:
             self._ep.add_tool(extra)
 
     def partial_episode(self) -> Episode:
         """What this trajectory produced so far, including the request in flight, marked truncated."""
-        ep = Episode(list(self._ep.response_ids), list(self._ep.logprobs), list(self._ep.loss_mask),
-                     list(self._ep.token_versions), truncated=True, turns=self._ep.turns)
+        ep = Episode(
+            list(self._ep.response_ids),
+            list(self._ep.logprobs),
+            list(self._ep.loss_mask),
+            list(self._ep.token_versions),
+            truncated=True,
+            turns=self._ep.turns,
+        )
         req = self._req
         if req is not None and req.tokens:
             ep.add_model(Segment(list(req.tokens), list(req.logprobs), list(req.versions)))

@@ -20,7 +20,8 @@ further move would overshoot. The pool asks for a plan only in rounds where no s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -47,8 +48,13 @@ class _Sync:
 
     name = "sync"
 
-    def __init__(self, staleness: int = 0, versions: Optional[VersionProvider] = None,
-                 check_req_before_sync: bool = False, seamless_train_version: int = 0):
+    def __init__(
+        self,
+        staleness: int = 0,
+        versions: VersionProvider | None = None,
+        check_req_before_sync: bool = False,
+        seamless_train_version: int = 0,
+    ):
         self.staleness = int(staleness)
         self.versions = versions
         """Where the trainer is (``train_version``: the staleness manager); None: never too stale."""
@@ -85,9 +91,15 @@ class StatusBasedSync(_Sync):
 
     name = "status_based"
 
-    def __init__(self, indicator_name: str, threshold: float, staleness: int = 0,
-                 versions: Optional[VersionProvider] = None, check_req_before_sync: bool = False,
-                 seamless_train_version: int = 0):
+    def __init__(
+        self,
+        indicator_name: str,
+        threshold: float,
+        staleness: int = 0,
+        versions: VersionProvider | None = None,
+        check_req_before_sync: bool = False,
+        seamless_train_version: int = 0,
+    ):
         super().__init__(staleness, versions, check_req_before_sync, seamless_train_version)
         self.indicator = indicator_name
         self.threshold = float(threshold)
@@ -106,8 +118,9 @@ def build_sync(cfg: Config, versions: VersionProvider) -> _Sync:
         return StatusBasedSync(sm.sync.indicator, sm.sync.threshold, staleness, versions, check, seamless)
     from psrl.errors import ConfigError
 
-    raise ConfigError("psrl.sync_and_mig_strategy.method", f"unknown sync strategy {sm.method!r}",
-                      "use greedy or status_based")
+    raise ConfigError(
+        "psrl.sync_and_mig_strategy.method", f"unknown sync strategy {sm.method!r}", "use greedy or status_based"
+    )
 
 
 def _ratio(values: Sequence[float]) -> float:
@@ -120,14 +133,14 @@ def _ratio(values: Sequence[float]) -> float:
 class Migration:
     """Plans which requests leave the most loaded instance (see the module docstring)."""
 
-    def __init__(self, indicator_name: str, threshold: float, stop_indicator: str, stop_threshold: Optional[float]):
+    def __init__(self, indicator_name: str, threshold: float, stop_indicator: str, stop_threshold: float | None):
         self.indicator = indicator_name
         self.threshold = float(threshold)
         self.stop_indicator = stop_indicator
         self.stop_threshold = float(threshold if stop_threshold is None else stop_threshold)
         self.moved = 0
 
-    def plan(self, instances: Sequence[RolloutInstance]) -> tuple[Optional[RolloutInstance], int]:
+    def plan(self, instances: Sequence[RolloutInstance]) -> tuple[RolloutInstance | None, int]:
         """``(source instance, requests to move off it)``; ``(None, 0)`` when the load is balanced enough."""
         if len(instances) < 2:
             return None, 0
@@ -151,7 +164,7 @@ class Migration:
         return instances[src], moves
 
 
-def build_migration(cfg: Config) -> Optional[Migration]:
+def build_migration(cfg: Config) -> Migration | None:
     """``psrl.sync_and_mig_strategy.mig`` as a :class:`Migration`, or None when it is off."""
     m = cfg.psrl.sync_and_mig_strategy.mig
     if not m.enable:
