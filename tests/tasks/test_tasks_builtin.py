@@ -192,3 +192,26 @@ def test_episode_waits_exactly_the_drawn_latencies_in_virtual_time():
     replay = random.Random(11)
     expected = sum(task.tool_latency(replay) for _ in range(ep.tool_calls))
     assert ep.tool_calls >= 1 and elapsed == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def test_a_task_with_the_old_state_verbs_is_refused_at_definition():
+    """state() / load_state() were renamed state_dict() / load_state_dict(): a task still defining them would not be
+    checkpointed, so defining one raises, naming the new verbs."""
+    import pytest
+
+    from psrl.tasks.base import Task
+
+    with pytest.raises(TypeError, match=r"defines state and load_state\(\).*state_dict\(\) / load_state_dict"):
+
+        class Old(Task):  # noqa: F841 -- defining the class is what is tested
+            def state(self) -> dict:
+                return {}
+
+            def load_state(self, state: dict) -> None:
+                pass
+
+    class New(Task):
+        state = None  # an attribute of that name is fine; only a method is the old verb
+
+        def state_dict(self) -> dict:
+            return {}

@@ -108,6 +108,16 @@ class Task(abc.ABC):
     warm_start_steps: int = 0
     max_context: int = 64
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A task written for the old verbs would silently lose its position at a resume: say the new names."""
+        super().__init_subclass__(**kwargs)
+        old = [name for name in ("state", "load_state") if callable(cls.__dict__.get(name))]
+        if old:
+            raise TypeError(
+                f"task {cls.__qualname__} defines {' and '.join(old)}(): a task's saved state is now "
+                "state_dict() / load_state_dict(state) (as in torch); rename the methods"
+            )
+
     @abc.abstractmethod
     def sample_prompt(self, rng: random.Random) -> Prompt:
         """Draw one problem using only ``rng`` (so prompt streams are reproducible)."""
