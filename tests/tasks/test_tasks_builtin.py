@@ -197,8 +197,6 @@ def test_episode_waits_exactly_the_drawn_latencies_in_virtual_time():
 def test_a_task_with_the_old_state_verbs_is_refused_at_definition():
     """state() / load_state() were renamed state_dict() / load_state_dict(): a task still defining them would not be
     checkpointed, so defining one raises, naming the new verbs."""
-    import pytest
-
     from psrl.tasks.base import Task
 
     with pytest.raises(TypeError, match=r"defines state and load_state\(\).*state_dict\(\) / load_state_dict"):
