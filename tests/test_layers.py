@@ -106,10 +106,10 @@ def test_the_internals_check_sees_a_private_import(tmp_path):
     ]
 
 
-MAX_LINES = 500
+MAX_LINES = 450
 """A module longer than this is probably two things (style.md, habit 11: aim for ~400). Counted in ``ruff format``
-lines: the formatter's one-argument-per-line calls take ~8% more lines than the hand-wrapped code the old limit of 450
-was set on (agents.py: 449 lines before formatting, 487 after)."""
+lines: the check allows 450 on formatted code (the formatter's one-argument-per-line calls take ~8% more lines than
+hand-wrapped code, so a module near the limit is split rather than the limit raised)."""
 TOO_LONG_TODAY = {
     "staleness/manager.py",  # the core's one manager class; its public names are a frozen contract
 }

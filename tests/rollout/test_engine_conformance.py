@@ -48,13 +48,13 @@ async def generating(rig, reqs) -> None:
     if rig.kind != "vllm":
         await until(lambda: all(len(r.tokens) >= 2 for r in reqs))
         return
-    from psrl.rollout.engines.vllm import _gauge
+    from psrl.rollout.engines.vllm_http import gauge
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 120.0
     while True:
         text = (await rig.engine._client.get(f"{rig.engine.url}/metrics")).text
-        if (_gauge(text, "vllm:num_requests_running") or 0) >= 1:
+        if (gauge(text, "vllm:num_requests_running") or 0) >= 1:
             return
         assert loop.time() < deadline, "the server ran none of the requests in time"
         await asyncio.sleep(0.1)  # /metrics is rendered by the server's one event loop: polled faster, it starves

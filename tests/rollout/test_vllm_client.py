@@ -11,7 +11,8 @@ import json
 import httpx
 import pytest
 
-from psrl.rollout.engines.vllm import VLLMEngine, _versions
+from psrl.rollout.engines.vllm import VLLMEngine
+from psrl.rollout.engines.vllm_http import check_attached, span_versions
 from psrl.rollout.engines.vllm_server import EngineSetupError
 from psrl.types import GenRequest
 
@@ -42,10 +43,10 @@ def engine(handler, tmp_path) -> VLLMEngine:
 
 def test_spans_become_per_token_versions():
     spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]
-    assert _versions(spans, 5) == [3, 3, 4, 4, 4]
-    assert _versions([{"version": "default", "start": 0, "end": 2}], 2) == [-1, -1]
+    assert span_versions(spans, 5) == [3, 3, 4, 4, 4]
+    assert span_versions([{"version": "default", "start": 0, "end": 2}], 2) == [-1, -1]
     with pytest.raises(RuntimeError, match="cover 5 tokens of 6"):
-        _versions(spans, 6)
+        span_versions(spans, 6)
 
 
 def test_the_servers_spans_replace_the_arrival_labels(tmp_path):
@@ -137,7 +138,7 @@ def test_an_attached_server_left_paused_is_resumed_before_anything_is_sent(tmp_p
         paused.set()
         eng = engine(handler, tmp_path)
         try:
-            await asyncio.wait_for(eng._check_attached(), 10)
+            await asyncio.wait_for(check_attached(eng._client, eng.url, eng.model_name, eng.request_timeout_s), 10)
         finally:
             await eng._client.aclose()
 
@@ -154,7 +155,7 @@ def test_an_attached_server_without_the_generate_endpoint_is_refused(tmp_path):
     async def main():
         eng = engine(handler, tmp_path)
         try:
-            await eng._check_attached()
+            await check_attached(eng._client, eng.url, eng.model_name, eng.request_timeout_s)
         finally:
             await eng._client.aclose()
 
@@ -169,7 +170,7 @@ def test_a_control_call_whose_connection_drops_unanswered_is_sent_again(tmp_path
     """The server closed an idle keep-alive connection as the pause went out on it (what failed a weight
     update in CI): no answer came, so the call is sent again; pausing twice is harmless. A connection that
     keeps failing fails the call after SEND_ATTEMPTS tries, and a timeout is not sent again."""
-    from psrl.rollout.engines.vllm import SEND_ATTEMPTS
+    from psrl.rollout.engines.vllm_http import SEND_ATTEMPTS
 
     calls = []
     fail = {"/pause": 1, "/resume": SEND_ATTEMPTS}

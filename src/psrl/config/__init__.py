@@ -6,9 +6,9 @@ and a test checks it is current. Derived values (``B``, ``B'``, ``N``, ``N'``) a
 written back; a changed setting is a new config (``dataclasses.replace``, or ``load_config`` with overrides).
 
 The modules, bottom up: ``rules`` (the checks every rule uses), ``fields`` (what a key is), the schema
-(``psrl``: the ``psrl.*`` sections, ``sim``: the simulator's, ``schema``: the rest and :class:`Config`),
-``compat`` (keys PSRL has that psrl rejects, and renamed keys), ``load`` and ``reference``. Code outside
-this package imports only the names below (``tests/test_layers.py`` checks it).
+(``psrl``: the ``psrl.*`` sections, ``sim``: the simulator's, ``task``: ``task.*`` and ``data.*``, ``schema``:
+the rest and :class:`Config`), ``compat`` (keys PSRL has that psrl rejects, and renamed keys), ``load`` and
+``reference``. Code outside this package imports only the names below (``tests/test_layers.py`` checks it).
 """
 
 from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE, PSRL_DEFAULT_DIFFERS

@@ -1,4 +1,5 @@
-"""The whole job's schema: :class:`Config`, its sections outside ``psrl.*`` and ``sim.*``, and ``validate()``.
+"""The whole job's schema: :class:`Config`, its sections outside ``psrl.*``, ``sim.*``, ``task.*`` and ``data.*``,
+and ``validate()``.
 
 Every key is a dataclass field with a ``help`` string in its metadata; ``docs/configuration.md`` is
 generated from these dataclasses (``python -m psrl.config``) and a test checks it is current, so the
@@ -13,8 +14,9 @@ from dataclasses import dataclass
 
 from psrl.config.fields import _f, _sub, check_rules
 from psrl.config.psrl import PsrlConfig
-from psrl.config.rules import check_model, check_task, one_of, require
+from psrl.config.rules import check_model, one_of, require
 from psrl.config.sim import SimConfig
+from psrl.config.task import DataConfig, TaskConfig
 
 # --------------------------------------------------------------------------- runtime.*
 
@@ -198,7 +200,7 @@ class RolloutConfig:
         )
 
 
-# --------------------------------------------------------------------------- model.*, task.*, trainer.*
+# --------------------------------------------------------------------------- model.*, trainer.* (task.* and data.*: task.py)
 
 
 @dataclass(frozen=True)
@@ -233,58 +235,6 @@ class ModelConfig:
             f"e.g. {self.n_head * max(1, round(self.n_embd / self.n_head))}",
         )
         check_model(self)
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    name: str = _f(
-        "tool_arith",
-        "Built-in task name (arith, tool_arith), dataset (rows of data.train_files) or module:Class.",
-        note="arith | tool_arith | dataset (psrl.tasks.TASKS) | module:Class, resolved at load",
-    )
-    kwargs: dict = _f(
-        {},
-        "Extra keyword arguments for the task constructor.",
-        note="keyword arguments the task class accepts (checked against its signature)",
-    )
-    reward: str = _f(
-        "math",
-        "Dataset tasks: math (math-verify) | exact | regex:<pattern> (group 1, else the match, equals the answer) | "
-        "module:function or file.py:function (verl's compute_score(data_source, solution_str, ground_truth, extra_info), "
-        "sync or async, returning a float or a dict with score and optional acc). Built-in tasks keep their own reward.",
-        note="math | exact | regex:<pattern> | module:function | file.py:function",
-    )
-    reward_timeout: float = _f(
-        30.0,
-        "Seconds one reward call may take (dataset rewards, and any task's async reward); a timeout "
-        "counts as a failure (retried task.reward_retries times, then status error).",
-        gt=0,
-    )
-    reward_retries: int = _f(
-        1,
-        "Times a failing reward function / agent loop is retried before it is reported.",
-        ge=0,
-        fix="set task.reward_retries=0 to report a failing reward at once, or a small count",
-    )
-    tool_latency_median: float = _f(0.05, "Agentic task: median tool latency in seconds (lognormal).", ge=0)
-    tool_latency_sigma: float = _f(1.0, "Agentic task: sigma of the lognormal tool latency (heavy tail).", ge=0)
-    max_turns: int = _f(3, "Agentic task: maximum model turns per trajectory.", ge=1)
-
-    def check(self, model: ModelConfig, seed: int) -> None:
-        """``name`` resolves to a task class whose constructor takes ``kwargs`` (built with ``seed``), the
-        built-in model (``model.path`` null) holds its longest context, and ``reward`` names a reward."""
-        longest = getattr(check_task(self, seed), "max_context", 0)
-        require(
-            model.path is not None or not isinstance(longest, int) or model.n_positions >= longest,
-            "model.n_positions",
-            f"{model.n_positions} positions are fewer than the longest context of task {self.name} ({longest})",
-            f"set model.n_positions >= {longest}",
-        )
-        r = self.reward
-        if r not in ("math", "exact") and not r.startswith("regex:"):
-            require(
-                ":" in r, "task.reward", f"unknown reward {r!r}", "use math, exact, regex:<pattern> or module:function"
-            )
 
 
 @dataclass(frozen=True)
@@ -373,64 +323,6 @@ class TrainerConfig:
     def check(self) -> None:
         for name in self.logger:
             one_of("trainer.logger", name, ["console", "tensorboard", "wandb"])
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    train_files: list = _f(
-        [],
-        "task.name=dataset: training rows, one file or a list (.jsonl, .json, .parquet, .csv).",
-        note="file paths, checked when the task is built",
-    )
-    val_files: list = _f(
-        [],
-        "Validation rows (same format); needed when trainer.val_every > 0 on a dataset task.",
-        note="file paths, checked when the task is built",
-    )
-    prompt_key: str = _f(
-        "prompt", "Column of the prompt: a string, or a list of chat messages ({role, content}).", note="a column name"
-    )
-    answer_key: str = _f(
-        "reward_model.ground_truth",
-        "Dotted path to the reference answer in a row (verl's preprocessed files need no change).",
-        note="a dotted path into the row",
-    )
-    max_prompt_length: int = _f(
-        96,
-        "Prompt tokens allowed (after the chat template, with <bos>); longer rows are an error unless filtered.",
-        ge=1,
-    )
-    max_response_length: int = _f(32, "Tokens the model may generate per answer.", ge=1)
-    filter_overlong_prompts: bool = _f(
-        False, "Drop (and count) prompts longer than max_prompt_length instead of failing."
-    )
-    shuffle: bool = _f(True, "Shuffle the training rows every epoch (by trainer.seed); the position is checkpointed.")
-
-    def check(self, task_name: str, val_every: int, model: ModelConfig) -> None:
-        """A dataset task (``task_name``) needs training rows, validation rows when ``val_every`` > 0 (from
-        ``trainer.val_every``), and a built-in ``model`` long enough for a prompt and its answer."""
-        if task_name != "dataset":
-            return
-        require(
-            bool(self.train_files),
-            "data.train_files",
-            "task.name is dataset but no training file is given",
-            "set data.train_files=path/to/train.jsonl",
-        )
-        require(
-            val_every == 0 or bool(self.val_files),
-            "data.val_files",
-            "trainer.val_every > 0 needs a validation set",
-            "set data.val_files=path/to/val.jsonl, or trainer.val_every=0",
-        )
-        if model.path is None:
-            need = self.max_prompt_length + self.max_response_length
-            require(
-                need <= model.n_positions,
-                "data.max_prompt_length",
-                f"max_prompt_length + max_response_length = {need} > model.n_positions ({model.n_positions})",
-                "lower data.max_prompt_length / data.max_response_length or raise model.n_positions",
-            )
 
 
 # --------------------------------------------------------------------------- root

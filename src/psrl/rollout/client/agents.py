@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, TypeVar
 from psrl.errors import PsrlError, RunError, describe
 from psrl.rollout.client.proactive import ProactiveFilter
 from psrl.rollout.client.records import Counts, Group, Member, WorkerSlots, trajectory_record
-from psrl.rollout.client.rewards import TaskReward, run_to_end
+from psrl.rollout.client.remedies import ProactiveRemedies
+from psrl.rollout.client.rewards import TaskReward
 from psrl.rollout.serving.session import Session
 from psrl.rollout.types import InFlight
 from psrl.staleness import Batch, SnapshotEntry, StalenessManager, StaleVersionError, Status
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
-class AgentManager:
+class AgentManager(ProactiveRemedies):
     """Dispatches groups to the rollout pool and feeds the staleness manager.
 
     Args:
@@ -224,34 +225,6 @@ class AgentManager:
         reported as failed."""
         return await self._retried(g, m, "reward", lambda: self.reward(g.prompt, episode), episode)
 
-    def reward_now(self, g: Group, m: Member, episode: Episode) -> dict | None:
-        """:meth:`_reward` (the same retries) run to its end here, for a task whose reward is synchronous, so the
-        proactive filter acts at once: with a synchronous reward that coroutine never suspends."""
-        return run_to_end(self._reward(g, m, episode), f"reward_now: the reward of {type(self.task).__name__}")
-
-    @property
-    def reward_is_async(self) -> bool:
-        return self.reward.is_async
-
-    def complete_truncated_later(self, g: Group, m: Member, episode: Episode) -> None:
-        """Force-complete ``m`` with ``episode`` once its (async) reward is in; the proactive filter's path
-        for tasks whose reward must be awaited."""
-        t = asyncio.get_running_loop().create_task(self._complete_truncated(g, m, episode))
-        self._deferred.add(t)
-        t.add_done_callback(self._deferred.discard)
-
-    async def _complete_truncated(self, g: Group, m: Member, episode: Episode) -> None:
-        reward = await self._reward(g, m, episode)
-        if reward is None or g.eid not in self.groups or self.manager.entry_buffer(g.eid) is not None:
-            return  # failed (recorded), or the group resolved meanwhile: it is one more cancelled member
-        self._complete_as_truncated(g, m, episode, reward)
-
-    def _complete_as_truncated(self, g: Group, m: Member, episode: Episode, reward: dict) -> None:
-        traj = self._trajectory(g, m, episode, reward)
-        traj.truncated = True
-        self.counts.truncated += 1
-        self._complete(g, m, traj)
-
     def _trajectory(self, g: Group, m: Member, episode: Episode, reward: dict) -> Trajectory:
         s = m.session
         v_traj = s.v_traj if s is not None else g.version
@@ -374,50 +347,7 @@ class AgentManager:
                     self._emit(trajectory_record(traj, "skipped", reason=skipped))
                     self.counts.skipped += 1
 
-    # ------------------------------------------------------------------ the proactive filter's remedies
-
-    def retry(self, eid: Hashable) -> bool:
-        """Re-dispatch a reserved group's prompt: cancel its running members, each replacement inheriting the
-        cancelled member's worker slot. Once per group; False when the group is gone, occupied or acted on."""
-        g = self._proactive(eid)
-        if g is None:
-            return False
-        for m in g.live():
-            m.cancelled = True
-            m.keep_slot = True
-            m.task.cancel()
-            self.counts.cancelled += 1
-            self.counts.retried += 1
-            self._launch(g)
-        return True
-
-    def truncate(self, eid: Hashable) -> bool:
-        """Force-complete a reserved group's running members with what they generated so far (``truncated``).
-        Once per group; False when the group is gone, occupied or acted on."""
-        g = self._proactive(eid)
-        if g is None:
-            return False
-        for m in g.live():
-            if g.eid not in self.groups or self.manager.entry_buffer(g.eid) is not None:
-                break  # the group resolved (occupied / ended) on an earlier member
-            m.cancelled = True
-            m.task.cancel()
-            episode = m.session.partial_episode() if m.session is not None else Episode(truncated=True)
-            if self.reward_is_async:
-                self.complete_truncated_later(g, m, episode)
-                continue
-            reward = self.reward_now(g, m, episode)
-            if reward is not None:
-                self._complete_as_truncated(g, m, episode, reward)
-        return True
-
-    def _proactive(self, eid: Hashable) -> Group | None:
-        """The group of ``eid`` if the proactive filter may act on it, marked as acted on."""
-        g = self.groups.get(eid)
-        if g is None or g.proactive or self.manager.entry_buffer(eid) is not None:
-            return None
-        g.proactive = True
-        return g
+    # ------------------------------------------------------------------ status
 
     def in_flight(self) -> list[InFlight]:
         """Every trajectory being generated now (the stall watchdog's report)."""

@@ -30,8 +30,8 @@ nothing is re-tokenised, nothing is detokenised.
 * **Faults**: a request that gets no chunk within ``rollout.request_timeout_s``, a refused
   connection or a server error fails the request (``finish == "error"``) with the tokens it
   got; the rollout instance hands it back and restarts the server (:meth:`restart`). A connection that
-  fails before the server answered is first tried again (:data:`SEND_ATTEMPTS`): control calls always (they
-  are idempotent), a generate request only if no response had begun.
+  fails before the server answered is first tried again (:data:`~psrl.rollout.engines.vllm_http.SEND_ATTEMPTS`):
+  control calls always (they are idempotent), a generate request only if no response had begun.
 """
 
 from __future__ import annotations
@@ -40,12 +40,19 @@ import asyncio
 import functools
 import itertools
 import json
-import re
 import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from psrl.rollout.engines.base import TokenRate
+from psrl.rollout.engines.vllm_http import (
+    KEEPALIVE_S,
+    SEND_ATTEMPTS,
+    check_attached,
+    gauge,
+    resend_delay,
+    span_versions,
+)
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource
 
@@ -54,13 +61,6 @@ if TYPE_CHECKING:
     from psrl.models import Policy
 
 __all__ = ["VLLMEngine", "WeightFiles", "build_vllm_engines"]
-
-KEEPALIVE_S = 2.0
-"""How long the client keeps an idle connection: below the server's (vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``,
-5 s, as httpx's own default), so the client drops an idle connection before the server closes it under a
-request. With both at 5 s, one CI run lost a weight update that way."""
-SEND_ATTEMPTS = 3
-"""Tries for a request whose connection fails before any answer, 0.2 s then 0.4 s apart (:func:`_resend_delay`)."""
 
 
 @runtime_checkable
@@ -140,43 +140,9 @@ class VLLMEngine:
         if self.server is not None and not self.server.alive():
             self.url = await self.server.start(self._client)
         elif self.server is None:
-            await self._check_attached()
+            await check_attached(self._client, self.url, self.model_name, self.request_timeout_s)
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
-
-    async def _check_attached(self) -> None:
-        try:
-            resp = await self._client.get(f"{self.url}/health", timeout=10.0)
-            ok = resp.status_code == 200
-        except Exception as exc:  # noqa: BLE001
-            raise EngineSetupError(
-                f"{self.url} does not answer /health ({type(exc).__name__}: {exc})",
-                "start the server or fix the URL",
-                source="rollout.vllm.urls",
-            ) from None
-        if not ok:
-            raise EngineSetupError(
-                f"{self.url}/health answered {resp.status_code}", "check the server's log", source="rollout.vllm.urls"
-            )
-        # a server left paused (a run stopped mid-update; a pause sent as that run stopped may even land after
-        # its closing resume) would hold every request, the probe below included
-        bound = min(self.request_timeout_s, 60.0)
-        resp = await self._client.post(f"{self.url}/resume", timeout=bound)
-        if resp.status_code != 200:
-            raise EngineSetupError(
-                f"{self.url}/resume answered {resp.status_code}",
-                "start the server with VLLM_SERVER_DEV_MODE=1 (docs/engines.md)",
-                source="rollout.vllm.urls",
-            )
-        probe = {"model": self.model_name, "token_ids": [0], "sampling_params": {"max_tokens": 1, "detokenize": False}}
-        resp = await self._client.post(f"{self.url}/inference/v1/generate", json=probe, timeout=bound)
-        if resp.status_code in (403, 404):  # 403: scale-out endpoints disabled; 404: a vLLM without them
-            raise EngineSetupError(
-                f"{self.url} does not serve vLLM's token-in/token-out endpoint "
-                f"/inference/v1/generate (HTTP {resp.status_code})",
-                "start it with --enable-scale-out and VLLM_SERVER_DEV_MODE=1 (vLLM >= 0.32; docs/engines.md)",
-                source="rollout.vllm.urls",
-            )
 
     async def restart(self) -> None:
         """After a failure: a server psrl owns is stopped and started again (an attached one cannot be)."""
@@ -312,7 +278,7 @@ class VLLMEngine:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 -- timeout, refused, dropped connection, server error
-                delay = None if answered or key in self._aborting else _resend_delay(attempt, exc)
+                delay = None if answered or key in self._aborting else resend_delay(attempt, exc)
                 if delay is not None:  # never reached the server: send it again
                     await asyncio.sleep(delay)
                     continue
@@ -341,7 +307,7 @@ class VLLMEngine:
         self._rate.add(len(toks))
         spans = choice.get("weight_versions")
         if spans:  # the final chunk: the engine's own labels replace the provisional ones
-            req.versions[base:] = _versions(spans, len(req.tokens) - base)
+            req.versions[base:] = span_versions(spans, len(req.tokens) - base)
         reason = choice.get("finish_reason")
         if reason == "error":
             raise RuntimeError("the engine failed the request (finish_reason: error)")
@@ -379,7 +345,7 @@ class VLLMEngine:
         self, path: str, *, params: dict | None = None, json: dict | None = None, timeout: float | None = None
     ) -> Any:
         """POST a control call (pause, resume, reload, version, abort: all idempotent), sent again up to
-        ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`_resend_delay`). ``timeout``:
+        ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`resend_delay`). ``timeout``:
         seconds instead of the client's ``request_timeout_s``."""
         given = {"params": params, "json": json, "timeout": timeout}
         kw = {k: v for k, v in given.items() if v is not None}  # httpx reads timeout=None as "no timeout"
@@ -388,7 +354,7 @@ class VLLMEngine:
                 resp = await self._client.post(f"{self.url}{path}", **kw)
                 break
             except Exception as exc:
-                delay = _resend_delay(attempt, exc)
+                delay = resend_delay(attempt, exc)
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
@@ -408,43 +374,12 @@ class VLLMEngine:
         while True:
             try:
                 resp = await self._client.get(f"{self.url}/metrics", timeout=5.0)
-                self._kv = _gauge(resp.text, "vllm:kv_cache_usage_perc")
-                waiting = _gauge(resp.text, "vllm:num_requests_waiting")
+                self._kv = gauge(resp.text, "vllm:kv_cache_usage_perc")
+                waiting = gauge(resp.text, "vllm:num_requests_waiting")
                 self._waiting = int(waiting or 0)
             except Exception:  # noqa: BLE001 -- figures only; a dead server is noticed by its requests
                 pass
             await asyncio.sleep(every_s)
-
-
-def _resend_delay(attempt: int, exc: BaseException) -> float | None:
-    """Seconds to wait before sending a request again whose try number ``attempt`` (from 0) failed with
-    ``exc``: 0.2, then 0.4; None once ``SEND_ATTEMPTS`` tries are spent, or when ``exc`` is not a connection
-    that failed before the server answered. Those are refused, reset, or closed by the server (an idle
-    keep-alive connection the server closes just as a request goes out on it: ``RemoteProtocolError:
-    Server disconnected without sending a response``), and a request that got no answer is safe to send
-    again; a timeout is not one of them (the server may still be working on it)."""
-    import httpx
-
-    unanswered = isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
-    return 0.2 * 2**attempt if unanswered and attempt < SEND_ATTEMPTS - 1 else None
-
-
-def _versions(spans: list[dict], n: int) -> list[int]:
-    """Per-token versions from vLLM's ``weight_versions`` spans over a request's ``n`` output tokens (a label
-    that is not one of psrl's version numbers, such as vLLM's ``default`` before psrl's first load: -1)."""
-    out: list[int] = []
-    for span in spans:
-        label = str(span["version"])
-        v = int(label) if label.lstrip("-").isdigit() else -1
-        out += [v] * (int(span["end"]) - int(span["start"]))
-    if len(out) != n:
-        raise RuntimeError(f"vLLM's version spans cover {len(out)} tokens of {n}")
-    return out
-
-
-def _gauge(text: str, name: str) -> float | None:
-    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
-    return float(m.group(1)) if m else None
 
 
 def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Path | None, sampling: Sampling) -> list[VLLMEngine]:
