@@ -3,40 +3,11 @@ pool that routes trajectories over them, the routers and the sync / migration st
 trajectory generates through. It drives engines and knows nothing of the protocol client (``tests/test_layers.py``).
 """
 
-from psrl.rollout.serving.instance import InstanceRequest, RolloutInstance
-from psrl.rollout.serving.pool import InstancePool
-from psrl.rollout.serving.router import (
-    CostModel,
-    RandomRouter,
-    RequestNumBalanceRouter,
-    RoundRobinRouter,
-    ThroughputOptimalRouter,
-    build_router,
-    fit_cost_model,
-    load_cost_model,
-    save_cost_model,
-)
-from psrl.rollout.serving.session import Session
-from psrl.rollout.serving.sync import GreedySync, Migration, StatusBasedSync, build_migration, build_sync, indicator
+from psrl.rollout.serving import instance, pool, router, session, sync
+from psrl.rollout.serving.instance import *  # noqa: F403 -- the room's API is its modules' __all__, listed once there
+from psrl.rollout.serving.pool import *  # noqa: F403
+from psrl.rollout.serving.router import *  # noqa: F403
+from psrl.rollout.serving.session import *  # noqa: F403
+from psrl.rollout.serving.sync import *  # noqa: F403
 
-__all__ = [
-    "InstanceRequest",
-    "RolloutInstance",
-    "InstancePool",
-    "Session",
-    "RandomRouter",
-    "RoundRobinRouter",
-    "RequestNumBalanceRouter",
-    "ThroughputOptimalRouter",
-    "CostModel",
-    "fit_cost_model",
-    "load_cost_model",
-    "save_cost_model",
-    "build_router",
-    "GreedySync",
-    "StatusBasedSync",
-    "Migration",
-    "indicator",
-    "build_sync",
-    "build_migration",
-]
+__all__ = [*instance.__all__, *pool.__all__, *router.__all__, *session.__all__, *sync.__all__]
