@@ -22,8 +22,8 @@ import torch
 from psrl.config import load_config
 from psrl.runtime.local import run
 
-DEFAULTS = ["trainer.lr=0.0005", "psrl.staleness=0", "task.tool_latency_median=0"]
-"""Departures from the defaults: synchronous, no tool latency, a faster RL learning rate for the short budget."""
+DEFAULTS = ["psrl.staleness=0", "task.tool_latency_median=0"]
+"""Departures from the preset: synchronous, no tool latency (the learning rate is the preset's, 5e-4)."""
 
 
 def main(argv: list[str] | None = None) -> dict:

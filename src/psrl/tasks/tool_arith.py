@@ -32,7 +32,7 @@ class ToolArithTask(BuiltinTask):
     """Sum of 2..``max_turns`` operands in ``[0, max_value]`` with a two-operand adding tool."""
 
     markers = ["<eos>", "<call>", "</call>", "<res>", "</res>"]
-    warm_start_steps = 800
+    warm_start_steps = 1200
 
     def __init__(
         self,
@@ -41,7 +41,7 @@ class ToolArithTask(BuiltinTask):
         tokenizer=None,
         max_value: int = 99,
         max_operands: int = 3,
-        demo_lazy_prob: float = 0.8,
+        demo_lazy_prob: float = 0.9,
         turn_tokens: int = 10,
     ):
         super().__init__(task_cfg, seed, tokenizer)
