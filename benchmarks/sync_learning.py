@@ -6,7 +6,7 @@ training reward of the first and the last ``--window`` steps. The acceptance bar
 ``reward_last - reward_first >= 0.25``. ``seconds`` covers everything (model build, warm
 start, RL). Extra arguments are config overrides, e.g. ``trainer.seed=1``.
 
-    .venv/bin/python benchmarks/sync_learning.py [--steps 200] [--window 10] [key=value ...]
+    .venv/bin/python benchmarks/sync_learning.py [--steps 150] [--window 10] [key=value ...]
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ import torch
 from psrl.config import load_config
 from psrl.runtime.local import run
 
-DEFAULTS = ["psrl.staleness=0", "task.tool_latency_median=0"]
-"""Departures from the preset: synchronous, no tool latency (the learning rate is the preset's, 5e-4)."""
+DEFAULTS = ["psrl.staleness=0", "task.tool_latency_median=0", "trainer.lr=3e-4"]
+"""Departures from the preset: synchronous, no tool latency, and its own learning rate (3e-4, the schema's, below
+the preset's 5e-4: at 5e-4 synchronous steps on fresh data peak at 0.41 by step 30 and fall back to ~0.3)."""
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("overrides", nargs="*")
