@@ -1,0 +1,61 @@
+"""FSDP2 sharding of a trainer model (issue #22, item 2), on PyTorch's own APIs only.
+
+* :func:`shard_model` -- ``fully_shard`` per transformer block (the classes the model names in
+  ``_no_split_modules``), then the root, so the tied embedding and head (outside every block) share one unit;
+* :func:`load_full_state` -- rank 0 holds the weights read from disk, the others were built on ``meta``:
+  ``set_model_state_dict(..., broadcast_from_rank0=True)`` sends them (a model is read once, not N times);
+* :func:`full_state` -- the gathered state (``DTensor.full_tensor``), every rank in the same order.
+
+On CPU everything stays fp32 (gloo); a mixed-precision policy for GPUs is not built yet.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+__all__ = ["block_classes", "shard_model", "load_full_state", "full_state"]
+
+
+def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
+    """The module classes named by ``model._no_split_modules`` (a transformers model's transformer blocks)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    found = {type(m) for m in model.modules() if type(m).__name__ in names}
+    if not found:
+        raise ValueError(f"{type(model).__name__}: no module of _no_split_modules={sorted(names)} to shard per block")
+    return tuple(sorted(found, key=lambda c: c.__name__))
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True) -> nn.Module:
+    """``fully_shard`` each block, then the root (which then owns the embeddings, the head and the final norm)."""
+    blocks = block_classes(model)
+    for m in model.modules():
+        if isinstance(m, blocks):
+            fully_shard(m, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def load_full_state(model: nn.Module, state: dict[str, torch.Tensor] | None, device: str = "cpu") -> None:
+    """Fill a sharded ``model`` from rank 0's full ``state`` (``None`` on the other ranks, whose model was built on
+    ``meta`` and is materialised here, empty, before the broadcast)."""
+    if any(p.is_meta for p in model.parameters()):
+        model.to_empty(device=device)
+        tie = getattr(model, "tie_weights", None)
+        if callable(tie):
+            tie()
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, state if state is not None else {}, options=opts)
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer gathered to a full CPU tensor (a collective: every rank calls it, same order)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        full = t.full_tensor() if isinstance(t, DTensor) else t
+        out[name] = full.detach().to("cpu", copy=True)
+    return out
