@@ -35,7 +35,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             "is null, but this key needs a value",
             f"set {key} (see docs/configuration.md), or remove it for the default",
         )
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if value is None:  # an empty section ("trainer:" with nothing under it) means the defaults
             value = {}
         if not isinstance(value, dict):

@@ -238,6 +238,7 @@ class MigConfig:
             "set it to the max/min ratio that starts a migration, e.g. 2.0",
         )
         stop = self.stop_threshold if self.stop_threshold is not None else self.threshold
+        assert stop is not None and self.threshold is not None  # required just above
         require(
             stop <= self.threshold,
             "psrl.sync_and_mig_strategy.mig.stop_threshold",

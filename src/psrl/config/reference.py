@@ -40,7 +40,7 @@ def _rows(cls: type, prefix: str) -> list[tuple[str, str, str, str, str]]:
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{yaml_key(f)}" if prefix else yaml_key(f)
         tp = types_of[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             rows.extend(_rows(tp, key))
             continue
         default = getattr(inst, f.name)

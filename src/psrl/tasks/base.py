@@ -130,7 +130,7 @@ class Task(abc.ABC):
         """
 
     @abc.abstractmethod
-    def reward(self, prompt: Prompt, episode: Episode) -> dict[str, float]:
+    def reward(self, prompt: Prompt, episode: Episode) -> dict[str, float] | Awaitable[dict[str, float]]:
         """Verifiable reward: ``score`` (used for training), ``acc``, ``seq_reward``, ``seq_final_reward``.
 
         May be ``async`` (a user's reward function that calls out); callers use :func:`compute_reward`.

@@ -160,7 +160,7 @@ class DatasetTask(Task):
                 f"{where}: no answer at data.answer_key={d.answer_key!r} (columns: {sorted(raw)})"
             ) from None
         text = self.render(prompt, where)
-        bad = getattr(self.tokenizer, "unknown", lambda _t: [])(text)
+        bad: list[str] = getattr(self.tokenizer, "unknown", lambda _t: [])(text)
         if bad:
             raise DataError(
                 f"{where}: the tokenizer cannot represent {''.join(bad)!r} in data.prompt_key="

@@ -76,6 +76,8 @@ def _load_function(spec: str) -> Callable[..., Any]:
             if not path.exists():
                 raise FileNotFoundError(f"no such file {path}")
             loader_spec = importlib.util.spec_from_file_location(f"psrl_reward_{path.stem}", path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise ImportError(f"{path} cannot be loaded as a Python module")
             module = importlib.util.module_from_spec(loader_spec)
             loader_spec.loader.exec_module(module)
         else:

@@ -70,9 +70,12 @@ class ToolArithTask(BuiltinTask):
             return "?"
         parts = self.tokenizer.decode(call_tokens[1:-1]).split("+")
         nums = [parse_int(p) for p in parts]
-        if len(nums) != 2 or any(n is None or n < 0 for n in nums):
+        if len(nums) != 2:
             return "?"
-        return str(nums[0] + nums[1])
+        a, b = nums
+        if a is None or b is None or a < 0 or b < 0:
+            return "?"
+        return str(a + b)
 
     async def run_episode(self, prompt: Prompt, generate: GenerateFn, rng: random.Random) -> Episode:
         """Alternate model turns and tool calls until an answer, a cut-off turn, or ``max_turns``."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from psrl.runtime.recorder import jsonl_lines
@@ -23,7 +23,7 @@ def read_events(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def read_valid(path: str | Path, fields: dict[str, tuple[type, ...]]) -> tuple[list[dict], list[str]]:
+def read_valid(path: str | Path, fields: Mapping[str, tuple[type, ...]]) -> tuple[list[dict], list[str]]:
     """``(records, damaged)`` of a JSONL file a run may have left damaged (killed mid-line, disk full, edited):
     the records that parse and hold ``fields`` with those types, and one ``file:line: why`` per line that
     does not. A missing file reads as empty."""
