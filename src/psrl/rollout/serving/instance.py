@@ -368,7 +368,10 @@ class RolloutInstance:
                 await self.engine.abort_all()
             else:
                 self.continued += len(self._active)
-            await self.engine.update_weights(self.weights.latest_version(), self.weights)
+            latest = self.weights.latest_version()
+            if latest is None:  # wants_pull saw a published version, and a store keeps its newest
+                raise RuntimeError("no published version to load")
+            await self.engine.update_weights(latest, self.weights)
             await self.engine.resume()
             self.loads += 1
         except asyncio.CancelledError:
