@@ -400,7 +400,9 @@ class RolloutInstance:
             )
             try:
                 await self.engine.restart()
-                await self.engine.update_weights(self.weights.latest_version(), self.weights)
+                latest = self.weights.latest_version()
+                if latest is not None:  # none published yet: it holds the initial weights (as load_initial)
+                    await self.engine.update_weights(latest, self.weights)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001
