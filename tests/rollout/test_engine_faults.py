@@ -13,7 +13,11 @@ from pathlib import Path
 from psrl.rollout.client.records import MemorySink
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.fakes import FakeEngine, FakeTask, FakeTrainer
+from psrl.rollout.serving.instance import RolloutInstance
+from psrl.rollout.serving.sync import GreedySync
 from psrl.runtime.coordinator import Coordinator
+from psrl.runtime.vloop import run_virtual
+from psrl.train.store import ParameterStore
 from tests.rollout.harness import check_bound, config, run, statuses
 
 
@@ -67,6 +71,27 @@ def test_an_engine_failing_past_max_restarts_is_given_up_and_the_others_carry_th
     assert broken.restarted == 2
     assert rows[-1]["engine/dead"] == 1 and rows[-1]["engine/restarts"] == 2
     assert check_bound(sink.trajectories, 1) == 4 * 2 * 2
+
+
+def test_an_engine_failing_before_the_first_publish_is_restarted_on_the_weights_it_holds():
+    """Nothing published yet (an empty store): the failed engine is restarted and serves again on its initial
+    weights, as load_initial leaves them, instead of counting a failed restart for want of a version to load."""
+
+    async def main():
+        flaky = FlakyEngine(fail_at={2})
+        inst = RolloutInstance(0, flaky, ParameterStore(keep=2), GreedySync(), log=lambda _: None, max_restarts=1)
+        inst.start()
+        failed = inst.submit([1, 2, 3], 4, 0)
+        await failed.future
+        served = inst.submit([1, 2, 3], 4, 0)
+        await served.future
+        await inst.stop()
+        return flaky, inst, failed, served
+
+    flaky, inst, failed, served = run_virtual(main())
+    assert failed.interrupted and inst.failed == 1
+    assert flaky.restarted == 1 and inst.restarts == 1 and not inst.dead
+    assert served.finish == "length" and served.versions == [0] * 4
 
 
 NO_INSTANCE_LEFT = """

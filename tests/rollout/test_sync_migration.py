@@ -12,12 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from psrl.errors import ConfigError
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.fakes import FakeEngine
 from psrl.rollout.serving.instance import RolloutInstance
 from psrl.rollout.serving.router import RoundRobinRouter
 from psrl.rollout.serving.session import Session
-from psrl.rollout.serving.sync import GreedySync, Migration, StatusBasedSync, build_sync
+from psrl.rollout.serving.sync import GreedySync, Migration, StatusBasedSync, build_migration, build_sync
 from psrl.runtime.vloop import run_virtual
 from psrl.train.store import ParameterStore
 from psrl.types import EngineLoad
@@ -95,6 +96,25 @@ def test_build_sync_reads_the_config_section():
     assert (s.indicator, s.threshold, s.check_req, s.seamless, s.staleness) == ("throughput", 7.0, False, 1, 2)
     sm.method = "greedy"
     assert isinstance(build_sync(cfg, TRAIN_AT_1), GreedySync)
+
+
+def test_a_threshold_left_null_in_a_config_built_without_validate_names_its_key():
+    """Config.validate() rejects a null status_based or migration threshold; a config built without it gets the
+    same one-line error naming the key, not a TypeError from float(None)."""
+    sm = SimpleNamespace(
+        method="status_based",
+        sync=SimpleNamespace(
+            indicator="request_num", threshold=None, check_req_before_sync=False, seamless_train_version=0
+        ),
+        mig=SimpleNamespace(
+            enable=True, indicator="request_num", threshold=None, stop_indicator="request_num", stop_threshold=None
+        ),
+    )
+    cfg = SimpleNamespace(psrl=SimpleNamespace(sync_and_mig_strategy=sm, staleness=2))
+    with pytest.raises(ConfigError, match="psrl.sync_and_mig_strategy.sync.threshold"):
+        build_sync(cfg, TRAIN_AT_1)
+    with pytest.raises(ConfigError, match="psrl.sync_and_mig_strategy.mig.threshold"):
+        build_migration(cfg)
 
 
 def test_throughput_sync_on_a_real_instance_waits_for_its_rate_to_drop():

@@ -270,7 +270,10 @@ def _load_local(model_cfg, tok):
     model = AutoModelForCausalLM.from_pretrained(model_cfg.path, **kw)
     if model_cfg.gguf_file:
         _drop_gguf_quantizer(model, model_cfg.gguf_file)
-    if tok.vocab_size > model.get_input_embeddings().weight.shape[0]:
+    table = model.get_input_embeddings().weight
+    if not isinstance(table, torch.Tensor):
+        raise TypeError(f"model.path: {model_cfg.path}: its input embeddings have no weight table")
+    if tok.vocab_size > table.shape[0]:
         model.resize_token_embeddings(tok.vocab_size)
     return model
 

@@ -40,7 +40,9 @@ def hf_dir(cache: str | Path | None = None) -> Path:
 
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    model.hf_quantizer = None
+    # from_pretrained sets hf_quantizer on the instance; PreTrainedModel does not declare it, so mypy sees
+    # nn.Module's __setattr__ (Tensor | Module values)
+    model.hf_quantizer = None  # type: ignore[assignment]
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     tmp = root / f".tmp-{NAME}-{os.getpid()}"

@@ -49,7 +49,9 @@ def load_full_state(model: nn.Module, state: dict[str, torch.Tensor] | None, dev
         if callable(tie):
             tie()
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, state if state is not None else {}, options=opts)
+    # torch types the state dict[str, ValueType], invariant in its values, so a dict[str, Tensor] (which it is,
+    # and which set_model_state_dict only renames keys of) does not match
+    set_model_state_dict(model, state if state is not None else {}, options=opts)  # type: ignore[arg-type]
 
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -168,8 +168,8 @@ class AgentManager(ProactiveRemedies):
 
     async def _member(self, g: Group, m: Member, rng: random.Random) -> None:
         m.started = asyncio.get_running_loop().time()
-        m.session = Session(self.pool, g.version, g.prompt.ids, group=g.uid)
-        episode = await self._episode(g, m, rng)
+        m.session = session = Session(self.pool, g.version, g.prompt.ids, group=g.uid)
+        episode = await self._episode(g, m, session, rng)
         if episode is None:
             return
         reward = await self._reward(g, m, episode)
@@ -184,8 +184,8 @@ class AgentManager(ProactiveRemedies):
         g.members.pop(m.idx, None)
         if not m.keep_slot:
             self.slots.release(1)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
             log.error("agent worker %s crashed: %r", m.uid, exc)
             if self.failure is not None and not self.failure.done():
                 err = (
@@ -205,20 +205,19 @@ class AgentManager(ProactiveRemedies):
         self, g: Group, m: Member, stage: str, attempt: Callable[[], Awaitable[_T]], episode: Episode | None = None
     ) -> _T | None:
         """``await attempt()``, retried ``task.reward_retries`` times when it raises; None once reported failed."""
-        err: BaseException | None = None
         for n in range(1 + self.retries):
             try:
                 return await attempt()
-            except Exception as e:  # CancelledError is a BaseException: it passes through
-                err = e
+            except Exception as err:  # CancelledError is a BaseException: it passes through
                 if n < self.retries:
                     self.counts.error_retries += 1
-        self._fail(g, m, stage, err, episode)
+                else:
+                    self._fail(g, m, stage, err, episode)
         return None
 
-    async def _episode(self, g: Group, m: Member, rng: random.Random) -> Episode | None:
-        """Run the episode, retrying a raising agent loop; None once reported as failed."""
-        return await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, m.session.generate, rng))
+    async def _episode(self, g: Group, m: Member, session: Session, rng: random.Random) -> Episode | None:
+        """Run the episode on ``m``'s session, retrying a raising agent loop; None once reported as failed."""
+        return await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, session.generate, rng))
 
     async def _reward(self, g: Group, m: Member, episode: Episode) -> dict | None:
         """The task's reward (sync or async), retrying a raising, hanging or non-finite reward; None once
@@ -282,11 +281,10 @@ class AgentManager(ProactiveRemedies):
     def _cancel_members(self, g: Group, keep: Member | None = None) -> None:
         for m in g.live():
             if m is not keep:
-                m.cancelled = True
-                m.task.cancel()
+                m.cancel()
                 self.counts.cancelled += 1
 
-    def _fail(self, g: Group, m: Member, stage: str, err: BaseException | None, episode: Episode | None = None) -> None:
+    def _fail(self, g: Group, m: Member, stage: str, err: BaseException, episode: Episode | None = None) -> None:
         """Report a member whose episode or reward kept raising; abort the entry if the group cannot fill."""
         m.done = True
         self.counts.failed += 1

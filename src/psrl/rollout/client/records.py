@@ -143,6 +143,12 @@ class Member:
         self.done = False
         self.keep_slot = False
 
+    def cancel(self) -> None:
+        """Stop it: marked cancelled (filters and remedies pass it by), its task cancelled."""
+        self.cancelled = True
+        if self.task is not None:  # set by the manager's _launch, before anything can reach the member
+            self.task.cancel()
+
 
 class Group:
     """A reserved group entry and the members generating for it. What the entry holds (its completed

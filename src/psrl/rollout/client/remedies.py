@@ -47,9 +47,8 @@ class ProactiveRemedies:
         if g is None:
             return False
         for m in g.live():
-            m.cancelled = True
             m.keep_slot = True
-            m.task.cancel()
+            m.cancel()
             self.counts.cancelled += 1
             self.counts.retried += 1
             self._launch(g)
@@ -64,8 +63,7 @@ class ProactiveRemedies:
         for m in g.live():
             if g.eid not in self.groups or self.manager.entry_buffer(g.eid) is not None:
                 break  # the group resolved (occupied / ended) on an earlier member
-            m.cancelled = True
-            m.task.cancel()
+            m.cancel()
             episode = m.session.partial_episode() if m.session is not None else Episode(truncated=True)
             if self.reward_is_async:
                 self.complete_truncated_later(g, m, episode)

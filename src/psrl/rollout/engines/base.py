@@ -134,7 +134,8 @@ class BatchingEngine:
         fut = asyncio.get_running_loop().create_future()
         self._done[id(req)] = fut
         self._waiting.append(req)
-        self._wake.set()
+        wake, _ = self._events()
+        wake.set()
         try:
             await fut
         except asyncio.CancelledError:
@@ -150,14 +151,14 @@ class BatchingEngine:
             self._finish(req, "abort")
 
     async def pause(self) -> None:
-        self._events()
+        _, idle = self._events()
         self._paused = True
-        await self._idle.wait()
+        await idle.wait()
 
     async def resume(self) -> None:
-        self._events()
+        wake, _ = self._events()
         self._paused = False
-        self._wake.set()
+        wake.set()
 
     async def update_weights(self, version: int, store: WeightSource) -> None:
         if self._rows and not self._paused:
@@ -182,6 +183,11 @@ class BatchingEngine:
 
     # ------------------------------------------------------------------ subclass hooks
 
+    @property
+    def version(self) -> int:
+        """Weight version held now (the model's: a subclass says where it is)."""
+        raise NotImplementedError
+
     async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
         """Next token and its log-prob for every row (``context + tokens``)."""
         raise NotImplementedError
@@ -194,18 +200,21 @@ class BatchingEngine:
 
     # ------------------------------------------------------------------ the loop
 
-    def _events(self) -> None:
-        if self._wake is None:
+    def _events(self) -> tuple[asyncio.Event, asyncio.Event]:
+        """``(wake, idle)``, made on first use."""
+        if self._wake is None or self._idle is None:
             self._wake = asyncio.Event()
             self._idle = asyncio.Event()
             self._idle.set()
+        return self._wake, self._idle
 
     async def _run(self) -> None:
+        wake, _ = self._events()
         while True:
             self._admit()
             if self._paused or not self._rows:
-                self._wake.clear()
-                await self._wake.wait()
+                wake.clear()
+                await wake.wait()
                 continue
             await self._step()
             await asyncio.sleep(0)  # a step that never suspended (a free fake step) must not starve the loop
@@ -218,7 +227,8 @@ class BatchingEngine:
         """One token for every running row; a failing step fails its rows (``finish == "error"``), not the engine."""
         rows = list(self._rows)
         version = int(self.version)
-        self._idle.clear()
+        _, idle = self._events()
+        idle.clear()
         try:
             toks, lps = await self._decode(rows)
         except asyncio.CancelledError:
@@ -229,7 +239,7 @@ class BatchingEngine:
                 self._finish(req, "error")
             return
         finally:
-            self._idle.set()
+            idle.set()
         self.steps += 1
         self.tokens += len(rows)
         self._rate.add(len(rows))

@@ -30,7 +30,7 @@ import asyncio
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from psrl.models.policy import Policy, left_pad, sample
 from psrl.rollout.engines.base import BatchingEngine
@@ -109,20 +109,26 @@ class HFEngine(BatchingEngine):
         order = [where[id(r)] for r in rows]
         return [toks[i] for i in order], [lps[i] for i in order]
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Cache) -> torch.Tensor:
         out = self.policy.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1
         )
         self._last_cache = cache  # extended in place
         return out.logits[:, -1, :]
 
+    def _batch(self) -> tuple[Cache, torch.Tensor]:
+        """The batch cache and its mask: both exist exactly while a row is cached (set and dropped together)."""
+        assert self._cache is not None and self._mask is not None, "no cached rows"
+        return self._cache, self._mask
+
     def _decode_cached(self) -> torch.Tensor:
         """One token for every cached row: its last sampled token in, the cache extended by one."""
         dev = self.policy.device
+        cache, old = self._batch()
         ids = torch.tensor([[r.tokens[-1]] for r in self._cached], dtype=torch.long, device=dev)
-        pos = self._mask.sum(dim=1, keepdim=True)
-        mask = torch.cat([self._mask, torch.ones_like(pos)], dim=1)
-        logits = self._forward(ids, mask, pos, self._cache)  # keys/values appended in place
+        pos = old.sum(dim=1, keepdim=True)
+        mask = torch.cat([old, torch.ones_like(pos)], dim=1)
+        logits = self._forward(ids, mask, pos, cache)  # keys/values appended in place
         self._mask = mask
         return logits
 
@@ -136,15 +142,16 @@ class HFEngine(BatchingEngine):
         if self._cache is None:
             self._cache, self._mask = _grow_cache(kv), mask
         else:
-            width = max(self._mask.shape[1], mask.shape[1])
+            cache, old = self._batch()
+            width = max(old.shape[1], mask.shape[1])
             _set(
-                self._cache,
+                cache,
                 [
                     (torch.cat([_lpad(k0, width), _lpad(k1, width)]), torch.cat([_lpad(v0, width), _lpad(v1, width)]))
-                    for (k0, v0), (k1, v1) in zip(_layers(self._cache), kv)
+                    for (k0, v0), (k1, v1) in zip(_layers(cache), kv)
                 ],
             )
-            self._mask = torch.cat([_lpad(self._mask, width), _lpad(mask, width)])
+            self._mask = torch.cat([_lpad(old, width), _lpad(mask, width)])
         self._cached = self._cached + list(joins)
         return logits
 
@@ -157,17 +164,15 @@ class HFEngine(BatchingEngine):
         if not keep:
             self._drop_all()
             return
-        idx = torch.tensor(keep, dtype=torch.long, device=self._mask.device)
-        mask = self._mask.index_select(0, idx)
+        cache, old = self._batch()
+        idx = torch.tensor(keep, dtype=torch.long, device=old.device)
+        mask = old.index_select(0, idx)
         used = mask.sum(dim=0).nonzero()
         first = int(used[0]) if len(used) else mask.shape[1]
         self._mask = mask[:, first:]
         _set(
-            self._cache,
-            [
-                (k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:])
-                for k, v in _layers(self._cache)
-            ],
+            cache,
+            [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in _layers(cache)],
         )
         self._cached = [self._cached[i] for i in keep]
 
@@ -176,7 +181,13 @@ class HFEngine(BatchingEngine):
 
 
 def _layers(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    """Keys and values of every layer of a filled attention cache (what a forward pass of a Policy leaves)."""
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for layer in cache.layers:
+        if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+            raise TypeError(f"HFEngine needs filled attention cache layers, got {type(layer).__name__}")
+        out.append((layer.keys, layer.values))
+    return out
 
 
 class _GrowLayer(DynamicLayer):
@@ -195,7 +206,8 @@ class _GrowLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         t = key_states.shape[-2]
         if self.n + t > self._k.shape[-2]:
-            self.set(self.keys, self.values, room=max(self.n, 64) + t)
+            # the filled part, which is what self.keys / self.values hold
+            self.set(self._k[:, :, : self.n], self._v[:, :, : self.n], room=max(self.n, 64) + t)
         self._k[:, :, self.n : self.n + t] = key_states
         self._v[:, :, self.n : self.n + t] = value_states
         self.n += t
@@ -211,6 +223,8 @@ def _grow_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Cache:
 
 def _set(cache: Cache, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     for layer, (k, v) in zip(cache.layers, kv):
+        if not isinstance(layer, _GrowLayer):  # every layer of a batch cache is (made by _grow_cache)
+            raise TypeError(f"expected a _GrowLayer of the batch cache, got {type(layer).__name__}")
         layer.set(k, v)
 
 

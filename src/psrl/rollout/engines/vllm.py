@@ -57,6 +57,8 @@ from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource
 
 if TYPE_CHECKING:
+    import httpx
+
     from psrl.config import Config
     from psrl.models import Policy
 
@@ -108,7 +110,7 @@ class VLLMEngine:
         self.steps = 0
         self.tokens = 0
         self.reloads = 0
-        self._client = None
+        self._client: httpx.AsyncClient | None = None
         self._ids = itertools.count()
         self._tag = secrets.token_hex(4)
         """Our request ids on the server: ``psrl-<tag>-<n>``, unique across engines sharing a server."""
@@ -140,6 +142,7 @@ class VLLMEngine:
         if self.server is not None and not self.server.alive():
             self.url = await self.server.start(self._client)
         elif self.server is None:
+            assert self.url is not None  # the constructor takes exactly one of url and server
             await check_attached(self._client, self.url, self.model_name, self.request_timeout_s)
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
@@ -153,7 +156,7 @@ class VLLMEngine:
         await self._cancel_all()
         await asyncio.to_thread(self.server.stop)
         self.version = self._token_version = -1
-        self.url = await self.server.start(self._client)
+        self.url = await self.server.start(self._http)
 
     async def close(self) -> None:
         await self.abort_all()
@@ -171,6 +174,13 @@ class VLLMEngine:
             self._client = None
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        """The HTTP client, from :meth:`start` until :meth:`close`."""
+        if self._client is None:
+            raise RuntimeError("the vLLM engine is not started (or closed): start() first")
+        return self._client
 
     # ------------------------------------------------------------------ requests
 
@@ -265,7 +275,7 @@ class VLLMEngine:
         for attempt in range(SEND_ATTEMPTS):
             answered = False
             try:
-                async with self._client.stream("POST", f"{self.url}/inference/v1/generate", json=body) as resp:
+                async with self._http.stream("POST", f"{self.url}/inference/v1/generate", json=body) as resp:
                     answered = True
                     if resp.status_code != 200:
                         text = (await resp.aread()).decode(errors="replace")[:500]
@@ -347,11 +357,12 @@ class VLLMEngine:
         """POST a control call (pause, resume, reload, version, abort: all idempotent), sent again up to
         ``SEND_ATTEMPTS`` times when the connection fails before an answer (:func:`resend_delay`). ``timeout``:
         seconds instead of the client's ``request_timeout_s``."""
-        given = {"params": params, "json": json, "timeout": timeout}
-        kw = {k: v for k, v in given.items() if v is not None}  # httpx reads timeout=None as "no timeout"
+        import httpx
+
+        wait = httpx.USE_CLIENT_DEFAULT if timeout is None else timeout  # httpx reads timeout=None as "no timeout"
         for attempt in range(SEND_ATTEMPTS):
             try:
-                resp = await self._client.post(f"{self.url}{path}", **kw)
+                resp = await self._http.post(f"{self.url}{path}", params=params, json=json, timeout=wait)
                 break
             except Exception as exc:
                 delay = resend_delay(attempt, exc)
@@ -373,7 +384,7 @@ class VLLMEngine:
         """KV-cache use and waiting requests from the server's Prometheus ``/metrics``, every ``every_s``."""
         while True:
             try:
-                resp = await self._client.get(f"{self.url}/metrics", timeout=5.0)
+                resp = await self._http.get(f"{self.url}/metrics", timeout=5.0)
                 self._kv = gauge(resp.text, "vllm:kv_cache_usage_perc")
                 waiting = gauge(resp.text, "vllm:num_requests_waiting")
                 self._waiting = int(waiting or 0)

@@ -26,8 +26,12 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from psrl.errors import RunError
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["VLLMServer", "EngineSetupError", "find_vllm_python", "INSTALL_HINT"]
 
@@ -181,7 +185,7 @@ class VLLMServer:
             *self.extra_args,
         ]
 
-    async def start(self, client) -> str:
+    async def start(self, client: httpx.AsyncClient) -> str:
         """Spawn the server and wait (bounded) until ``/health`` answers; returns its URL."""
         for attempt in range(3):
             port = free_port()
@@ -221,10 +225,12 @@ class VLLMServer:
             start_new_session=True,
         )
 
-    async def _wait_healthy(self, client) -> None:
+    async def _wait_healthy(self, client: httpx.AsyncClient) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_timeout_s
         while True:
+            if self.proc is None:  # stop() ran meanwhile (from another thread)
+                raise EngineSetupError(f"the vLLM server on port {self.port} was stopped before it was healthy")
             code = self.proc.poll()
             if code is not None:
                 raise EngineSetupError(self._failure(f"exited with code {code} before it was healthy"))
@@ -242,8 +248,9 @@ class VLLMServer:
 
     def _failure(self, what: str) -> str:
         """Print the command line and the log's tail (several lines), return the one-line message."""
+        command = shlex.join(self.command(self.port)) if self.port is not None else "(not started)"
         print(
-            f"vLLM server on port {self.port} {what}.\ncommand: {shlex.join(self.command(self.port))}\n"
+            f"vLLM server on port {self.port} {what}.\ncommand: {command}\n"
             f"last lines of {self.log_path}:\n{self.log_tail()}",
             file=sys.stderr,
             flush=True,
@@ -275,6 +282,7 @@ class VLLMServer:
             except subprocess.TimeoutExpired:
                 pass
         if watcher is not None:  # its pipe closes: it finds the group gone and exits
+            assert watcher.stdin is not None  # spawned with stdin=PIPE
             watcher.stdin.close()
             try:
                 watcher.wait(timeout=grace_s)

@@ -368,7 +368,10 @@ class RolloutInstance:
                 await self.engine.abort_all()
             else:
                 self.continued += len(self._active)
-            await self.engine.update_weights(self.weights.latest_version(), self.weights)
+            latest = self.weights.latest_version()
+            if latest is None:  # wants_pull saw a published version, and a store keeps its newest
+                raise RuntimeError("no published version to load")
+            await self.engine.update_weights(latest, self.weights)
             await self.engine.resume()
             self.loads += 1
         except asyncio.CancelledError:
@@ -397,7 +400,9 @@ class RolloutInstance:
             )
             try:
                 await self.engine.restart()
-                await self.engine.update_weights(self.weights.latest_version(), self.weights)
+                latest = self.weights.latest_version()
+                if latest is not None:  # none published yet: it holds the initial weights (as load_initial)
+                    await self.engine.update_weights(latest, self.weights)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001

@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from psrl.errors import ConfigError
+
 if TYPE_CHECKING:
     from psrl.config import Config
     from psrl.rollout.serving.instance import RolloutInstance
@@ -115,9 +117,8 @@ def build_sync(cfg: Config, versions: VersionProvider) -> _Sync:
     if sm.method == "greedy":
         return GreedySync(staleness, versions, check, seamless)
     if sm.method == "status_based":
-        return StatusBasedSync(sm.sync.indicator, sm.sync.threshold, staleness, versions, check, seamless)
-    from psrl.errors import ConfigError
-
+        threshold = _required(sm.sync.threshold, "sync.threshold", "method is status_based", "e.g. 2 for request_num")
+        return StatusBasedSync(sm.sync.indicator, threshold, staleness, versions, check, seamless)
     raise ConfigError(
         "psrl.sync_and_mig_strategy.method", f"unknown sync strategy {sm.method!r}", "use greedy or status_based"
     )
@@ -169,4 +170,14 @@ def build_migration(cfg: Config) -> Migration | None:
     m = cfg.psrl.sync_and_mig_strategy.mig
     if not m.enable:
         return None
-    return Migration(m.indicator, m.threshold, m.stop_indicator, m.stop_threshold)
+    threshold = _required(
+        m.threshold, "mig.threshold", "mig.enable is true", "the max/min ratio that starts one, e.g. 2.0"
+    )
+    return Migration(m.indicator, threshold, m.stop_indicator, m.stop_threshold)
+
+
+def _required(value: float | None, key: str, because: str, example: str) -> float:
+    """A threshold that ``Config.validate()`` requires here, checked again for a config built without it."""
+    if value is None:
+        raise ConfigError(f"psrl.sync_and_mig_strategy.{key}", f"is null but {because}", f"set it: {example}")
+    return value
