@@ -106,7 +106,7 @@ def _capture(run_dir: str | Path, coord: Any, recorder: Any, copy: bool = False)
     trainer)``. ``copy``: the trainer's tensors are copied (a writer thread saves them while training goes on)."""
     offsets = recorder.offsets() if recorder is not None else {}
     events = getattr(coord.manager, "on_event", None)
-    if hasattr(events, "offset"):  # the buffer timeline (psrl.runtime.recorder.EventLog)
+    if events is not None and hasattr(events, "offset"):  # the buffer timeline (psrl.runtime.recorder.EventLog)
         offsets[_EVENTS] = events.offset()
     state = {**coord.state_dict(), "offsets": offsets}
     trainer_state = coord.trainer.state_dict() if copy and hasattr(coord.trainer, "state_dict") else None
@@ -202,8 +202,8 @@ def load_checkpoint(run_dir: str | Path) -> dict | None:
         state["dir"] = path
         return state
     if damaged:
-        path, e = damaged[0]
-        raise RunError(f"checkpoint {path}", f"cannot be read: {describe(e)}", _FIX) from e
+        path, err = damaged[0]
+        raise RunError(f"checkpoint {path}", f"cannot be read: {describe(err)}", _FIX) from err
     return None
 
 
@@ -261,18 +261,18 @@ def resume(
         except Exception as e:  # a damaged trainer.pt, or a state from another model / config
             damaged.append((path, e, "cannot be restored"))
             continue
-        for bad, e, what in damaged:
+        for bad, err, what in damaged:
             aside = bad.with_name(bad.name + ".damaged")
             shutil.rmtree(aside, ignore_errors=True)
             bad.rename(aside)
             (log or print)(
-                f"checkpoint {bad} {what} ({describe(e)}): resuming from {path} (version "
+                f"checkpoint {bad} {what} ({describe(err)}): resuming from {path} (version "
                 f"{ck['version']}) instead; the damaged one is kept as {aside}"
             )
         return ck
     if damaged:
-        path, e, what = damaged[0]
-        raise RunError(f"checkpoint {path}", f"{what}: {describe(e)}", _FIX) from e
+        path, err, what = damaged[0]
+        raise RunError(f"checkpoint {path}", f"{what}: {describe(err)}", _FIX) from err
     _cut(run_dir, {**{name: 0 for name in RUN_FILES}, _EVENTS: 0}, recorder)  # no checkpoint: the run starts over
     return None
 

@@ -161,7 +161,9 @@ class Coordinator:
     async def _next_batch(self, dispatcher: asyncio.Task) -> Batch:
         """``await next_batch()``, but fail fast if the dispatcher or an agent worker crashed."""
         nb = asyncio.ensure_future(self.manager.next_batch())
-        watched = {nb, dispatcher, self.agents.failure}
+        failure = self.agents.failure
+        assert failure is not None, "agents.start() (in run) made the failure future"
+        watched: set[asyncio.Future[Any]] = {nb, dispatcher, failure}
         try:
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
@@ -231,11 +233,14 @@ class Coordinator:
                 "the run is checkpointed here and the same command resumes it",
             )
 
-    async def _step(self, batch: Batch) -> dict:
+    async def _step(self, batch: Batch) -> dict[str, float]:
         step = self.trainer.step
         if inspect.iscoroutinefunction(step):
             return await step(batch)
-        return await asyncio.to_thread(step, batch)
+        metrics = await asyncio.to_thread(step, batch)
+        if inspect.isawaitable(metrics):  # a coroutine step is an `async def` (StepTrainer), awaited above
+            raise TypeError(f"{type(self.trainer).__name__}.step returned an awaitable: declare it `async def`")
+        return metrics
 
     def _row(self, batch: Batch, metrics: dict, train_s: float) -> dict:
         """One ``metrics.jsonl`` line: progress, what the batch was, buffer states, counters, throughput, and the

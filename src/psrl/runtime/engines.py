@@ -8,6 +8,7 @@ With ``runtime.backend=ray`` each engine lives in a Ray actor (:mod:`psrl.runtim
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["build_engines"]
 
 
-def build_engines(cfg: Config, policy: Any, task: Task, run_dir: Path | None = None) -> list[Engine]:
+def build_engines(cfg: Config, policy: Any, task: Task, run_dir: Path | None = None) -> Sequence[Engine]:
     """One engine per rollout instance for ``cfg`` (the policy supplies weights, tokenizer and shape), each
     sampling as :func:`psrl.rollout.sampling_of` says."""
     n, seed, r = cfg.psrl.deployment.n_rollout_instances, cfg.trainer.seed, cfg.rollout

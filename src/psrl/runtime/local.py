@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -49,6 +49,20 @@ def progress_line(row: dict, total: int) -> str:
         f"cancel {row['counts/cancelled']} filt {row['counts/filtered']} retry {row['counts/retried']} "
         f"trunc {row['counts/truncated']} fail {row['counts/failed']}"
     )
+
+
+@runtime_checkable
+class _LoadsWeights(Protocol):
+    """A trainer's policy that takes a state dict (:class:`psrl.models.Policy`, the fakes): ``build(weights=...)``."""
+
+    def load_weights(self, state: WeightState, version: int) -> None: ...
+
+
+@runtime_checkable
+class _SavesPretrained(Protocol):
+    """A trainer's policy that writes a Hugging Face directory (:class:`psrl.models.Policy`): ``final/``."""
+
+    def save_pretrained(self, directory: str | Path) -> object: ...
 
 
 class _StepHook:
@@ -116,7 +130,10 @@ def build(
         manager = ck["manager"]
         log(f"resumed from {ck['dir']} at version {trainer.policy.version}")
     elif weights is not None:
-        trainer.policy.load_weights(weights, 0)
+        start = trainer.policy
+        if not isinstance(start, _LoadsWeights):
+            raise TypeError(f"build(weights=...) loads them into the trainer's policy: {type(start).__name__} cannot")
+        start.load_weights(weights, 0)
     elif isinstance(trainer, Trainer):
         warm_start(cfg, task, trainer, log)
     if engines is None:
@@ -155,7 +172,9 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
         f"task {cfg.task.name}, {total} steps -> {run_dir}"
     )
     started = time.perf_counter()
-    with _sigterm_cancels(asyncio.current_task()) as terminated:
+    this = asyncio.current_task()
+    assert this is not None, "a coroutine runs in a task"
+    with _sigterm_cancels(this) as terminated:
         try:
             rows = await coord.run(total, on_step)
         except BaseException as exc:
@@ -172,7 +191,10 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
                 raise Terminated("SIGTERM") from None
             raise
     saver.close()
-    coord.trainer.policy.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
+    final = coord.trainer.policy
+    if not isinstance(final, _SavesPretrained):
+        raise TypeError(f"psrl train writes final/ with the policy's save_pretrained: {type(final).__name__} has none")
+    final.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
     watch.close()
     events.close()
     recorder.close()

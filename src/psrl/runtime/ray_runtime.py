@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psrl.types import EngineLoad, GenRequest, WeightSource
+
+if TYPE_CHECKING:
+    from psrl.train.store import ParameterStore
 
 __all__ = ["EngineWorker", "RayEngine", "build_ray_engines", "ensure_ray"]
 
@@ -44,7 +47,7 @@ class EngineWorker:
         task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
         policy = build_policy(cfg.model, task, seed=seed)
         self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update, sampling=sampling_of(cfg, task))
-        self.store = None
+        self.store: ParameterStore | None = None
         self.reqs: dict[str, GenRequest] = {}
 
     async def generate(self, rid: str, context: list[int], max_new_tokens: int) -> tuple:
@@ -73,9 +76,9 @@ class EngineWorker:
     async def update_weights(self, state: dict, version: int) -> int:
         from psrl.train.store import ParameterStore
 
-        self.store = ParameterStore(keep=1)
-        self.store.publish(int(version), state)
-        await self.engine.update_weights(int(version), self.store)
+        store = self.store = ParameterStore(keep=1)
+        store.publish(int(version), state)
+        await self.engine.update_weights(int(version), store)
         return self.engine.version
 
     def load(self) -> tuple:

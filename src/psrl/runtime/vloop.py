@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from typing import Any, TypeVar, TypeVarTuple
 
 __all__ = ["VirtualTimeEventLoop", "VirtualTimeDeadlock", "run_virtual"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class VirtualTimeDeadlock(RuntimeError):
@@ -76,6 +78,10 @@ class _VirtualSelector(selectors.BaseSelector):
 class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
     """A ``SelectorEventLoop`` whose ``time()`` is virtual; idle waits advance it instantly."""
 
+    _scheduled: list[asyncio.TimerHandle]
+    """The base loop's timer heap (earliest first): a private attribute of ``asyncio.BaseEventLoop`` that the
+    stubs leave out, declared here for the one read in :meth:`_advance`."""
+
     def __init__(self, start: float = 0.0) -> None:
         selector = _VirtualSelector()
         super().__init__(selector)
@@ -90,10 +96,10 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
         """Move the clock forward to the earliest timer (``dt`` is its distance from now)."""
         target = self._vtime + max(0.0, dt)
         if self._scheduled:
-            target = max(target, self._scheduled[0]._when)
+            target = max(target, self._scheduled[0].when())
         self._vtime = target
 
-    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future:
+    def run_in_executor(self, executor: Executor | None, func: Callable[[*Ts], T], *args: *Ts) -> asyncio.Future[T]:
         fut = super().run_in_executor(executor, func, *args)
         self._threads_in_flight += 1
         fut.add_done_callback(self._thread_done)
@@ -111,11 +117,11 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
             self._threads_in_flight -= 1
 
 
-def run_virtual(main: Awaitable[T], *, start: float = 0.0, debug: bool | None = None) -> T:
+def run_virtual(main: Coroutine[Any, Any, T], *, start: float = 0.0, debug: bool | None = None) -> T:
     """Run ``main`` to completion on a fresh :class:`VirtualTimeEventLoop` (like ``asyncio.run``)."""
 
     def factory() -> VirtualTimeEventLoop:
         return VirtualTimeEventLoop(start)
 
     with asyncio.Runner(debug=debug, loop_factory=factory) as runner:
-        return runner.run(main)  # type: ignore[arg-type]
+        return runner.run(main)

@@ -161,7 +161,7 @@ def _last_events(manager: Any, n: int) -> list:
     """The last ``n`` lines of the run's buffer-event log (``events.jsonl``), if it has one."""
     log = getattr(manager, "on_event", None)
     path = getattr(log, "path", None)
-    if path is None:
+    if log is None or path is None:
         return []
     log.flush()
     try:

@@ -29,10 +29,13 @@ the simulator's model and the real code. It costs about 0.1 ms of real time per 
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 from psrl.sim.metrics import Recorder, Result
 from psrl.sim.workload import Workload
+from psrl.tasks.base import Demo, Episode, GenerateFn, Prompt, Task
+from psrl.types import TrainedPolicy
 
 __all__ = ["CoordinatorPolicy", "coordinator_config"]
 
@@ -85,28 +88,26 @@ class _Meter:
         self.running += delta
 
 
-class _SimTask:
+class _SimTask(Task):
     """A task whose episode takes the stream's next generation time (a virtual-time sleep)."""
 
-    stop_ids: set = set()
+    stop_ids: set[int] = set()
     max_context = 10**9
 
     def __init__(self, meter: _Meter):
         self.meter = meter
         self.prompts = 0
 
-    def sample_prompt(self, rng: Any) -> Any:
-        from psrl.tasks.base import Prompt
-
+    def sample_prompt(self, rng: random.Random) -> Prompt:
         n = self.prompts
         self.prompts += 1
         return Prompt(uid=f"p{n}", ids=[1, 2, 3], answer=n)
 
-    async def run_episode(self, prompt: Any, generate: Any, rng: Any) -> Any:
-        from psrl.tasks.base import Episode
-
+    async def run_episode(self, prompt: Prompt, generate: GenerateFn, rng: random.Random) -> Episode:
         meter = self.meter
-        uid = asyncio.current_task().get_name()  # the agent manager names a member's task by its uid
+        this = asyncio.current_task()
+        assert this is not None, "a coroutine runs in a task"
+        uid = this.get_name()  # the agent manager names a member's task by its uid
         d = meter.stream.next()
         meter.drawn[uid] = d
         loop = asyncio.get_running_loop()
@@ -127,10 +128,10 @@ class _SimTask:
         finally:
             meter.tick(loop.time(), -1)
 
-    def reward(self, prompt: Any, episode: Any) -> dict:
+    def reward(self, prompt: Prompt, episode: Episode) -> dict[str, float]:
         return {"score": 0.0, "acc": 0.0, "seq_reward": 0.0, "seq_final_reward": 0.0}
 
-    def demonstrations(self, n: int, rng: Any) -> list:
+    def demonstrations(self, n: int, rng: random.Random) -> list[Demo]:
         return []
 
 
@@ -141,7 +142,7 @@ class _SimTrainer:
         from psrl.rollout.fakes import FakeEngine
 
         self.meter = meter
-        self.policy = FakeEngine(token_cost=0.0)
+        self.policy: TrainedPolicy = FakeEngine(token_cost=0.0)
         self.last_skip: str | None = None
         self.skipped_in_a_row = 0
 

@@ -153,10 +153,10 @@ class Engine:
             else:
                 if self.free < self.group_slots:
                     return
-                g = self.next_group()
-                if g is None:
+                fresh = self.next_group()
+                if fresh is None:
                     return
-                pending.append(g)
+                pending.append(fresh)
 
     def new_group(self, size: int, key=None, batch: int = 0) -> Group:
         """A group numbered in creation order (so the i-th group gets the same filter draw everywhere)."""

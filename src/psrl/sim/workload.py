@@ -53,7 +53,7 @@ class Workload:
     """lognormal: sigma of log-time."""
     alpha: float = 1.5
     """pareto: tail index (> 1, so the mean is finite); the scale puts the median at ``median``."""
-    trace: tuple | None = None
+    trace: tuple[float, ...] | None = None
     """trace: generation seconds replayed in order (cycled)."""
     train_time: float = 1.0
     """Fixed seconds per training step."""
@@ -106,6 +106,8 @@ class Workload:
         trace = None
         train_time = s.train_time
         if gt.dist == "trace":
+            if gt.trace is None:  # SimConfig.check() says so too; a Config built without it reaches here
+                raise ConfigError("sim.gen_time.trace", "dist is trace but no file is given")
             trace = tuple(load_trace(gt.trace))
             measured = trace_train_time(gt.trace)
             if measured is not None:
@@ -215,7 +217,17 @@ class Workload:
         if self.dist == "pareto":
             xm = self.median / 2 ** (1 / self.alpha)
             return self.alpha * xm / (self.alpha - 1)
-        return float(np.mean(self.trace))
+        return float(np.mean(self._trace()))
+
+    def _trace(self) -> tuple[float, ...]:
+        """The replayed times of ``dist=trace``, the one distribution left (``check()`` made sure they are there)."""
+        if self.trace is None:  # a Workload built by hand, unchecked: np.mean(None) used to fail here
+            raise ConfigError(
+                "sim.gen_time.dist",
+                f"{self.dist!r} has no trace of generation times",
+                "use lognormal, pareto or constant, or trace with sim.gen_time.trace",
+            )
+        return self.trace
 
     def mean_train_time(self) -> float:
         """Expected seconds of one step: fixed part + per-token part over the B*N trained trajectories."""
@@ -268,9 +280,10 @@ class GenTimeStream:
             xm = wl.median / 2 ** (1 / wl.alpha)
             arr = (self._rng.pareto(wl.alpha, _CHUNK) + 1.0) * xm
         else:
-            idx = (self._trace_pos + np.arange(_CHUNK)) % len(wl.trace)
+            trace = wl._trace()
+            idx = (self._trace_pos + np.arange(_CHUNK)) % len(trace)
             self._trace_pos += _CHUNK
-            arr = np.asarray(wl.trace, dtype=float)[idx]
+            arr = np.asarray(trace, dtype=float)[idx]
         self._buf = arr.tolist()
         self._pos = 0
 
@@ -323,8 +336,8 @@ def load_trace(path: str | Path) -> list[float]:
             recs.append(rec)
     if not recs:
         raise ConfigError("sim.gen_time.trace", f"no 'gen_seconds' field in {p}")
-    keys = [_launch_key(r) for r in recs]
-    if all(k is not None for k in keys):
+    keys = [k for k in map(_launch_key, recs) if k is not None]
+    if len(keys) == len(recs):
         recs = [r for _, r in sorted(zip(keys, recs), key=lambda kr: kr[0])]
     return [float(r["gen_seconds"]) for r in recs]
 

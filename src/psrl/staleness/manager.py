@@ -48,6 +48,9 @@ __all__ = ["StalenessManager"]
 
 _RESERVED, _OCCUPIED = 0, 1
 
+_Row = tuple[Hashable, int, int, int, list[Any], int | None]
+"""One entry in a snapshot, the fields :class:`~psrl.staleness.types.SnapshotEntry` names."""
+
 _PENDING = CompleteResult(Status.PENDING)
 _SURPLUS = CompleteResult(Status.SURPLUS)
 _FILTERED = CompleteResult(Status.FILTERED)
@@ -64,7 +67,7 @@ class _Entry:
         self.version = version
         self.slot = slot
         self.state = _RESERVED
-        self.members: list = []
+        self.members: list[Any] = []
         self.min_version: int | None = None
 
 
@@ -100,7 +103,7 @@ class StalenessManager:
         group_size: int,
         redundant_batch_size: int | None = None,
         redundant_group_size: int | None = None,
-        group_filter: Callable[[list], Any] | None = None,
+        group_filter: Callable[[list[Any]], Any] | None = None,
         on_event: Callable[[Event], Any] | None = None,
         train_version: int = 0,
     ):
@@ -124,7 +127,7 @@ class StalenessManager:
         self._buffers: dict[int, _Buffer] = {}
         self._entries: dict[Hashable, _Entry] = {}
         self._next_id = 0
-        self._aborted: list[tuple[Hashable, list]] = []
+        self._aborted: list[tuple[Hashable, list[Any]]] = []
         """Passively aborted entries not yet drained: (id, the trajectories they held)."""
         self._lock = threading.RLock()
         self._events: dict[asyncio.AbstractEventLoop, tuple[asyncio.Event, int]] = {}
@@ -172,7 +175,7 @@ class StalenessManager:
             buf = self._buffers.get(b)
             return list(buf.reserved) if buf else []
 
-    def entry_members(self, eid: Hashable) -> list:
+    def entry_members(self, eid: Hashable) -> list[Any]:
         """Trajectories held so far by a live (reserved or occupied) entry; ``[]`` if unknown."""
         with self._lock:
             e = self._entries.get(eid)
@@ -350,7 +353,7 @@ class StalenessManager:
         """Ids of entries the manager passively aborted since the last call; cancel their generations."""
         return [eid for eid, _ in self.drain_aborted_groups()]
 
-    def drain_aborted_groups(self) -> list[tuple[Hashable, list]]:
+    def drain_aborted_groups(self) -> list[tuple[Hashable, list[Any]]]:
         """:meth:`drain_aborted` with what each entry held: ``(id, trajectories)`` (the same queue: use one)."""
         with self._lock:
             out, self._aborted = self._aborted, []
@@ -383,13 +386,17 @@ class StalenessManager:
             self._T = T + 1
             entries = self._entries
             hist = self.stats.staleness_hist
-            groups, ids, versions = [], [], []
+            groups: list[list[Any]] = []
+            ids: list[Hashable] = []
+            versions: list[int] = []
             for entry in buf.groups:
+                version = entry.min_version
+                assert version is not None, "an occupied entry holds group_size >= 1 members"
                 del entries[entry.id]
                 groups.append(entry.members)
                 ids.append(entry.id)
-                versions.append(entry.min_version)
-                hist[T - entry.min_version] += 1
+                versions.append(version)
+                hist[T - version] += 1
                 self._emit(EventKind.CONSUME, entry, T)
             self.stats.consumes += 1
             self._notify()
@@ -439,7 +446,7 @@ class StalenessManager:
 
     # ------------------------------------------------------------------ snapshot / restore
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """Picklable state (no callables). Trajectories are included as given, so they must pickle too.
 
         ``snap["buffers"]`` maps each live buffer to ``(reserved, occupied)``, two lists of entry tuples
@@ -447,7 +454,7 @@ class StalenessManager:
         """
         with self._lock:
 
-            def dump(e: _Entry) -> tuple:
+            def dump(e: _Entry) -> _Row:
                 return (e.id, e.version, e.slot, e.state, list(e.members), e.min_version)
 
             return {
@@ -471,8 +478,8 @@ class StalenessManager:
     @classmethod
     def restore(
         cls,
-        snap: dict,
-        group_filter: Callable[[list], Any] | None = None,
+        snap: dict[str, Any],
+        group_filter: Callable[[list[Any]], Any] | None = None,
         on_event: Callable[[Event], Any] | None = None,
     ) -> StalenessManager:
         """Rebuild a manager that continues exactly where the snapshotted one was."""

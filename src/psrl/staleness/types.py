@@ -86,9 +86,9 @@ class Batch(NamedTuple):
     """
 
     version: int
-    groups: list
-    entries: list
-    group_versions: list
+    groups: list[list[Any]]
+    entries: list[Hashable]
+    group_versions: list[int]
 
 
 class EventKind(str, enum.Enum):
@@ -172,8 +172,8 @@ class Stats:
     aborts: int = 0
     passive_aborts: int = 0
     consumes: int = 0
-    occupies_by_offset: list = field(default_factory=list)
-    staleness_hist: list = field(default_factory=list)
+    occupies_by_offset: list[int] = field(default_factory=list)
+    staleness_hist: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """A copy, safe to keep or serialize."""
