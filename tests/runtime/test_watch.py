@@ -5,19 +5,8 @@ import pytest
 from psrl.metrics import checked
 from psrl.runtime.recorder import read_jsonl
 from psrl.train_cli import main
+from tests.runtime.test_train_cli_e2e import TINY as BUILTIN  # the tiny built-in run the CLI tests use
 from tests.tasks.test_dataset import TINY, sums, write_jsonl
-
-BUILTIN = [
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "trainer.warm_start_steps=5",
-    "psrl.staleness_buffer_entries=2",
-    "psrl.rollout_n=2",
-    "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
-    "task.tool_latency_median=0.01",
-    "trainer.checkpoint_every=2",
-]
 
 
 def test_tensorboard_scalars_read_back_with_tensorboards_own_reader(tmp_path):

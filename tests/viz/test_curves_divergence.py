@@ -9,19 +9,9 @@ from psrl.runtime.recorder import read_jsonl
 from psrl.train_cli import main as train
 from psrl.viz.cli import main as viz_main
 from psrl.viz.curves import curves_figure, ess_by_level
+from tests.runtime.test_train_cli_e2e import TINY as TINY_RUN
 
-TINY = [
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "trainer.warm_start_steps=5",
-    "psrl.staleness_buffer_entries=2",
-    "psrl.rollout_n=2",
-    "task.tool_latency_median=0.01",
-    "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
-    "psrl.staleness=1",
-    "trainer.total_steps=3",
-]
+TINY = [*TINY_RUN, "psrl.staleness=1", "trainer.total_steps=3"]
 
 
 def _texts(fig) -> set[str]:
