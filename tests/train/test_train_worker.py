@@ -1,0 +1,118 @@
+"""The trainer rank worker and its local launcher (issue #22, item 1): 2 spawned gloo ranks answer ``logprobs`` and
+``train_step`` as one in-process worker does (same batch, same weights after the steps), and a rank that dies
+mid-step is a clear error naming it -- never a hang, never a rank left running."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from psrl.config import AlgorithmConfig, RolloutCorrectionConfig
+from psrl.train.launch import InProcess, LocalRanks, RankFailure
+from psrl.train.planner import plan
+from psrl.train.worker import StepInput, WorkerSpec, step_input
+
+LENGTHS = [3, 30, 5, 2, 17, 4]  # response lengths, skewed
+STEPS = 2
+WAIT_S = 120.0  # bounded replies: far above a step here, far below a CI timeout
+
+
+def build_tiny_gpt2(device: str) -> torch.nn.Module:
+    """The built-in model's architecture at a tiny shape, from a fixed seed (``meta``: shapes only)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(
+        vocab_size=40, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
+    cfg.bos_token_id = cfg.eos_token_id = cfg.pad_token_id = 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        with torch.device(device):
+            return GPT2LMHeadModel(cfg)
+
+
+def _spec(mode: str) -> WorkerSpec:
+    rc = RolloutCorrectionConfig(is_="token", is_threshold=2.0, rs="token", rs_threshold=1.5)
+    algo = AlgorithmConfig(loss_agg_mode=mode, rollout_correction=rc)
+    return WorkerSpec(build=build_tiny_gpt2, pad_id=0, algo=algo, lr=1e-3, grad_clip=0.5, temperature=0.9)
+
+
+def _batch(step: int):
+    g = torch.Generator().manual_seed(100 + step)
+    prompts = [
+        torch.randint(1, 40, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist() for _ in LENGTHS
+    ]
+    responses = [torch.randint(1, 40, (n,), generator=g).tolist() for n in LENGTHS]
+    masks = [(torch.rand(n, generator=g) > 0.2).float().tolist() for n in LENGTHS]
+    adv = torch.randn(len(LENGTHS), generator=g).tolist()
+    noise = [(torch.randn(n, generator=g) * 0.3).tolist() for n in LENGTHS]
+    return prompts, responses, masks, adv, noise
+
+
+def _run(ranks, mode: str, world: int, budgets: tuple) -> tuple[list, list, dict[str, torch.Tensor]]:
+    """STEPS steps of the driver's protocol (token budget ``budgets[step]``); returns (old log-probs per step,
+    metrics per step, final state)."""
+    olds, metrics = [], []
+    for step in range(STEPS):
+        prompts, responses, masks, adv, noise = _batch(step)
+        p = plan([len(a) + len(b) for a, b in zip(prompts, responses)], world, 2, budgets[step])
+        if world > 1:  # what the step exercises: zero-weight padding, then rows sharing one forward
+            mbs = [m for per_rank in p.minibatches[0] for m in per_rank]
+            assert any(m.padding for m in mbs) if step == 0 else any(len(m.rows) > 1 for m in mbs)
+        old: dict[int, list[float]] = {}
+        for part in ranks.call("logprobs", StepInput(p, prompts, responses)):
+            old.update(part)
+        behav = [[o + e for o, e in zip(old[i], noise[i])] for i in range(len(LENGTHS))]
+        inp = step_input(p, prompts, responses, old, behav, adv, masks, _spec(mode).algo)
+        metrics.append(ranks.call("train_step", inp)[0])
+        olds.append(old)
+    state = {k: torch.from_numpy(v) for k, v in ranks.call("state")[0].items()}
+    return olds, metrics, state
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One pair of gloo ranks for the module's equivalence checks (starting one costs ~5 s of imports a rank)."""
+    ranks = LocalRanks(_spec("token-mean"), 2, reply_timeout_s=WAIT_S, log_dir=tmp_path_factory.mktemp("ranks"))
+    yield ranks
+    ranks.close()
+
+
+def test_two_ranks_train_step_equals_one_in_process_worker(two_ranks):
+    """Same batch, planned over 2 ranks (token budgets 8 then 16: padding micro-batches, then a 2-row one beside a
+    1-row one) and over 1:
+    the pre-update log-probs, the loss and grad norm, and the weights after 2 steps of 2 minibatches agree."""
+    torch.set_num_threads(1)
+    olds1, m1, s1 = _run(InProcess(_spec("token-mean")), "token-mean", 1, (None, None))
+    olds2, m2, s2 = _run(two_ranks, "token-mean", 2, (8, 16))
+    for a, b in zip(olds1, olds2):
+        assert a.keys() == b.keys()
+        assert max(abs(x - y) for i in a for x, y in zip(a[i], b[i])) <= 1e-5
+    for a, b in zip(m1, m2):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4, abs=1e-7)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
+    assert s1.keys() == s2.keys()
+    diff = max(float((s1[k] - s2[k]).abs().max()) for k in s1)
+    print(f"max |param difference| 1 vs 2 ranks = {diff:.2e}")
+    assert diff <= 1e-5
+    d1 = two_ranks.call("digest")
+    assert d1[0] == d1[1]  # every rank gathers the same state
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_step_is_a_clear_error_not_a_hang(tmp_path):
+    """SIGKILL rank 1, then ask for a step: rank 0 is left in a collective with a dead peer; the driver names
+    rank 1 and its exit code, and no rank process is left."""
+    ranks = LocalRanks(_spec("token-mean"), 2, reply_timeout_s=WAIT_S, log_dir=tmp_path)
+    prompts, responses, _, _, _ = _batch(0)
+    p = plan([len(a) + len(b) for a, b in zip(prompts, responses)], 2, 1, None)
+    pid = ranks.pids[1]
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RankFailure, match=r"trainer rank 1 died \(exit code -9\)") as err:
+        ranks.call("logprobs", StepInput(p, prompts, responses))
+    assert err.value.rank == 1
+    assert not any(proc.is_alive() for proc in ranks.procs)
