@@ -4,12 +4,15 @@ mid-step is a clear error naming it -- never a hang, never a rank left running."
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import signal
 
 import pytest
 import torch
 
+from psrl.algo.losses import AGG_MODES
 from psrl.config import AlgorithmConfig, RolloutCorrectionConfig
 from psrl.train.launch import InProcess, LocalRanks, RankFailure
 from psrl.train.planner import plan
@@ -116,3 +119,45 @@ def test_a_rank_killed_mid_step_is_a_clear_error_not_a_hang(tmp_path):
         ranks.call("logprobs", StepInput(p, prompts, responses))
     assert err.value.rank == 1
     assert not any(proc.is_alive() for proc in ranks.procs)
+
+
+def _copy_of(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    return copy.deepcopy(model).to(device)
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_in_process_worker_step_equals_the_trainer_step(mode):
+    """World size 1 is today's path: the worker's logprobs + train_step over the planner (2 minibatches, token budget
+    12, IS and RS on) give the weights, loss and grad norm of :meth:`psrl.train.Trainer.step` on the same batch."""
+    from psrl.algo.advantages import ADV_ESTIMATORS
+    from psrl.config import ModelConfig, TaskConfig, TrainerConfig
+    from psrl.models import build_policy
+    from psrl.rollout.fakes import random_batch
+    from psrl.tasks import get_task
+    from psrl.train import Trainer
+
+    task = get_task(TaskConfig(name="arith"), seed=0)
+    policy = build_policy(ModelConfig(n_layer=1, n_embd=32, n_head=2, device="cpu"), task, seed=0)
+    batch = random_batch(task, lengths=(1, 9))
+    algo = _spec(mode).algo
+    tcfg = TrainerConfig(minibatches=2, lr=1e-3, grad_clip=0.5)
+    spec = WorkerSpec(
+        build=functools.partial(_copy_of, policy.model), pad_id=policy.pad_id, algo=algo, lr=tcfg.lr,
+        weight_decay=tcfg.weight_decay, grad_clip=tcfg.grad_clip, temperature=tcfg.temperature,
+    )  # fmt: skip
+    ranks = InProcess(spec)
+    trajs = [t for g in batch.groups for t in g]
+    advs = ADV_ESTIMATORS[algo.adv_estimator]([[t.reward for t in g] for g in batch.groups], norm_by_std=True)
+    prompts, responses = [t.prompt_ids for t in trajs], [t.response_ids for t in trajs]
+    p = plan([len(a) + len(b) for a, b in zip(prompts, responses)], 1, tcfg.minibatches, 12)
+    old = ranks.call("logprobs", StepInput(p, prompts, responses))[0]
+    masks = [[float(v) for v in t.loss_mask] for t in trajs]
+    adv = [a for g in advs for a in g]
+    inp = step_input(p, prompts, responses, old, [t.logprobs for t in trajs], adv, masks, algo)
+    got = ranks.call("train_step", inp)[0]
+    want = Trainer(policy, algo, tcfg).step(batch)
+    assert got["train/loss"] == pytest.approx(want["train/loss"], rel=1e-5, abs=1e-7)
+    assert got["train/grad_norm"] == pytest.approx(want["train/grad_norm"], rel=1e-5)
+    mine = ranks.worker.model.state_dict()
+    diff = max(float((mine[k] - v).abs().max()) for k, v in policy.model.state_dict().items())
+    assert diff <= 1e-6
