@@ -5,9 +5,12 @@ mid-step is a clear error naming it -- never a hang, never a rank left running."
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
+import multiprocessing
 import os
 import signal
+import threading
 
 import pytest
 import torch
@@ -161,3 +164,20 @@ def test_in_process_worker_step_equals_the_trainer_step(mode):
     mine = ranks.worker.model.state_dict()
     diff = max(float((mine[k] - v).abs().max()) for k, v in policy.model.state_dict().items())
     assert diff <= 1e-6
+
+
+def build_or_stall(device: str) -> torch.nn.Module:
+    """Rank 0 builds the model; the others (``meta``) never answer: a rank that stops responding."""
+    if device == "meta":
+        threading.Event().wait()
+    return build_tiny_gpt2(device)
+
+
+@pytest.mark.slow
+def test_a_silent_rank_is_a_timeout_naming_it_not_a_hang(tmp_path):
+    """A rank stuck before its first reply: the driver gives up after ``reply_timeout_s``, names the silent ranks
+    (rank 0 waits in the broadcast for rank 1, so both are silent) and kills them."""
+    spec = dataclasses.replace(_spec("token-mean"), build=build_or_stall)
+    with pytest.raises(RankFailure, match=r"did not answer within 5 s \(silent ranks: 0, 1\)"):
+        LocalRanks(spec, 2, reply_timeout_s=5.0, log_dir=tmp_path)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("psrl-rank")]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import socket
 import tempfile
+import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -109,24 +110,33 @@ class LocalRanks:
         return self._gather()
 
     def _gather(self) -> list[Any]:
-        """Every rank's reply, waiting at most ``reply_timeout_s`` for each: the wait wakes on a reply *or* on a
-        rank's death (its process sentinel), whichever comes first."""
-        out = []
-        for rank, (c, p) in enumerate(zip(self.conns, self.procs)):
-            if not wait([c, p.sentinel], timeout=self.reply_timeout_s):
-                self._fail(rank, f"did not answer within {self.reply_timeout_s:g} s")
-            if not c.poll():
-                p.join(timeout=5)
-                self._fail(rank, f"died (exit code {p.exitcode})")
-            try:
-                status, value = c.recv()
-            except (EOFError, OSError):
-                p.join(timeout=5)
-                self._fail(rank, f"died (exit code {p.exitcode})")
-            if status != "ok":
-                self._fail(rank, "failed", str(value).strip())
-            out.append(value)
-        return out
+        """Every rank's reply within one ``reply_timeout_s`` deadline: the wait wakes on a reply *or* on a rank's
+        death (its process sentinel), so a dead rank is reported at once, not after the timeout."""
+        out: dict[int, Any] = {}
+        deadline = time.monotonic() + self.reply_timeout_s
+        while len(out) < self.world_size:
+            pending = [r for r in range(self.world_size) if r not in out]
+            ready = wait(
+                [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending],
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
+            if not ready:
+                names = ", ".join(str(r) for r in pending)
+                self._fail(pending[0], f"did not answer within {self.reply_timeout_s:g} s (silent ranks: {names})")
+            for r in pending:
+                c, p = self.conns[r], self.procs[r]
+                if c.poll():
+                    try:
+                        status, value = c.recv()
+                    except (EOFError, OSError):
+                        p.join(timeout=5)
+                        self._fail(r, f"died (exit code {p.exitcode})")
+                    if status != "ok":
+                        self._fail(r, "failed", str(value).strip())
+                    out[r] = value
+                elif not p.is_alive():
+                    self._fail(r, f"died (exit code {p.exitcode})")
+        return [out[r] for r in range(self.world_size)]
 
     def _fail(self, rank: int, what: str, tail: str | None = None) -> None:
         """Kill every rank and raise, naming the rank that died first if one did: a peer's death makes the
