@@ -58,25 +58,43 @@ def _batch(step: int):
     return prompts, responses, masks, adv, noise
 
 
+def _step(ranks, mode: str, world: int, step: int, budget: int | None) -> tuple[dict, dict]:
+    """One step of the driver's protocol on batch ``step`` (2 minibatches, token budget ``budget``); returns the
+    pre-update log-probs and the step's metrics."""
+    prompts, responses, masks, adv, noise = _batch(step)
+    p = plan([len(a) + len(b) for a, b in zip(prompts, responses)], world, 2, budget)
+    old: dict[int, list[float]] = {}
+    for part in ranks.call("logprobs", StepInput(p, prompts, responses)):
+        old.update(part)
+    behav = [[o + e for o, e in zip(old[i], noise[i])] for i in range(len(LENGTHS))]
+    inp = step_input(p, prompts, responses, old, behav, adv, masks, _spec(mode).algo)
+    return old, ranks.call("train_step", inp)[0]
+
+
+def _state(ranks) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v) for k, v in ranks.call("state")[0].items()}
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
 def _run(ranks, mode: str, world: int, budgets: tuple) -> tuple[list, list, dict[str, torch.Tensor]]:
-    """STEPS steps of the driver's protocol (token budget ``budgets[step]``); returns (old log-probs per step,
-    metrics per step, final state)."""
+    """STEPS steps (token budget ``budgets[step]``); returns (old log-probs per step, metrics per step, final
+    state). At 2 ranks, step 0 has zero-weight padding micro-batches and step 1 a 2-row micro-batch beside a 1-row
+    one (the shape that hung when a micro-batch was a forward per row)."""
     olds, metrics = [], []
     for step in range(STEPS):
-        prompts, responses, masks, adv, noise = _batch(step)
-        p = plan([len(a) + len(b) for a, b in zip(prompts, responses)], world, 2, budgets[step])
-        if world > 1:  # what the step exercises: zero-weight padding, then rows sharing one forward
+        if world > 1:
+            prompts, responses, *_ = _batch(step)
+            p = plan([len(a) + len(b) for a, b in zip(prompts, responses)], world, 2, budgets[step])
             mbs = [m for per_rank in p.minibatches[0] for m in per_rank]
             assert any(m.padding for m in mbs) if step == 0 else any(len(m.rows) > 1 for m in mbs)
-        old: dict[int, list[float]] = {}
-        for part in ranks.call("logprobs", StepInput(p, prompts, responses)):
-            old.update(part)
-        behav = [[o + e for o, e in zip(old[i], noise[i])] for i in range(len(LENGTHS))]
-        inp = step_input(p, prompts, responses, old, behav, adv, masks, _spec(mode).algo)
-        metrics.append(ranks.call("train_step", inp)[0])
+        old, m = _step(ranks, mode, world, step, budgets[step])
         olds.append(old)
-    state = {k: torch.from_numpy(v) for k, v in ranks.call("state")[0].items()}
-    return olds, metrics, state
+        metrics.append(m)
+    return olds, metrics, _state(ranks)
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +118,7 @@ def test_two_ranks_train_step_equals_one_in_process_worker(two_ranks):
     for a, b in zip(m1, m2):
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4, abs=1e-7)
         assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
-    assert s1.keys() == s2.keys()
-    diff = max(float((s1[k] - s2[k]).abs().max()) for k in s1)
+    diff = _max_diff(s1, s2)
     print(f"max |param difference| 1 vs 2 ranks = {diff:.2e}")
     assert diff <= 1e-5
     d1 = two_ranks.call("digest")
@@ -181,3 +198,24 @@ def test_a_silent_rank_is_a_timeout_naming_it_not_a_hang(tmp_path):
     with pytest.raises(RankFailure, match=r"did not answer within 5 s \(silent ranks: 0, 1\)"):
         LocalRanks(spec, 2, reply_timeout_s=5.0, log_dir=tmp_path)
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("psrl-rank")]
+
+
+def test_a_checkpoint_resumes_at_another_world_size(two_ranks, tmp_path):
+    """``save`` at 1 rank, ``load`` at 2 and continue == continuing at 1; ``save`` at 2, ``load`` at 1 and continue
+    == continuing at 2 (DCP reshards model and AdamW state)."""
+    torch.set_num_threads(1)
+    one = InProcess(_spec("token-mean"))
+    _step(one, "token-mean", 1, 0, None)
+    one.call("save", str(tmp_path / "at1"))
+    _step(one, "token-mean", 1, 1, None)
+    two_ranks.call("load", str(tmp_path / "at1"))
+    _step(two_ranks, "token-mean", 2, 1, 16)
+    one_to_two = _max_diff(_state(one), _state(two_ranks))
+    two_ranks.call("save", str(tmp_path / "at2"))
+    _step(two_ranks, "token-mean", 2, 0, 8)
+    back = InProcess(_spec("token-mean"))
+    back.call("load", str(tmp_path / "at2"))
+    _step(back, "token-mean", 1, 0, None)
+    two_to_one = _max_diff(_state(back), _state(two_ranks))
+    print(f"resume 1 -> 2: {one_to_two:.2e}, 2 -> 1: {two_to_one:.2e}")
+    assert one_to_two <= 1e-5 and two_to_one <= 1e-5

@@ -8,7 +8,9 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
   weights the driver computed (:func:`step_input`), backward scaled by the world size (FSDP averages gradients), so
   the sharded gradient is the single-process one; clipping over the full norm; a non-finite norm skips the step on
   every rank alike (the norm is global);
-* ``digest()`` -- sha256 of the gathered fp32 state; ``state()`` -- the gathered state as numpy arrays.
+* ``digest()`` -- sha256 of the gathered fp32 state; ``state()`` -- the gathered state as numpy arrays;
+* ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
+  loaded at any other.
 
 Every micro-batch is ONE forward on every rank (right-padded rows; a padding micro-batch runs the first row of its
 minibatch with weight 0): under FSDP each forward is a round of all-gathers and each backward a round of
@@ -21,13 +23,15 @@ group and no ``fully_shard``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -36,8 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import token_loss
@@ -46,7 +52,7 @@ from psrl.train.shard import full_state, load_full_state, shard_model
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "serve", "COMMANDS"]
 
-COMMANDS = ("logprobs", "train_step", "digest", "state")
+COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load")
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,10 @@ class RankWorker:
             return self.digest()
         if cmd == "state":
             return self.state()
+        if cmd == "save":
+            return self.save(arg)
+        if cmd == "load":
+            return self.load(arg)
         raise ValueError(f"unknown trainer command {cmd!r}, use one of {COMMANDS}")
 
     def _forward(self, inp: StepInput, rows: tuple[int, ...]) -> Tensor:
@@ -252,6 +262,22 @@ class RankWorker:
             for g, lr in zip(groups, base):
                 g["lr"] = lr
 
+    def save(self, directory: str) -> str:
+        """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
+        the files hold the full tensors' layout, so any world size loads them."""
+        model, optim = get_state_dict(self.model, self.optimizer)
+        with _single_process_quiet(self.world):
+            dcp.save({"model": model, "optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
+        return directory
+
+    def load(self, directory: str) -> str:
+        """Read what :meth:`save` wrote, at this world size (resharded by DCP)."""
+        model, optim = get_state_dict(self.model, self.optimizer)
+        with _single_process_quiet(self.world):  # DCP fills the nested dicts in place
+            dcp.load({"model": model, "optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
+        set_state_dict(self.model, self.optimizer, model_state_dict=model, optim_state_dict=optim)
+        return directory
+
     def state(self) -> dict[str, np.ndarray] | None:
         """The gathered state (a collective), as numpy arrays on rank 0 (None on the others): numpy, because a
         tensor crosses processes as a file descriptor that is gone once the rank exits."""
@@ -265,6 +291,15 @@ class RankWorker:
             h.update(name.encode())
             h.update(t.float().contiguous().numpy().tobytes())
         return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _single_process_quiet(world: int) -> Iterator[None]:
+    """At world size 1 DCP warns that it assumes one process on every call: that is the intent, say nothing."""
+    with warnings.catch_warnings():
+        if world == 1:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _global(norm: Tensor) -> float:
