@@ -219,3 +219,26 @@ def test_a_checkpoint_resumes_at_another_world_size(two_ranks, tmp_path):
     two_to_one = _max_diff(_state(back), _state(two_ranks))
     print(f"resume 1 -> 2: {one_to_two:.2e}, 2 -> 1: {two_to_one:.2e}")
     assert one_to_two <= 1e-5 and two_to_one <= 1e-5
+
+
+def test_publish_from_two_ranks_is_the_gathered_state_bit_for_bit(two_ranks, tmp_path):
+    """``publish`` at 2 ranks: ``v{N}`` appears whole (no ``.tmp`` left), one file per rank, the manifest's checksums
+    hold, the tensors equal the gathered state exactly and the in-process worker's publish of the same weights;
+    only the newest ``keep`` versions stay."""
+    from psrl.train.publish import read_version, versions
+
+    torch.set_num_threads(1)
+    two_ranks.call("save", str(tmp_path / "ckpt"))
+    one = InProcess(_spec("token-mean"))
+    one.call("load", str(tmp_path / "ckpt"))
+    for v in range(3):
+        two_ranks.call("publish", (v, str(tmp_path / "w2"), 2))
+    one.call("publish", (2, str(tmp_path / "w1"), 2))
+    assert versions(tmp_path / "w2") == [1, 2] and not list((tmp_path / "w2").glob("*.tmp"))
+    assert len(list((tmp_path / "w2" / "v2").glob("*.safetensors"))) == 2
+    version, published = read_version(tmp_path / "w2" / "v2")
+    gathered = _state(two_ranks)
+    assert version == 2 and published.keys() == gathered.keys()
+    assert all(torch.equal(published[k], gathered[k]) for k in gathered)
+    _, single = read_version(tmp_path / "w1" / "v2")
+    assert all(torch.equal(published[k], single[k]) for k in single)

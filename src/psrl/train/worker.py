@@ -9,6 +9,7 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
   the sharded gradient is the single-process one; clipping over the full norm; a non-finite norm skips the step on
   every rank alike (the norm is global);
 * ``digest()`` -- sha256 of the gathered fp32 state; ``state()`` -- the gathered state as numpy arrays;
+* ``publish((version, root, keep))`` -- the weights as ``root/v{version}`` for the engines (:mod:`psrl.train.publish`);
 * ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
   loaded at any other.
 
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,11 +50,12 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import token_loss
 from psrl.train.planner import Plan, loss_weights
+from psrl.train.publish import finish_version, write_share
 from psrl.train.shard import full_state, load_full_state, shard_model
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "serve", "COMMANDS"]
 
-COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load")
+COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load", "publish")
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,8 @@ class RankWorker:
             return self.save(arg)
         if cmd == "load":
             return self.load(arg)
+        if cmd == "publish":
+            return self.publish(*arg)
         raise ValueError(f"unknown trainer command {cmd!r}, use one of {COMMANDS}")
 
     def _forward(self, inp: StepInput, rows: tuple[int, ...]) -> Tensor:
@@ -277,6 +282,21 @@ class RankWorker:
             dcp.load({"model": model, "optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
         set_state_dict(self.model, self.optimizer, model_state_dict=model, optim_state_dict=optim)
         return directory
+
+    def publish(self, version: int, root: str, keep: int) -> str:
+        """Write the weights as ``root/v{version}`` (:mod:`psrl.train.publish`): every rank gathers (collectives, in
+        the same order) and writes its share; after a barrier rank 0 writes index and manifest and renames the
+        directory into place; a second barrier, so that the version exists on return from every rank."""
+        full = full_state(self.model)
+        tmp = Path(root) / f"v{version}.tmp"
+        write_share(full, self.rank, self.world, tmp)
+        if self.world > 1:
+            dist.barrier()
+        if self.rank == 0:
+            finish_version(full, self.world, tmp, version, keep)
+        if self.world > 1:
+            dist.barrier()
+        return str(Path(root) / f"v{version}")
 
     def state(self) -> dict[str, np.ndarray] | None:
         """The gathered state (a collective), as numpy arrays on rank 0 (None on the others): numpy, because a
