@@ -1,6 +1,7 @@
 """Start trainer ranks on this machine and talk to them (issue #22, item 1, the local launcher).
 
-:class:`LocalRanks` spawns ``world_size`` processes running :func:`psrl.train.worker.serve`, one pipe each, and
+:class:`LocalRanks` spawns ``world_size`` processes running :func:`serve` (a :class:`~psrl.train.worker.RankWorker`
+answering commands), one pipe each, and
 :meth:`LocalRanks.call` sends every rank the same command and waits -- bounded -- for every reply. A rank that dies,
 errs or stays silent past ``reply_timeout_s`` raises :class:`RankFailure` naming the rank, its exit code and the tail
 of its log, and every rank is then killed: never a hang, never a rank left behind. The ranks also exit on their own
@@ -13,17 +14,25 @@ Both are synchronous; an asyncio driver awaits them with ``asyncio.to_thread``.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
+import sys
 import tempfile
+import threading
 import time
+import traceback
+from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from psrl.train.worker import RankWorker, WorkerSpec, serve
+import torch
+import torch.distributed as dist
 
-__all__ = ["RankFailure", "LocalRanks", "InProcess", "free_port"]
+from psrl.train.worker import RankWorker, WorkerSpec
+
+__all__ = ["RankFailure", "LocalRanks", "InProcess", "free_port", "serve"]
 
 LOG_TAIL = 20
 """Lines of a failed rank's log quoted in the error."""
@@ -180,3 +189,66 @@ class LocalRanks:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def serve(conn: Connection, spec: WorkerSpec, rank: int, world_size: int, port: int, log: str | None) -> None:
+    """The rank process: join the group, then answer ``(command, arg)`` messages with ``("ok", result)`` or
+    ``("error", traceback)`` until ``("close", None)`` or the driver goes away (pipe closed, or this process
+    re-parented: the driver was killed). ``log``: a file that takes this rank's stdout and stderr."""
+    if log is not None:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    parent = os.getppid()
+    threading.Thread(target=_orphan_watch, args=(parent,), daemon=True).start()
+    torch.set_num_threads(1)
+    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
+    if world_size > 1:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=spec.collective_timeout_s),
+        )
+    try:
+        try:
+            worker = RankWorker(spec, rank, world_size)
+            conn.send(("ok", "ready"))
+        except Exception:
+            conn.send(("error", traceback.format_exc()))
+            return
+        _loop(conn, worker)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _loop(conn: Connection, worker: RankWorker) -> None:
+    while True:
+        try:
+            cmd, arg = conn.recv()
+        except (EOFError, OSError):
+            return  # the driver is gone
+        if cmd == "close":
+            conn.send(("ok", None))
+            return
+        try:
+            result = worker.handle(cmd, arg)
+        except Exception:
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+            conn.send(("error", traceback.format_exc()))
+            continue
+        conn.send(("ok", result))
+
+
+def _orphan_watch(parent: int) -> None:
+    """Exit at once when the driver dies (this process is re-parented): no rank outlives psrl, even after SIGKILL,
+    and a rank blocked in a collective is not waited for."""
+    while os.getppid() == parent:
+        threading.Event().wait(1.0)
+    os._exit(1)

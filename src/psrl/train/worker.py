@@ -17,8 +17,8 @@ Every micro-batch is ONE forward on every rank (right-padded rows; a padding mic
 minibatch with weight 0): under FSDP each forward is a round of all-gathers and each backward a round of
 reduce-scatters, and ranks that run different numbers of them deadlock.
 
-:class:`RankWorker` is the rank's state; :func:`serve` is the loop a rank process runs over a pipe
-(:mod:`psrl.train.launch` starts it); world size 1 runs the same :class:`RankWorker` in the driver, with no process
+:class:`RankWorker` is the rank's state; :func:`psrl.train.launch.serve` is the loop a rank process runs over a
+pipe; world size 1 runs the same :class:`RankWorker` in the driver, with no process
 group and no ``fully_shard``.
 """
 
@@ -27,15 +27,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-import os
-import sys
-import threading
-import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +47,7 @@ from psrl.train.planner import Plan, loss_weights
 from psrl.train.publish import finish_version, write_share
 from psrl.train.shard import full_state, load_full_state, shard_model
 
-__all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "serve", "COMMANDS"]
+__all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "COMMANDS"]
 
 COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load", "publish")
 
@@ -326,66 +320,3 @@ def _global(norm: Tensor) -> float:
     """The clip norm as a float: a DTensor under FSDP (its full value is the norm over every shard)."""
     full = getattr(norm, "full_tensor", None)
     return float(full() if callable(full) else norm)
-
-
-def serve(conn: Connection, spec: WorkerSpec, rank: int, world_size: int, port: int, log: str | None) -> None:
-    """The rank process: join the group, then answer ``(command, arg)`` messages with ``("ok", result)`` or
-    ``("error", traceback)`` until ``("close", None)`` or the driver goes away (pipe closed, or this process
-    re-parented: the driver was killed). ``log``: a file that takes this rank's stdout and stderr."""
-    if log is not None:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-    parent = os.getppid()
-    threading.Thread(target=_orphan_watch, args=(parent,), daemon=True).start()
-    torch.set_num_threads(1)
-    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
-    if world_size > 1:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=spec.collective_timeout_s),
-        )
-    try:
-        try:
-            worker = RankWorker(spec, rank, world_size)
-            conn.send(("ok", "ready"))
-        except Exception:
-            conn.send(("error", traceback.format_exc()))
-            return
-        _loop(conn, worker)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-
-
-def _loop(conn: Connection, worker: RankWorker) -> None:
-    while True:
-        try:
-            cmd, arg = conn.recv()
-        except (EOFError, OSError):
-            return  # the driver is gone
-        if cmd == "close":
-            conn.send(("ok", None))
-            return
-        try:
-            result = worker.handle(cmd, arg)
-        except Exception:
-            print(traceback.format_exc(), file=sys.stderr, flush=True)
-            conn.send(("error", traceback.format_exc()))
-            continue
-        conn.send(("ok", result))
-
-
-def _orphan_watch(parent: int) -> None:
-    """Exit at once when the driver dies (this process is re-parented): no rank outlives psrl, even after SIGKILL,
-    and a rank blocked in a collective is not waited for."""
-    while os.getppid() == parent:
-        threading.Event().wait(1.0)
-    os._exit(1)
