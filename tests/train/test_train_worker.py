@@ -243,3 +243,48 @@ def test_publish_from_two_ranks_is_the_gathered_state_bit_for_bit(two_ranks, tmp
     assert all(torch.equal(published[k], gathered[k]) for k in gathered)
     _, single = read_version(tmp_path / "w1" / "v2")
     assert all(torch.equal(published[k], single[k]) for k in single)
+
+
+def build_tiny_llama_tied(device: str) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=0,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        with torch.device(device):
+            return LlamaForCausalLM(cfg)
+
+
+def build_tiny_qwen2_untied(device: str) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False, pad_token_id=0,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        with torch.device(device):
+            return Qwen2ForCausalLM(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [build_tiny_llama_tied, build_tiny_qwen2_untied])
+def test_llama_and_qwen2_shard_and_train_like_one_process(build, tmp_path):
+    """Llama (tied embedding and head: one FSDP unit, the root) and Qwen2 (untied), tiny and random: rank 1 built on
+    ``meta`` gets rank 0's weights by broadcast, and 2 ranks train as one in-process worker does."""
+    torch.set_num_threads(1)
+    spec = dataclasses.replace(_spec("seq-mean-token-mean"), build=build)
+    one = InProcess(spec)
+    _step(one, "seq-mean-token-mean", 1, 0, None)
+    with LocalRanks(spec, 2, reply_timeout_s=WAIT_S, log_dir=tmp_path) as two:
+        start = _state(two)
+        _step(two, "seq-mean-token-mean", 2, 0, 8)
+        got = _state(two)
+    assert _max_diff(start, {k: v for k, v in build("cpu").state_dict().items()}) == 0.0
+    diff = _max_diff(_state(one), got)
+    print(f"{build.__name__}: max |param difference| 1 vs 2 ranks = {diff:.2e}")
+    assert diff <= 1e-5
