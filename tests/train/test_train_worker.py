@@ -4,13 +4,20 @@ mid-step is a clear error naming it -- never a hang, never a rank left running."
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
+import json
 import multiprocessing
 import os
+import select
 import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -288,3 +295,47 @@ def test_llama_and_qwen2_shard_and_train_like_one_process(build, tmp_path):
     diff = _max_diff(_state(one), got)
     print(f"{build.__name__}: max |param difference| 1 vs 2 ranks = {diff:.2e}")
     assert diff <= 1e-5
+
+
+DRIVER = """
+import json, sys
+from psrl.train.launch import LocalRanks
+from tests.train.test_train_worker import _spec
+ranks = LocalRanks(_spec("token-mean"), 2, reply_timeout_s=120.0, log_dir=sys.argv[1])
+print(json.dumps(ranks.pids), flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, waiting for whoever reaps orphans here)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_driver_leaves_no_rank(tmp_path):
+    """SIGKILL of the driver alone (not its process group): its ranks notice they were orphaned and exit."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], WAIT_S)
+        assert ready, "the driver did not start its ranks in time"
+        pids = json.loads(proc.stdout.readline())
+        assert len(pids) == 2 and not any(_gone(p) for p in pids)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the ranks' exit (an event), bounded by the deadline
+        assert all(_gone(p) for p in pids), f"rank processes {pids} outlived the driver"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the driver's session
