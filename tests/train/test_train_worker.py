@@ -4,6 +4,7 @@ mid-step is a clear error naming it -- never a hang, never a rank left running."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -128,7 +129,7 @@ def test_two_ranks_train_step_equals_one_in_process_worker(two_ranks):
     diff = _max_diff(s1, s2)
     print(f"max |param difference| 1 vs 2 ranks = {diff:.2e}")
     assert diff <= 1e-5
-    d1 = two_ranks.call("digest")
+    d1 = asyncio.run(two_ranks.acall("digest"))  # what the coordinator's loop would await
     assert d1[0] == d1[1]  # every rank gathers the same state
 
 

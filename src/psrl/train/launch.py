@@ -8,11 +8,13 @@ of its log, and every rank is then killed: never a hang, never a rank left behin
 when the driver dies (they watch their parent), so a SIGKILLed psrl leaves none.
 
 :class:`InProcess` is world size 1: the same :class:`~psrl.train.worker.RankWorker` in the driver, no process group.
-Both are synchronous; an asyncio driver awaits them with ``asyncio.to_thread``.
+Both answer ``call`` (blocking) and ``acall`` (awaitable: the blocking wait runs in a thread, so the coordinator's
+event loop keeps serving while the ranks train).
 """
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import os
 import socket
@@ -64,6 +66,10 @@ class InProcess:
     def call(self, cmd: str, arg: Any = None) -> list[Any]:
         """``[result]``: the same shape as :meth:`LocalRanks.call`."""
         return [self.worker.handle(cmd, arg)]
+
+    async def acall(self, cmd: str, arg: Any = None) -> list[Any]:
+        """:meth:`call` in a worker thread, so an asyncio driver's loop keeps running while the step does."""
+        return await asyncio.to_thread(self.call, cmd, arg)
 
     def close(self) -> None:
         """Nothing to stop."""
@@ -117,6 +123,10 @@ class LocalRanks:
             except (BrokenPipeError, OSError):
                 self._fail(rank, f"is gone (exit code {self.procs[rank].exitcode})")
         return self._gather()
+
+    async def acall(self, cmd: str, arg: Any = None) -> list[Any]:
+        """:meth:`call` in a worker thread: the driver's event loop is not blocked while the ranks work."""
+        return await asyncio.to_thread(self.call, cmd, arg)
 
     def _gather(self) -> list[Any]:
         """Every rank's reply within one ``reply_timeout_s`` deadline: the wait wakes on a reply *or* on a rank's
