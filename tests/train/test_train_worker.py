@@ -340,3 +340,17 @@ def test_sigkill_of_the_driver_leaves_no_rank(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the driver's session
+
+
+def test_a_checkpoint_before_the_first_step_changes_nothing(tmp_path):
+    """``save`` before any step keeps AdamW unstepped (DCP would initialise it with a zero step, shifting the next
+    update's bias correction): the run that saved, and one loaded from it, step exactly as one that never saved."""
+    torch.set_num_threads(1)
+    plain, saver = InProcess(_spec("token-mean")), InProcess(_spec("token-mean"))
+    saver.call("save", str(tmp_path / "c"))
+    loaded = InProcess(_spec("token-mean"))
+    loaded.call("load", str(tmp_path / "c"))
+    for w in (plain, saver, loaded):
+        _step(w, "token-mean", 1, 0, None)
+    want = _state(plain)
+    assert _max_diff(want, _state(saver)) == 0.0 and _max_diff(want, _state(loaded)) == 0.0

@@ -39,7 +39,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import token_loss
@@ -263,18 +268,29 @@ class RankWorker:
 
     def save(self, directory: str) -> str:
         """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
-        the files hold the full tensors' layout, so any world size loads them."""
-        model, optim = get_state_dict(self.model, self.optimizer)
+        the files hold the full tensors' layout, so any world size loads them. An optimiser that has not stepped
+        yet is left out: DCP's ``get_state_dict`` would initialise it with a zero step (AdamW's step count 1),
+        which changes the next update of the run that saved."""
+        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+        if self.optimizer.state:
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
         with _single_process_quiet(self.world):
-            dcp.save({"model": model, "optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
+            dcp.save(state, checkpoint_id=directory, no_dist=self.world == 1)
         return directory
 
     def load(self, directory: str) -> str:
-        """Read what :meth:`save` wrote, at this world size (resharded by DCP)."""
-        model, optim = get_state_dict(self.model, self.optimizer)
-        with _single_process_quiet(self.world):  # DCP fills the nested dicts in place
-            dcp.load({"model": model, "optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
-        set_state_dict(self.model, self.optimizer, model_state_dict=model, optim_state_dict=optim)
+        """Read what :meth:`save` wrote, at this world size (resharded by DCP); without saved optimiser state AdamW
+        starts fresh."""
+        with _single_process_quiet(self.world):
+            saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+            model = get_model_state_dict(self.model)
+            dcp.load({"model": model}, checkpoint_id=directory, no_dist=self.world == 1)  # fills the dict in place
+            set_model_state_dict(self.model, model)
+            self.optimizer.state.clear()
+            if any(k.startswith("optim.") for k in saved):
+                optim = get_optimizer_state_dict(self.model, self.optimizer)
+                dcp.load({"optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
+                set_optimizer_state_dict(self.model, self.optimizer, optim)
         return directory
 
     def publish(self, version: int, root: str, keep: int) -> str:
