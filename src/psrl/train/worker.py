@@ -249,6 +249,7 @@ class RankWorker:
                 skipped += 1
                 continue
             self._step(inp.lr_scale)
+        self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held between steps
         return {
             "train/loss": sum(losses) / len(losses),
             "train/grad_norm": sum(norms) / len(norms),
@@ -287,6 +288,7 @@ class RankWorker:
             dcp.load({"model": model}, checkpoint_id=directory, no_dist=self.world == 1)  # fills the dict in place
             set_model_state_dict(self.model, model)
             self.optimizer.state.clear()
+            self.optimizer.zero_grad(set_to_none=True)  # else DCP sees gradients and leaves the state uninitialised
             if any(k.startswith("optim.") for k in saved):
                 optim = get_optimizer_state_dict(self.model, self.optimizer)
                 dcp.load({"optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
