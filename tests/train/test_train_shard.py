@@ -4,7 +4,8 @@ lengths, micro-batches under a token budget, clipping over the full norm, every 
 Each micro-batch is ONE forward on every rank: under FSDP a forward is a round of all-gathers, so a rank that ran a
 forward per trajectory of a 3-row micro-batch while the other ran one for its 1-row micro-batch deadlocked (one
 rank in a backward reduce-scatter, the other in a forward all-gather) -- the hang this test was skipped for.
-Measured on the 2-core box: max |parameter difference| 5.6e-7, 8.5e-7, 5.7e-6 over the three modes, ~15 s each."""
+Measured on the 2-core box: max |parameter difference| 5.6e-7, 8.5e-7, 5.7e-6 over the three modes, 5-15 s each
+(with the load of the shared box)."""
 
 from __future__ import annotations
 

@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import token_loss
+from psrl.config import AlgorithmConfig
 from psrl.train.planner import Plan, loss_weights
 from psrl.train.publish import finish_version, write_share
 from psrl.train.shard import full_state, load_full_state, shard_model
@@ -65,8 +66,8 @@ class WorkerSpec:
     """``device -> model``: called with ``"cpu"``/``"cuda"`` on rank 0 (the weights are read there, once) and with
     ``"meta"`` on the other ranks, which receive rank 0's weights by broadcast."""
     pad_id: int
-    algo: Any
-    """An ``AlgorithmConfig`` (policy loss, clips, ``loss_agg_mode``, rollout correction)."""
+    algo: AlgorithmConfig
+    """Policy loss, clips, ``loss_agg_mode``, rollout correction."""
     lr: float = 1e-3
     weight_decay: float = 0.0
     grad_clip: float = 1.0
@@ -112,7 +113,7 @@ def step_input(
     behav: list[list[float]],
     adv: list[float],
     mask: list[list[float]],
-    algo: Any,
+    algo: AlgorithmConfig,
     lr_scale: float = 1.0,
 ) -> StepInput:
     """The driver's half of a step: the effective masks (loss mask times the rollout correction's rejection keep,
