@@ -129,6 +129,9 @@ def test_two_ranks_train_step_equals_one_in_process_worker(two_ranks):
     diff = _max_diff(s1, s2)
     print(f"max |param difference| 1 vs 2 ranks = {diff:.2e}")
     assert diff <= 1e-5
+    usage = two_ranks.call("usage")  # each rank holds its shards: together, one model and its AdamW moments
+    whole = sum(p.numel() * 4 for p in build_tiny_gpt2("cpu").parameters())
+    assert sum(u["param_bytes"] for u in usage) == whole and sum(u["optim_bytes"] for u in usage) >= 2 * whole
     d1 = asyncio.run(two_ranks.acall("digest"))  # what the coordinator's loop would await
     assert d1[0] == d1[1]  # every rank gathers the same state
 

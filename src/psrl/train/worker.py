@@ -9,6 +9,7 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
   the sharded gradient is the single-process one; clipping over the full norm; a non-finite norm skips the step on
   every rank alike (the norm is global);
 * ``digest()`` -- sha256 of the gathered fp32 state; ``state()`` -- the gathered state as numpy arrays;
+  ``usage()`` -- the rank's parameter and optimiser bytes and peak RSS;
 * ``publish((version, root, keep))`` -- the weights as ``root/v{version}`` for the engines (:mod:`psrl.train.publish`);
 * ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
   loaded at any other.
@@ -45,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import token_loss
@@ -55,7 +57,7 @@ from psrl.train.shard import full_state, load_full_state, shard_model
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "COMMANDS"]
 
-COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load", "publish")
+COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load", "publish", "usage")
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ class RankWorker:
             return self.load(arg)
         if cmd == "publish":
             return self.publish(*arg)
+        if cmd == "usage":
+            return self.usage()
         raise ValueError(f"unknown trainer command {cmd!r}, use one of {COMMANDS}")
 
     def _forward(self, inp: StepInput, rows: tuple[int, ...]) -> Tensor:
@@ -310,6 +314,25 @@ class RankWorker:
         if self.world > 1:
             dist.barrier()
         return str(Path(root) / f"v{version}")
+
+    def usage(self) -> dict[str, int]:
+        """Bytes this rank holds of parameters and optimiser state (its shards only), and its peak RSS (``VmHWM``:
+        the process's own high-water mark; ``getrusage`` would report the spawning driver's, kept across exec)."""
+
+        def local(t: Tensor) -> int:
+            part = t.to_local() if isinstance(t, DTensor) else t
+            return part.numel() * part.element_size()
+
+        params = sum(local(p) for p in self.model.parameters())
+        optim = sum(local(v) for st in self.optimizer.state.values() for v in st.values() if isinstance(v, Tensor))
+        status = Path("/proc/self/status")
+        hwm = (
+            [ln.split()[1] for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")]
+            if status.exists()
+            else []
+        )
+        rss = int(hwm[0]) * 1024 if hwm else 0  # kB
+        return {"param_bytes": params, "optim_bytes": optim, "peak_rss_bytes": rss}
 
     def state(self) -> dict[str, np.ndarray] | None:
         """The gathered state (a collective), as numpy arrays on rank 0 (None on the others): numpy, because a
