@@ -263,3 +263,26 @@ def test_float32_and_bool_mask(kind):
     assert out.dtype == torch.float32 and x.grad.dtype == torch.float32
     assert out.item() == pytest.approx(ref.item(), rel=1e-5, abs=1e-6)
     assert torch.allclose(x.grad.double(), logp.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["ppo", "gspo"])
+@pytest.mark.parametrize("mode", MODES)
+def test_token_loss_weighted_by_global_denominators_is_the_policy_loss(kind, mode):
+    """A sharded trainer sums ``weight * token_loss`` over rows split across ranks: with the planner's weights of the
+    effective mask (rejection sampling on), that sum and its gradient equal ``policy_loss`` of the whole batch."""
+    from psrl.algo.losses import token_loss
+    from psrl.train.planner import loss_weights
+
+    logp, old, behav, adv, _, mask = _batch(3)
+    cfg = _cfg(kind, mode, "token", "token")
+    want, _ = policy_loss(logp, old, behav, adv, mask, cfg)
+    (g_want,) = torch.autograd.grad(want, logp)
+    got = torch.zeros((), dtype=torch.float64)
+    _, eff_all = token_loss(logp, old, behav, adv, mask, cfg)
+    w = loss_weights({i: eff_all[i].tolist() for i in range(len(mask))}, mode)
+    for rows in ([0, 3], [1, 2, 4, 5]):  # two "ranks"
+        per_token, _ = token_loss(logp[rows], old[rows], behav[rows], adv[rows], mask[rows], cfg)
+        got = got + (per_token * torch.tensor([w[i] for i in rows], dtype=torch.float64)).sum()
+    (g_got,) = torch.autograd.grad(got, logp)
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-12, abs=1e-12)
+    assert torch.allclose(g_got, g_want, rtol=1e-10, atol=1e-12)

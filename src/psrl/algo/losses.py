@@ -30,7 +30,7 @@ from torch import Tensor
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.divergence import LOG_RATIO_CLAMP
 
-__all__ = ["aggregate", "policy_loss", "AGG_MODES", "LOG_RATIO_CLAMP"]
+__all__ = ["aggregate", "policy_loss", "token_loss", "AGG_MODES", "LOG_RATIO_CLAMP"]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
@@ -75,6 +75,27 @@ def policy_loss(
     ``advantages`` is per sequence ``[B]`` or per token ``[B, T]``.
     """
     old = logp.detach() if old_logp is None else old_logp.detach()
+    per_token, eff, ratio, adv, metrics = _terms(logp, old, behav_logp, advantages, mask, cfg)
+    loss = aggregate(per_token, eff, cfg.loss_agg_mode)
+    low, high = 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high
+    metrics.update(_loss_metrics(loss, ratio.detach(), adv, logp.detach() - old, eff > 0, low, high))
+    return loss, metrics
+
+
+def token_loss(
+    logp: Tensor, old_logp: Tensor, behav_logp: Tensor | None, advantages: Tensor, mask: Tensor, cfg: Any
+) -> tuple[Tensor, Tensor]:
+    """``(per-token loss, effective mask)`` of :func:`policy_loss` before aggregation: a sharded trainer weighs the
+    per-token loss with the batch's global denominators (:func:`psrl.train.planner.loss_weights` of the effective
+    mask) and sums, so ``sum(weight * loss)`` over all ranks is ``policy_loss``'s value. Every term is per token
+    or per sequence, so a subset of the rows gives the same values for those rows."""
+    per_token, eff, _, _, _ = _terms(logp, old_logp.detach(), behav_logp, advantages, mask, cfg)
+    return per_token, eff
+
+
+def _terms(logp: Tensor, old: Tensor, behav_logp: Tensor | None, advantages: Tensor, mask: Tensor, cfg: Any):
+    """Per-token ``-w * surrogate``, the effective mask (valid and kept), the ratio, the masked advantages and the
+    correction metrics."""
     valid = mask.detach().to(logp.dtype)
     weights, keep, metrics = _correction(old, behav_logp, valid, cfg)
     eff = valid * keep
@@ -83,9 +104,7 @@ def policy_loss(
     ratio = _ratio(logp, old, eff, cfg.policy_loss)
     low, high = 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high
     surrogate = torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
-    loss = aggregate(-weights * surrogate, eff, cfg.loss_agg_mode)
-    metrics.update(_loss_metrics(loss, ratio.detach(), adv, logp.detach() - old, eff > 0, low, high))
-    return loss, metrics
+    return -weights * surrogate, eff, ratio, adv, metrics
 
 
 def _correction(old: Tensor, behav_logp: Tensor | None, valid: Tensor, cfg: Any):

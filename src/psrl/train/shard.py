@@ -12,6 +12,7 @@ On CPU everything stays fp32 (gloo); a mixed-precision policy for GPUs is not bu
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
@@ -52,6 +53,9 @@ def load_full_state(model: nn.Module, state: dict[str, torch.Tensor] | None, dev
     # torch types the state dict[str, ValueType], invariant in its values, so a dict[str, Tensor] (which it is,
     # and which set_model_state_dict only renames keys of) does not match
     set_model_state_dict(model, state if state is not None else {}, options=opts)  # type: ignore[arg-type]
+    if dist.is_initialized():  # non-persistent buffers (Llama's rotary inv_freq) are in no state dict: after
+        for buf in model.buffers():  # to_empty they hold garbage on the meta-built ranks, so rank 0 sends them too
+            dist.broadcast(buf, src=0)
 
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:

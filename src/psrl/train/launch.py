@@ -1,0 +1,264 @@
+"""Start trainer ranks on this machine and talk to them (issue #22, item 1, the local launcher).
+
+:class:`LocalRanks` spawns ``world_size`` processes running :func:`serve` (a :class:`~psrl.train.worker.RankWorker`
+answering commands), one pipe each, and
+:meth:`LocalRanks.call` sends every rank the same command and waits -- bounded -- for every reply. A rank that dies,
+errs or stays silent past ``reply_timeout_s`` raises :class:`RankFailure` naming the rank, its exit code and the tail
+of its log, and every rank is then killed: never a hang, never a rank left behind. The ranks also exit on their own
+when the driver dies (they watch their parent), so a SIGKILLed psrl leaves none.
+
+:class:`InProcess` is world size 1: the same :class:`~psrl.train.worker.RankWorker` in the driver, no process group.
+Both answer ``call`` (blocking) and ``acall`` (awaitable: the blocking wait runs in a thread, so the coordinator's
+event loop keeps serving while the ranks train).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from psrl.train.worker import RankWorker, WorkerSpec
+
+__all__ = ["RankFailure", "LocalRanks", "InProcess", "free_port", "serve"]
+
+LOG_TAIL = 20
+"""Lines of a failed rank's log quoted in the error."""
+
+
+class RankFailure(RuntimeError):
+    """A trainer rank died, failed a command or did not answer in time; ``rank`` says which."""
+
+    def __init__(self, rank: int, what: str, tail: str = ""):
+        self.rank = rank
+        super().__init__(f"trainer rank {rank} {what}" + (f"; its log ends:\n{tail}" if tail else ""))
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (for the ranks' rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class InProcess:
+    """World size 1: the rank worker in the driver's own process (what the default job runs)."""
+
+    world_size = 1
+
+    def __init__(self, spec: WorkerSpec):
+        self.worker = RankWorker(spec, 0, 1)
+
+    def call(self, cmd: str, arg: Any = None) -> list[Any]:
+        """``[result]``: the same shape as :meth:`LocalRanks.call`."""
+        return [self.worker.handle(cmd, arg)]
+
+    async def acall(self, cmd: str, arg: Any = None) -> list[Any]:
+        """:meth:`call` in a worker thread, so an asyncio driver's loop keeps running while the step does."""
+        return await asyncio.to_thread(self.call, cmd, arg)
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class LocalRanks:
+    """``world_size`` rank processes on this machine (spawned, so nothing of the driver's state is inherited)."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        world_size: int,
+        reply_timeout_s: float = 300.0,
+        log_dir: str | Path | None = None,
+    ):
+        if world_size < 2:
+            raise ValueError(f"LocalRanks needs world_size >= 2 (1 runs InProcess), got {world_size}")
+        self.world_size = world_size
+        self.reply_timeout_s = reply_timeout_s
+        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="psrl-ranks-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.conns: list[Connection] = []
+        self.procs: list[BaseProcess] = []
+        for rank in range(world_size):
+            ours, theirs = ctx.Pipe()
+            log = str(self.log_path(rank))
+            p = ctx.Process(
+                target=serve, args=(theirs, spec, rank, world_size, port, log), daemon=True, name=f"psrl-rank{rank}"
+            )
+            p.start()
+            theirs.close()
+            self.conns.append(ours)
+            self.procs.append(p)
+        self._gather()  # each rank answers "ready" once its model is built and loaded
+
+    def log_path(self, rank: int) -> Path:
+        """Where rank ``rank``'s stdout and stderr go."""
+        return self.log_dir / f"rank{rank}.log"
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid for p in self.procs]
+
+    def call(self, cmd: str, arg: Any = None) -> list[Any]:
+        """Send ``(cmd, arg)`` to every rank, then every rank's result, in rank order."""
+        for rank, c in enumerate(self.conns):
+            try:
+                c.send((cmd, arg))
+            except (BrokenPipeError, OSError):
+                self._fail(rank, f"is gone (exit code {self.procs[rank].exitcode})")
+        return self._gather()
+
+    async def acall(self, cmd: str, arg: Any = None) -> list[Any]:
+        """:meth:`call` in a worker thread: the driver's event loop is not blocked while the ranks work."""
+        return await asyncio.to_thread(self.call, cmd, arg)
+
+    def _gather(self) -> list[Any]:
+        """Every rank's reply within one ``reply_timeout_s`` deadline: the wait wakes on a reply *or* on a rank's
+        death (its process sentinel), so a dead rank is reported at once, not after the timeout."""
+        out: dict[int, Any] = {}
+        deadline = time.monotonic() + self.reply_timeout_s
+        while len(out) < self.world_size:
+            pending = [r for r in range(self.world_size) if r not in out]
+            ready = wait(
+                [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending],
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
+            if not ready:
+                names = ", ".join(str(r) for r in pending)
+                self._fail(pending[0], f"did not answer within {self.reply_timeout_s:g} s (silent ranks: {names})")
+            for r in pending:
+                c, p = self.conns[r], self.procs[r]
+                if c.poll():
+                    try:
+                        status, value = c.recv()
+                    except (EOFError, OSError):
+                        p.join(timeout=5)
+                        self._fail(r, f"died (exit code {p.exitcode})")
+                    if status != "ok":
+                        self._fail(r, "failed", str(value).strip())
+                    out[r] = value
+                elif not p.is_alive():
+                    self._fail(r, f"died (exit code {p.exitcode})")
+        return [out[r] for r in range(self.world_size)]
+
+    def _fail(self, rank: int, what: str, tail: str | None = None) -> None:
+        """Kill every rank and raise, naming the rank that died first if one did: a peer's death makes the
+        others' collectives fail too, and the error should point at the cause."""
+        dead = [r for r, p in enumerate(self.procs) if not p.is_alive() and p.exitcode not in (None, 0)]
+        if dead and rank not in dead:
+            rank, what, tail = dead[0], f"died (exit code {self.procs[dead[0]].exitcode})", None
+        self.kill()
+        raise RankFailure(rank, what, tail if tail is not None else self._tail(rank))
+
+    def _tail(self, rank: int) -> str:
+        try:
+            lines = self.log_path(rank).read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-LOG_TAIL:])
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Ask every rank to stop; kill those that have not within ``timeout_s``."""
+        for c in self.conns:
+            try:
+                c.send(("close", None))
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.procs:
+            p.join(timeout=timeout_s)
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every rank still alive (a rank blocked in a collective cannot be asked)."""
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=10)
+        for c in self.conns:
+            c.close()
+
+    def __enter__(self) -> LocalRanks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve(conn: Connection, spec: WorkerSpec, rank: int, world_size: int, port: int, log: str | None) -> None:
+    """The rank process: join the group, then answer ``(command, arg)`` messages with ``("ok", result)`` or
+    ``("error", traceback)`` until ``("close", None)`` or the driver goes away (pipe closed, or this process
+    re-parented: the driver was killed). ``log``: a file that takes this rank's stdout and stderr."""
+    if log is not None:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    parent = os.getppid()
+    threading.Thread(target=_orphan_watch, args=(parent,), daemon=True).start()
+    torch.set_num_threads(1)
+    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
+    if world_size > 1:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=spec.collective_timeout_s),
+        )
+    try:
+        try:
+            worker = RankWorker(spec, rank, world_size)
+            conn.send(("ok", "ready"))
+        except Exception:
+            conn.send(("error", traceback.format_exc()))
+            return
+        _loop(conn, worker)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _loop(conn: Connection, worker: RankWorker) -> None:
+    while True:
+        try:
+            cmd, arg = conn.recv()
+        except (EOFError, OSError):
+            return  # the driver is gone
+        if cmd == "close":
+            conn.send(("ok", None))
+            return
+        try:
+            result = worker.handle(cmd, arg)
+        except Exception:
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+            conn.send(("error", traceback.format_exc()))
+            continue
+        conn.send(("ok", result))
+
+
+def _orphan_watch(parent: int) -> None:
+    """Exit at once when the driver dies (this process is re-parented): no rank outlives psrl, even after SIGKILL,
+    and a rank blocked in a collective is not waited for."""
+    while os.getppid() == parent:
+        threading.Event().wait(1.0)
+    os._exit(1)

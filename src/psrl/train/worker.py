@@ -1,0 +1,364 @@
+"""One trainer rank (issue #22, item 1): its own model (FSDP2-sharded when the world is larger than 1), AdamW, RNG.
+
+The driver never joins the process group; it sends each rank the same command and the whole batch, and every rank
+picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Commands:
+
+* ``logprobs(inp)`` -- the pre-update log-probs of the rank's rows (no grad), ``{row: [logp per response token]}``;
+* ``train_step(inp)`` -- one AdamW step per minibatch: per micro-batch ``sum(weight * token_loss)`` with the global
+  weights the driver computed (:func:`step_input`), backward scaled by the world size (FSDP averages gradients), so
+  the sharded gradient is the single-process one; clipping over the full norm; a non-finite norm skips the step on
+  every rank alike (the norm is global);
+* ``digest()`` -- sha256 of the gathered fp32 state; ``state()`` -- the gathered state as numpy arrays;
+  ``usage()`` -- the rank's parameter and optimiser bytes and peak RSS;
+* ``publish((version, root, keep))`` -- the weights as ``root/v{version}`` for the engines (:mod:`psrl.train.publish`);
+* ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
+  loaded at any other.
+
+Every micro-batch is ONE forward on every rank (right-padded rows; a padding micro-batch runs the first row of its
+minibatch with weight 0): under FSDP each forward is a round of all-gathers and each backward a round of
+reduce-scatters, and ranks that run different numbers of them deadlock.
+
+:class:`RankWorker` is the rank's state; :func:`psrl.train.launch.serve` is the loop a rank process runs over a
+pipe; world size 1 runs the same :class:`RankWorker` in the driver, with no process
+group and no ``fully_shard``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+from psrl.algo.corrections import rollout_correction_from_config
+from psrl.algo.losses import token_loss
+from psrl.config import AlgorithmConfig
+from psrl.train.planner import Plan, loss_weights
+from psrl.train.publish import finish_version, write_share
+from psrl.train.shard import full_state, load_full_state, shard_model
+
+__all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "COMMANDS"]
+
+COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load", "publish", "usage")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every rank needs to build itself (picklable: it crosses to spawned processes)."""
+
+    build: Callable[[str], nn.Module]
+    """``device -> model``: called with ``"cpu"``/``"cuda"`` on rank 0 (the weights are read there, once) and with
+    ``"meta"`` on the other ranks, which receive rank 0's weights by broadcast."""
+    pad_id: int
+    algo: AlgorithmConfig
+    """Policy loss, clips, ``loss_agg_mode``, rollout correction."""
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
+    device: str = "cpu"
+    reshard_after_forward: bool = True
+    collective_timeout_s: float = 300.0
+    """A collective that waits longer (a peer dead or stuck) raises instead of hanging."""
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """One batch as every rank sees it: token ids and per-row floats, indexed by the plan's row numbers."""
+
+    plan: Plan
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    old: list[list[float]] | None = None
+    """Pre-update log-probs (from ``logprobs``); None for a ``logprobs`` call."""
+    behav: list[list[float]] | None = None
+    adv: list[float] | None = None
+    mask: list[list[float]] | None = None
+    """Loss mask, times any batch-global keep mask (M2PO) the driver applied."""
+    weights: tuple[dict[int, list[float]], ...] = ()
+    """Per minibatch: ``row -> per-token weight`` with the minibatch's global denominators."""
+    lr_scale: float = 1.0
+
+
+def _pad(data: list[list[float]], width: int) -> Tensor:
+    """Ragged float rows, cut or right-padded with 0 to ``[len(data), width]``."""
+    out = torch.zeros((len(data), width), dtype=torch.float32)
+    for j, r in enumerate(data):
+        out[j, : min(len(r), width)] = torch.tensor(r[:width], dtype=torch.float32)
+    return out
+
+
+def step_input(
+    plan: Plan,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    old: dict[int, list[float]],
+    behav: list[list[float]],
+    adv: list[float],
+    mask: list[list[float]],
+    algo: AlgorithmConfig,
+    lr_scale: float = 1.0,
+) -> StepInput:
+    """The driver's half of a step: the effective masks (loss mask times the rollout correction's rejection keep,
+    per row, as :func:`~psrl.algo.losses.token_loss` computes it on the ranks) and, per minibatch, the planner's
+    loss weights over them -- global denominators, so every world size gives the same gradient."""
+    n = len(prompts)
+    old_rows = [old[i] for i in range(n)]
+    width = max((len(r) for r in responses), default=0)
+    o, b, m = _pad(old_rows, width), _pad(behav, width), _pad(mask, width)
+    _, keep, _ = rollout_correction_from_config(o, b, m, algo.rollout_correction)
+    eff = m * keep
+    weights = tuple(
+        loss_weights({i: eff[i, : len(responses[i])].tolist() for i in plan.rows(k)}, algo.loss_agg_mode)
+        for k in range(len(plan.minibatches))
+    )
+    return StepInput(plan, prompts, responses, old_rows, behav, adv, mask, weights, lr_scale)
+
+
+class RankWorker:
+    """A rank's model and optimiser. ``world_size > 1`` needs the default process group initialised (see
+    :func:`serve`); world size 1 is a plain module."""
+
+    def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1):
+        self.spec, self.rank, self.world = spec, rank, world_size
+        torch.manual_seed(spec.seed)
+        if world_size == 1:
+            self.model = spec.build(spec.device)
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(spec.device.split(":")[0], (world_size,))
+            self.model = spec.build(spec.device if rank == 0 else "meta")
+            state = self.model.state_dict() if rank == 0 else None
+            shard_model(self.model, mesh, spec.reshard_after_forward)
+            load_full_state(self.model, state, spec.device)
+        self.model.eval()  # no dropout: recorded and recomputed log-probs must agree
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+
+    def handle(self, cmd: str, arg: Any) -> Any:
+        """Run one command (a name of :data:`COMMANDS`)."""
+        if cmd == "logprobs":
+            return self.logprobs(arg)
+        if cmd == "train_step":
+            return self.train_step(arg)
+        if cmd == "digest":
+            return self.digest()
+        if cmd == "state":
+            return self.state()
+        if cmd == "save":
+            return self.save(arg)
+        if cmd == "load":
+            return self.load(arg)
+        if cmd == "publish":
+            return self.publish(*arg)
+        if cmd == "usage":
+            return self.usage()
+        raise ValueError(f"unknown trainer command {cmd!r}, use one of {COMMANDS}")
+
+    def _forward(self, inp: StepInput, rows: tuple[int, ...]) -> Tensor:
+        """``[b, T]`` log-probs of the rows' response tokens, one right-padded forward (as
+        :meth:`psrl.models.Policy.sequence_logprobs` computes them)."""
+        dev = torch.device(self.spec.device)
+        full = [list(inp.prompts[i]) + list(inp.responses[i]) for i in rows]
+        n = max(len(s) for s in full)
+        ids = torch.full((len(rows), n), self.spec.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), n), dtype=torch.long)
+        for j, s in enumerate(full):
+            ids[j, : len(s)] = torch.tensor(s, dtype=torch.long)
+            attn[j, : len(s)] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        pos = torch.arange(n, device=dev).expand_as(ids)
+        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+        width = max(len(inp.responses[i]) for i in rows)
+        if width == 0:
+            return logits.new_zeros((len(rows), 0)).float()
+        starts = torch.tensor([len(inp.prompts[i]) - 1 for i in rows], device=dev)
+        where = (starts[:, None] + torch.arange(width, device=dev)[None, :]).clamp(max=n - 1)
+        picked = logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1])).float()
+        temp = self.spec.temperature if self.spec.temperature > 0 else 1.0
+        logp = F.log_softmax(picked / temp, dim=-1)
+        targets = torch.zeros((len(rows), width), dtype=torch.long)
+        valid = torch.zeros((len(rows), width), dtype=torch.float32)
+        for j, i in enumerate(rows):
+            r = inp.responses[i]
+            targets[j, : len(r)] = torch.tensor(r, dtype=torch.long)
+            valid[j, : len(r)] = 1.0
+        chosen = logp.gather(2, targets.to(dev)[:, :, None]).squeeze(2)
+        return chosen * valid.to(dev)
+
+    def _micro_batches(self, inp: StepInput, k: int) -> list[tuple[tuple[int, ...], bool]]:
+        """``(rows to run, is padding)`` of this rank in minibatch ``k``; padding runs the minibatch's first row."""
+        first = (inp.plan.rows(k)[0],)
+        return [(mb.rows or first, mb.padding) for mb in inp.plan.minibatches[k][self.rank]]
+
+    @torch.no_grad()
+    def logprobs(self, inp: StepInput) -> dict[int, list[float]]:
+        """Pre-update log-probs of this rank's rows (every rank runs the same number of forwards)."""
+        out: dict[int, list[float]] = {}
+        for k in range(len(inp.plan.minibatches)):
+            for rows, padding in self._micro_batches(inp, k):
+                logp = self._forward(inp, rows).cpu()
+                if not padding:
+                    out.update({i: logp[j, : len(inp.responses[i])].tolist() for j, i in enumerate(rows)})
+        return out
+
+    def train_step(self, inp: StepInput) -> dict[str, float]:
+        """One optimiser step per minibatch; ``train/loss`` and ``train/grad_norm`` are means over minibatches, the
+        loss summed over ranks (the single-process aggregate)."""
+        assert inp.old is not None and inp.adv is not None and inp.mask is not None
+        dev = torch.device(self.spec.device)
+        losses, norms, skipped = [], [], 0
+        for k in range(len(inp.plan.minibatches)):
+            self.optimizer.zero_grad(set_to_none=True)
+            total = torch.zeros((), device=dev)
+            for rows, padding in self._micro_batches(inp, k):
+                logp = self._forward(inp, rows)
+                width = logp.shape[1]
+                old = _pad([inp.old[i] for i in rows], width).to(dev)
+                behav = _pad([inp.behav[i] for i in rows], width).to(dev) if inp.behav is not None else None
+                adv = torch.tensor([inp.adv[i] for i in rows], dtype=torch.float32, device=dev)
+                mask = _pad([inp.mask[i] for i in rows], width).to(dev)
+                per_token, _ = token_loss(logp, old, behav, adv, mask, self.spec.algo)
+                w = _pad([inp.weights[k][i] for i in rows], width)
+                if padding:
+                    w.zero_()
+                loss = (per_token * w.to(dev)).sum()
+                (loss * self.world).backward()  # FSDP averages over ranks; the weights already hold 1/N of the sum
+                total = total + loss.detach()
+            norm = _global(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip))
+            if self.world > 1:
+                dist.all_reduce(total)
+            losses.append(float(total))
+            norms.append(norm)
+            if not math.isfinite(norm) or not math.isfinite(float(total)):
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            self._step(inp.lr_scale)
+        self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held between steps
+        return {
+            "train/loss": sum(losses) / len(losses),
+            "train/grad_norm": sum(norms) / len(norms),
+            "skipped_minibatches": float(skipped),  # not a metric: the driver turns it into its skip logic
+        }
+
+    def _step(self, lr_scale: float) -> None:
+        groups = self.optimizer.param_groups
+        base = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] = g["lr"] * lr_scale
+        try:
+            self.optimizer.step()
+        finally:
+            for g, lr in zip(groups, base):
+                g["lr"] = lr
+
+    def save(self, directory: str) -> str:
+        """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
+        the files hold the full tensors' layout, so any world size loads them. An optimiser that has not stepped
+        yet is left out: DCP's ``get_state_dict`` would initialise it with a zero step (AdamW's step count 1),
+        which changes the next update of the run that saved."""
+        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+        if self.optimizer.state:
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
+        with _single_process_quiet(self.world):
+            dcp.save(state, checkpoint_id=directory, no_dist=self.world == 1)
+        return directory
+
+    def load(self, directory: str) -> str:
+        """Read what :meth:`save` wrote, at this world size (resharded by DCP); without saved optimiser state AdamW
+        starts fresh."""
+        with _single_process_quiet(self.world):
+            saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+            model = get_model_state_dict(self.model)
+            dcp.load({"model": model}, checkpoint_id=directory, no_dist=self.world == 1)  # fills the dict in place
+            set_model_state_dict(self.model, model)
+            self.optimizer.state.clear()
+            self.optimizer.zero_grad(set_to_none=True)  # else DCP sees gradients and leaves the state uninitialised
+            if any(k.startswith("optim.") for k in saved):
+                optim = get_optimizer_state_dict(self.model, self.optimizer)
+                dcp.load({"optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
+                set_optimizer_state_dict(self.model, self.optimizer, optim)
+        return directory
+
+    def publish(self, version: int, root: str, keep: int) -> str:
+        """Write the weights as ``root/v{version}`` (:mod:`psrl.train.publish`): every rank gathers (collectives, in
+        the same order) and writes its share; after a barrier rank 0 writes index and manifest and renames the
+        directory into place; a second barrier, so that the version exists on return from every rank."""
+        full = full_state(self.model)
+        tmp = Path(root) / f"v{version}.tmp"
+        write_share(full, self.rank, self.world, tmp)
+        if self.world > 1:
+            dist.barrier()
+        if self.rank == 0:
+            finish_version(full, self.world, tmp, version, keep)
+        if self.world > 1:
+            dist.barrier()
+        return str(Path(root) / f"v{version}")
+
+    def usage(self) -> dict[str, int]:
+        """Bytes this rank holds of parameters and optimiser state (its shards only), and its peak RSS (``VmHWM``:
+        the process's own high-water mark; ``getrusage`` would report the spawning driver's, kept across exec)."""
+
+        def local(t: Tensor) -> int:
+            part = t.to_local() if isinstance(t, DTensor) else t
+            return part.numel() * part.element_size()
+
+        params = sum(local(p) for p in self.model.parameters())
+        optim = sum(local(v) for st in self.optimizer.state.values() for v in st.values() if isinstance(v, Tensor))
+        status = Path("/proc/self/status")
+        hwm = (
+            [ln.split()[1] for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")]
+            if status.exists()
+            else []
+        )
+        rss = int(hwm[0]) * 1024 if hwm else 0  # kB
+        return {"param_bytes": params, "optim_bytes": optim, "peak_rss_bytes": rss}
+
+    def state(self) -> dict[str, np.ndarray] | None:
+        """The gathered state (a collective), as numpy arrays on rank 0 (None on the others): numpy, because a
+        tensor crosses processes as a file descriptor that is gone once the rank exits."""
+        full = full_state(self.model)
+        return {k: v.float().numpy() for k, v in full.items()} if self.rank == 0 else None
+
+    def digest(self) -> str:
+        """sha256 over the gathered state in name order (fp32 bytes; same on every rank)."""
+        h = hashlib.sha256()
+        for name, t in sorted(full_state(self.model).items()):
+            h.update(name.encode())
+            h.update(t.float().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _single_process_quiet(world: int) -> Iterator[None]:
+    """At world size 1 DCP warns that it assumes one process on every call: that is the intent, say nothing."""
+    with warnings.catch_warnings():
+        if world == 1:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _global(norm: Tensor) -> float:
+    """The clip norm as a float: a DTensor under FSDP (its full value is the norm over every shard)."""
+    full = getattr(norm, "full_tensor", None)
+    return float(full() if callable(full) else norm)
