@@ -50,12 +50,17 @@ async def generating(rig, reqs) -> None:
     if rig.kind != "vllm":
         await until(lambda: all(len(r.tokens) >= 2 for r in reqs))
         return
+    import httpx
+
     from psrl.rollout.engines.vllm_http import gauge
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 120.0
     while not any(r.tokens for r in reqs):
-        text = (await rig.engine._client.get(f"{rig.engine.url}/metrics")).text
+        try:
+            text = (await rig.engine._client.get(f"{rig.engine.url}/metrics", timeout=10.0)).text
+        except httpx.TransportError:  # a pooled connection the server closed as we sent (docs/engines.md, Faults)
+            text = ""
         if (gauge(text, "vllm:num_requests_running") or 0) >= 1:
             return
         assert loop.time() < deadline, "the server ran none of the requests in time"
