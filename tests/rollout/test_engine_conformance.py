@@ -74,16 +74,21 @@ def until_landed(kind, once, landed):
     """``once(attempt)`` (a whole scenario on a fresh rig), run again while ``landed(outcome)`` is false: up to
     :data:`VLLM_ATTEMPTS` times on vLLM, where the server may finish a request before an abort or a pause
     sent mid-stream reaches it (see :func:`generating`); once in-process, where the timing is exact. Returns
-    the last outcome, for the test to assert on: a run in which nothing ever landed mid-request fails."""
+    the outcome that landed, for the test to assert on. In-process a run that did not land is returned (and
+    fails its asserts); on vLLM, where landing is up to the server's timing, the test is skipped with the reason
+    when no attempt landed: the abort and pause calls themselves are checked against a scripted server in
+    ``test_vllm_client.py``, and here whenever the race is won."""
     attempts = VLLM_ATTEMPTS if kind == "vllm" else 1
     for attempt in range(attempts):
         outcome = once(attempt)
         if landed(outcome):
-            break
+            return outcome
         if attempt + 1 < attempts:  # shown in pytest's warnings summary: how often the race is lost
             warnings.warn(
                 f"attempt {attempt + 1} of {attempts}: the server finished first; running again", stacklevel=2
             )
+    if kind == "vllm":  # the precondition was never reached: nothing was checked, which is not a pass
+        pytest.skip(f"the server finished before the abort/pause landed in all {attempts} attempts (see generating)")
     return outcome
 
 
