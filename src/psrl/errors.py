@@ -18,7 +18,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["PsrlError", "ConfigError", "RunError", "debug_enabled", "describe", "one_line_errors", "resolve_target"]
+__all__ = [
+    "PsrlError",
+    "ConfigError",
+    "RunError",
+    "CheckpointMismatch",
+    "debug_enabled",
+    "describe",
+    "one_line_errors",
+    "resolve_target",
+]
 
 
 class PsrlError(Exception):
@@ -49,6 +58,11 @@ class RunError(PsrlError):
 
     def __reduce__(self):
         return (type(self), (self.source, self.problem, self.fix))
+
+
+class CheckpointMismatch(RunError):
+    """A checkpoint intact but written for another trainer shape (world size, format): a resume says so and
+    stops, instead of taking it for a damaged one and falling back to an older checkpoint."""
 
 
 def _one_line(msg: str) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from psrl.algo.advantages import ADV_ESTIMATORS
 from psrl.algo.corrections import batch_corrections
 from psrl.algo.divergence import divergence_metrics
 from psrl.algo.losses import policy_loss
+from psrl.errors import CheckpointMismatch
+from psrl.types import WeightStore
 
 __all__ = ["Trainer"]
 
@@ -160,6 +163,13 @@ class Trainer:
                 g["lr"] = lr
         return norm
 
+    def publish(self, version: int, store: WeightStore) -> float:
+        """The policy takes ``version``; its weights (CPU copies) go into ``store``. Returns the seconds taken."""
+        started = time.perf_counter()
+        self.policy.version = version
+        store.publish(version, self.policy.export_state())
+        return time.perf_counter() - started
+
     # ------------------------------------------------------------------ warm start
 
     def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: float | None = None) -> list[float]:
@@ -210,8 +220,17 @@ class Trainer:
         return path / "trainer.pt"
 
     def load(self, directory: str | Path) -> int:
-        """Restore what :meth:`save` wrote; returns the restored version."""
-        self.load_state_dict(torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False))
+        """Restore what :meth:`save` wrote; returns the restored version. A checkpoint of the sharded trainer
+        (its AdamW state is in ``ranks/``, which this trainer cannot read yet) is a :class:`CheckpointMismatch`."""
+        ckpt = torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False)
+        world = int(ckpt.get("world_size", 1))
+        if world > 1:
+            raise CheckpointMismatch(
+                f"checkpoint {directory}",
+                f"was written by {world} trainer ranks; the in-process trainer cannot restore its sharded state",
+                f"resume with psrl.deployment.train_ngpus_per_node={world}",
+            )
+        self.load_state_dict(ckpt)
         return self.policy.version
 
     def load_state_dict(self, ckpt: dict) -> None:
