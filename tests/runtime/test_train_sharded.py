@@ -1,0 +1,194 @@
+"""``psrl train`` with ``psrl.deployment.train_ngpus_per_node=2`` (issue #22): two gloo rank processes under psrl's
+own process tree train the tiny model; the staleness audit is clean; the ``hf`` engines, reloaded with the
+versions the ranks published, score tokens as the trainer does (the mismatch metric, to 1e-5); the run resumes
+from its sharded checkpoint; and no rank outlives psrl, whether the run ends, fails or psrl is SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from psrl.config import load_config
+from psrl.models import build_policy
+from psrl.rollout.engines.hf import HFEngine
+from psrl.runtime.recorder import read_jsonl
+from psrl.tasks import get_task
+from psrl.train.launch import LocalRanks
+from psrl.train.planner import plan
+from psrl.train.publish import read_version
+from psrl.train.sharded import ShardedTrainer
+from psrl.train.store import ParameterStore
+from psrl.train.worker import StepInput
+from psrl.train_cli import main
+from psrl.types import GenRequest
+from tests.rollout.harness import check_bound
+from tests.runtime.test_train_cli_e2e import TINY
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+TWO = "psrl.deployment.train_ngpus_per_node=2"
+
+
+def _parent(pid: int) -> int:
+    """The parent pid of a live process (Linux ``/proc``)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.slow  # two psrl train runs, each starting 2 rank processes: ~40 s on 2 cores, more when loaded
+def test_psrl_train_at_two_ranks_completes_audited_and_resumes(tmp_path, monkeypatch):
+    """3 steps at 2 ranks, synchronous (so every token is scored by the trainer at the version that generated it):
+    the ranks are children of this (psrl's) process, every trained trajectory is within the bound, each row has
+    ``time/publish_s``, the mismatch between the engines' recorded log-probs and the ranks' is below 1e-5 over
+    every such token, ``weights/v3`` is what the driver's final weights are; a 4th step resumes from the
+    sharded checkpoint; afterwards no rank process is left."""
+    seen: list[tuple[int | None, int]] = []
+    start = ShardedTrainer.start
+
+    def start_and_look(self: ShardedTrainer) -> LocalRanks:
+        ranks = start(self)
+        seen.extend((pid, _parent(pid)) for pid in ranks.pids if pid is not None)
+        return ranks
+
+    monkeypatch.setattr(ShardedTrainer, "start", start_and_look)
+    run_dir = tmp_path / "run"
+    args = TINY + [f"trainer.run_dir={run_dir}", "psrl.staleness=0", TWO]
+    assert main(args + ["trainer.total_steps=3"]) == 0
+    assert len(seen) >= 2 and all(parent == os.getpid() for _, parent in seen), seen
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["time/publish_s"] > 0 for r in rows)
+    assert sum(r["engine/mismatch_tokens"] for r in rows) > 0
+    assert max(r["engine/logprob_mismatch_max"] for r in rows) < 1e-5
+    assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 0) == 3 * 2 * 2
+    version, published = read_version(run_dir / "weights" / "v3")
+    final = build_policy_from(run_dir / "final")
+    assert version == 3 and all(torch.equal(published[k], v) for k, v in final.items())
+    assert (run_dir / "checkpoint" / "ranks").is_dir()
+    assert multiprocessing.active_children() == []  # the ranks were closed at the end
+
+    assert main(args + ["trainer.total_steps=4"]) == 0
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert multiprocessing.active_children() == []
+
+
+def build_policy_from(directory: Path) -> dict[str, torch.Tensor]:
+    """The weights of a Hugging Face directory ``psrl train`` wrote (``final/``)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def test_hf_engine_reloaded_from_a_published_version_scores_as_the_ranks(tmp_path):
+    """An ``hf`` engine loads the version the ranks published (through the driver's store) and generates; the
+    log-probs it recorded equal the ranks' log-probs of the same tokens within 1e-5."""
+    cfg = load_config(None, ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "task.name=arith"])
+    policy = build_policy(cfg.model, get_task(cfg.task, seed=0), seed=0)
+    engine = HFEngine(policy.replica(seed=1))
+    with torch.no_grad():  # the ranks start elsewhere than the engine: what it scores with is the reload
+        for w in policy.model.parameters():
+            w.add_(0.05 * torch.randn_like(w))
+    trainer = ShardedTrainer(policy, cfg.algorithm, cfg.trainer, 2, tmp_path)
+    try:
+        store = ParameterStore(keep=2)
+        assert trainer.publish(1, store) > 0
+        assert read_version(tmp_path / "weights" / "v1")[0] == 1
+
+        async def generate() -> GenRequest:
+            await engine.update_weights(1, store)
+            try:
+                return await engine.generate(GenRequest([1, 2, 3, 4], 8))
+            finally:
+                await engine.close()
+
+        req = asyncio.run(generate())
+        assert req.versions == [1] * len(req.tokens) and req.tokens
+        inp = StepInput(plan([4 + len(req.tokens)], 2, 1, None), [[1, 2, 3, 4]], [req.tokens])
+        trained = {i: lp for part in trainer.start().call("logprobs", inp) for i, lp in part.items()}[0]
+        diff = (torch.tensor(trained) - torch.tensor(req.logprobs)).abs().max()
+        assert diff < 1e-5, diff
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("psrl.deployment.train_nnodes=2", "psrl.deployment.train_nnodes"),
+        ("psrl.deployment.train_ngpus_per_node=4096", "psrl.deployment.train_ngpus_per_node"),
+    ],
+)
+def test_a_trainer_shape_this_machine_cannot_run_is_one_line_naming_the_key(capsys, override, key):
+    """More nodes than the local launcher has, or more CPU ranks than cores: exit 2 before anything starts."""
+    assert main([override]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "fix" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_one_rank_checkpoint_at_two_ranks_is_a_clear_error_not_a_damaged_one(tmp_path, capsys):
+    """A run checkpointed by the in-process trainer, continued at 2 ranks: one line naming the key, and the
+    checkpoint is left where it is (not renamed ``.damaged``)."""
+    run_dir = tmp_path / "run"
+    args = TINY + [f"trainer.run_dir={run_dir}", "trainer.total_steps=1"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args[:-1] + ["trainer.total_steps=2", TWO]) != 0
+    err = capsys.readouterr().err
+    assert "train_ngpus_per_node=1" in err and "damaged" not in err
+    assert (run_dir / "checkpoint" / "trainer.pt").exists() and not list(run_dir.glob("*.damaged"))
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.slow
+def test_sigkill_of_psrl_train_leaves_no_rank_process(tmp_path):
+    """``psrl train`` at 2 ranks SIGKILLed after its first step: its rank processes exit too (they watch
+    their parent), waited for with a bound."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "psrl.cli", "train", *TINY, f"trainer.run_dir={run_dir}", TWO]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd + ["trainer.total_steps=50"], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the first step's line: the ranks are up and have trained
+        if line.startswith("step "):
+            break
+    ranks = [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _alive_child(int(p.name), proc.pid) and b"spawn_main" in _cmdline(int(p.name))
+    ]
+    assert len(ranks) == 2, ranks
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in ranks)
+
+
+def _alive_child(pid: int, parent: int) -> bool:
+    try:
+        return _parent(pid) == parent
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
