@@ -6,6 +6,7 @@ from its sharded checkpoint; and no rank outlives psrl, whether the run ends, fa
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing
 import os
 import signal
@@ -18,10 +19,12 @@ import pytest
 import torch
 
 from psrl.config import load_config
-from psrl.models import build_policy
+from psrl.models import Policy, build_policy
 from psrl.rollout.engines.hf import HFEngine
 from psrl.runtime.recorder import read_jsonl
+from psrl.staleness import Batch
 from psrl.tasks import get_task
+from psrl.train import Trainer
 from psrl.train.launch import LocalRanks
 from psrl.train.planner import plan
 from psrl.train.publish import read_version
@@ -29,7 +32,7 @@ from psrl.train.sharded import ShardedTrainer
 from psrl.train.store import ParameterStore
 from psrl.train.worker import StepInput
 from psrl.train_cli import main
-from psrl.types import GenRequest
+from psrl.types import GenRequest, Trajectory
 from tests.rollout.harness import check_bound
 from tests.runtime.test_train_cli_e2e import TINY
 
@@ -87,30 +90,69 @@ def build_policy_from(directory: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
-def test_hf_engine_reloaded_from_a_published_version_scores_as_the_ranks(tmp_path):
-    """An ``hf`` engine loads the version the ranks published (through the driver's store) and generates; the
-    log-probs it recorded equal the ranks' log-probs of the same tokens within 1e-5."""
-    cfg = load_config(None, ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "task.name=arith"])
+def _batch(policy: Policy, version: int) -> Batch:
+    """Two groups of three, skewed response lengths, non-zero advantages, behaviour log-probs off the policy's
+    by noise (so the rollout corrections act), one tool token masked out, tokens of two versions."""
+    g = torch.Generator().manual_seed(7 + version)
+    groups = []
+    for k, lengths in enumerate([[3, 17, 5], [2, 9, 12]]):
+        group = []
+        for j, n in enumerate(lengths):
+            prompt = torch.randint(1, 20, (4,), generator=g).tolist()
+            response = torch.randint(1, 20, (n,), generator=g).tolist()
+            with torch.no_grad():
+                logp = policy.sequence_logprobs([prompt], [response])[0]
+            behav = (logp + 0.2 * torch.randn(n, generator=g)).tolist()
+            mask = [1] * n
+            mask[n // 2] = 0
+            versions = [version - (j % 2)] * n
+            t = Trajectory(f"{k}-{j}", f"g{k}", min(versions), prompt, response, behav, mask, versions, float(j))
+            group.append(t)
+        groups.append(group)
+    return Batch(version, groups, ["a", "b"], [version - 1, version - 1])
+
+
+def test_two_ranks_step_as_one_process_and_the_hf_engine_scores_their_published_version(tmp_path):
+    """The same 2 batches, 2 minibatches, token budget 16, the rollout corrections on: the sharded trainer's
+    metrics (loss, grad norm, actor/*, correction/*, divergence/*, mismatch) equal the in-process trainer's to
+    1e-4 relative and the published weights its weights to 1e-5; then an ``hf`` engine, reloaded with that
+    version (through the driver's store), generates tokens whose recorded log-probs equal the ranks' within 1e-5."""
+    overrides = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "task.name=arith", "trainer.minibatches=2"]
+    overrides += [
+        "trainer.micro_batch_tokens=16",
+        "algorithm.rollout_correction.is=token",
+        "algorithm.rollout_correction.is_threshold=1.1",
+    ]
+    overrides += ["algorithm.rollout_correction.rs=token", "algorithm.rollout_correction.rs_threshold=1.2"]
+    cfg = load_config(None, overrides)
     policy = build_policy(cfg.model, get_task(cfg.task, seed=0), seed=0)
+    single = Trainer(policy.replica(seed=0), cfg.algorithm, cfg.trainer)
+    single.policy.model.requires_grad_(True)
     engine = HFEngine(policy.replica(seed=1))
-    with torch.no_grad():  # the ranks start elsewhere than the engine: what it scores with is the reload
-        for w in policy.model.parameters():
-            w.add_(0.05 * torch.randn_like(w))
     trainer = ShardedTrainer(policy, cfg.algorithm, cfg.trainer, 2, tmp_path)
+    store = ParameterStore(keep=2)
     try:
-        store = ParameterStore(keep=2)
-        assert trainer.publish(1, store) > 0
-        assert read_version(tmp_path / "weights" / "v1")[0] == 1
+        trainer.start()
+        for v in range(2):
+            batch = _batch(single.policy, v)
+            want, got = single.step(batch), trainer.step(batch)
+            assert sorted(want) == sorted(got)
+            for k in want:
+                assert math.isclose(got[k], want[k], rel_tol=1e-4, abs_tol=1e-6), (k, got[k], want[k])
+            single.publish(v + 1, ParameterStore(keep=1))
+            trainer.publish(v + 1, store)
+        mine = single.policy.model.state_dict()
+        assert max(float((store.get(2)[1][k] - mine[k]).abs().max()) for k in mine) < 1e-5
 
         async def generate() -> GenRequest:
-            await engine.update_weights(1, store)
+            await engine.update_weights(2, store)
             try:
                 return await engine.generate(GenRequest([1, 2, 3, 4], 8))
             finally:
                 await engine.close()
 
         req = asyncio.run(generate())
-        assert req.versions == [1] * len(req.tokens) and req.tokens
+        assert req.versions == [2] * len(req.tokens) and req.tokens
         inp = StepInput(plan([4 + len(req.tokens)], 2, 1, None), [[1, 2, 3, 4]], [req.tokens])
         trained = {i: lp for part in trainer.start().call("logprobs", inp) for i, lp in part.items()}[0]
         diff = (torch.tensor(trained) - torch.tensor(req.logprobs)).abs().max()

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from psrl.algo.advantages import ADV_ESTIMATORS
-from psrl.algo.corrections import batch_corrections
+from psrl.algo.corrections import batch_corrections, rollout_correction_from_config
 from psrl.algo.divergence import divergence_metrics
 from psrl.config import AlgorithmConfig, TrainerConfig
 from psrl.errors import CheckpointMismatch, ConfigError
@@ -42,7 +42,7 @@ from psrl.models.builder import write_start_state
 from psrl.train.launch import LocalRanks, RankFailure
 from psrl.train.planner import plan
 from psrl.train.publish import read_version
-from psrl.train.trainer import Trainer, _pad, logprob_mismatch
+from psrl.train.trainer import Trainer, _mean_metrics, _pad, logprob_mismatch
 from psrl.train.worker import StepInput, WorkerSpec, step_input
 from psrl.types import WeightState, WeightStore
 
@@ -179,14 +179,29 @@ class ShardedTrainer:
             return {**divergence, "train/skipped_steps": self.skipped_steps}
         self.last_skip = None
         self.skipped_in_a_row = 0
+        per_mb = [
+            self._correction_metrics(p.rows(k), old, behav_w, mask_w, responses) for k in range(len(p.minibatches))
+        ]
         return {
+            **_mean_metrics(per_mb),
             **m,
+            "loss/policy": m["train/loss"],
             **mismatch,
             **divergence,
             **corrections,
             "train/adv_abs_mean": sum(abs(a) for a in adv) / len(adv),
             "train/skipped_steps": self.skipped_steps,
         }
+
+    def _correction_metrics(
+        self, rows: list[int], old: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor, responses: list[list[int]]
+    ) -> dict[str, float]:
+        """``correction/*`` of one minibatch, as :func:`~psrl.algo.losses.policy_loss` reports them in the
+        in-process trainer (over the minibatch's rows, cut to its longest response)."""
+        idx = torch.tensor(rows)
+        width = max(len(responses[i]) for i in rows)
+        rc = self.algo_cfg.rollout_correction
+        return rollout_correction_from_config(old[idx, :width], behav[idx, :width], mask[idx, :width], rc)[2]
 
     def _publish_ranks(self, version: int) -> None:
         """The ranks write ``weights/v{version}``; the driver reads it back (checksums verified)."""
