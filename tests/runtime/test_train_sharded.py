@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from psrl.config import load_config
+from psrl.metrics import INDEX, METRICS
 from psrl.models import Policy, build_policy
 from psrl.rollout.engines.hf import HFEngine
 from psrl.runtime.recorder import read_jsonl
@@ -77,8 +79,14 @@ def test_psrl_train_at_two_ranks_completes_audited_and_resumes(tmp_path, monkeyp
     assert (run_dir / "checkpoint" / "ranks").is_dir()
     assert multiprocessing.active_children() == []  # the ranks were closed at the end
 
-    assert main(args + ["trainer.total_steps=4"]) == 0
+    families = {f"{m.name[:-1]}{x}" for m in METRICS for x in m.members}
+    assert families | set(INDEX) <= set(rows[-1])  # every listed metric is written, as at 1 rank
+    assert (run_dir / "checkpoint" / "ranks" / ".metadata").exists()
+
+    assert main(args + ["trainer.total_steps=4", "trainer.save_optimizer=false"]) == 0
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    saved = dcp.FileSystemReader(str(run_dir / "checkpoint" / "ranks")).read_metadata().state_dict_metadata
+    assert saved and not any(k.startswith("optim.") for k in saved)  # trainer.save_optimizer=false honoured
     assert multiprocessing.active_children() == []
 
 

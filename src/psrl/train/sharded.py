@@ -240,7 +240,7 @@ class ShardedTrainer:
         state and weights). ``state`` is accepted for the saver's signature; there is no copied state."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        self._call("save", str(path / "ranks"))
+        self._call("save", (str(path / "ranks"), self.cfg.save_optimizer))
         driver = {
             "model": self.policy.export_state(),
             "version": self.policy.version,

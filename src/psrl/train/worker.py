@@ -164,8 +164,8 @@ class RankWorker:
             return self.digest()
         if cmd == "state":
             return self.state()
-        if cmd == "save":
-            return self.save(arg)
+        if cmd == "save":  # a directory, or (directory, with the optimiser state)
+            return self.save(*arg) if isinstance(arg, tuple) else self.save(arg)
         if cmd == "load":
             return self.load(arg)
         if cmd == "publish":
@@ -278,13 +278,14 @@ class RankWorker:
             for g, lr in zip(groups, base):
                 g["lr"] = lr
 
-    def save(self, directory: str) -> str:
+    def save(self, directory: str, optimizer: bool = True) -> str:
         """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
         the files hold the full tensors' layout, so any world size loads them. An optimiser that has not stepped
         yet is left out: DCP's ``get_state_dict`` would initialise it with a zero step (AdamW's step count 1),
-        which changes the next update of the run that saved."""
+        which changes the next update of the run that saved. ``optimizer=False`` (``trainer.save_optimizer``):
+        the model only; a run resumed from it restarts AdamW."""
         state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
-        if self.optimizer.state:
+        if optimizer and self.optimizer.state:
             state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
         with _single_process_quiet(self.world):
             dcp.save(state, checkpoint_id=directory, no_dist=self.world == 1)
