@@ -22,7 +22,6 @@ __all__ = [
     "PsrlError",
     "ConfigError",
     "RunError",
-    "CheckpointMismatch",
     "debug_enabled",
     "describe",
     "one_line_errors",
@@ -58,11 +57,6 @@ class RunError(PsrlError):
 
     def __reduce__(self):
         return (type(self), (self.source, self.problem, self.fix))
-
-
-class CheckpointMismatch(RunError):
-    """A checkpoint intact but written for another trainer shape (world size, format): a resume says so and
-    stops, instead of taking it for a damaged one and falling back to an older checkpoint."""
 
 
 def _one_line(msg: str) -> str:

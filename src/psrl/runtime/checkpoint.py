@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from psrl.errors import CheckpointMismatch, RunError, describe
+from psrl.errors import RunError, describe
 from psrl.rollout.client.records import trajectory_record
 from psrl.runtime.recorder import RUN_FILES
 from psrl.staleness import Event, StalenessManager
@@ -258,8 +258,6 @@ def resume(
                 raise ValueError(f"bad JSONL offsets {offsets}")
             _cut(run_dir, offsets, recorder)  # before the manager reports the aborted trajectories into those files
             ck["manager"] = restore_manager(ck["staleness"], group_filter, recorder, on_event)
-        except CheckpointMismatch:
-            raise  # intact, but for another trainer shape: not a damaged checkpoint to skip
         except Exception as e:  # a damaged trainer.pt, or a state from another model / config
             damaged.append((path, e, "cannot be restored"))
             continue

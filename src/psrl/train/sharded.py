@@ -25,6 +25,7 @@ file rank 0 alone reads (:class:`~psrl.models.builder.StateFileModel`).
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -36,14 +37,14 @@ from psrl.algo.advantages import ADV_ESTIMATORS
 from psrl.algo.corrections import batch_corrections, rollout_correction_from_config
 from psrl.algo.divergence import divergence_metrics
 from psrl.config import AlgorithmConfig, TrainerConfig
-from psrl.errors import CheckpointMismatch, ConfigError
+from psrl.errors import ConfigError
 from psrl.models import Policy
 from psrl.models.builder import write_start_state
 from psrl.train.launch import LocalRanks, RankFailure
 from psrl.train.planner import plan
 from psrl.train.publish import read_version
 from psrl.train.trainer import Trainer, _mean_metrics, _pad, logprob_mismatch
-from psrl.train.worker import StepInput, WorkerSpec, step_input
+from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
 from psrl.types import WeightState, WeightStore
 
 __all__ = ["ShardedTrainer"]
@@ -103,22 +104,24 @@ class ShardedTrainer:
     def start(self) -> LocalRanks:
         """Start the ranks from the driver's policy weights (once; again after :meth:`close` or a failed load)."""
         if self.ranks is None:
-            build = write_start_state(self.policy.model, self.work_dir / "weights" / "start.pt", self.dtype)
-            spec = WorkerSpec(
-                build=build,
-                pad_id=self.policy.pad_id,
-                algo=self.algo_cfg,
-                lr=self.cfg.lr,
-                weight_decay=self.cfg.weight_decay,
-                grad_clip=self.cfg.grad_clip,
-                temperature=self.cfg.temperature,
-                seed=self.cfg.seed,
-                device=str(self.policy.device),
-                reshard_after_forward=self.cfg.reshard_after_forward,
-                collective_timeout_s=self.cfg.rank_timeout_s,
-            )
-            self.ranks = LocalRanks(spec, self.world_size, self.cfg.rank_timeout_s, self.work_dir / "ranks")
+            self.ranks = LocalRanks(self._spec(), self.world_size, self.cfg.rank_timeout_s, self.work_dir / "ranks")
         return self.ranks
+
+    def _spec(self) -> WorkerSpec:
+        """What each rank builds itself from; writes the policy's weights to ``weights/start.pt`` for rank 0."""
+        return WorkerSpec(
+            build=write_start_state(self.policy.model, self.work_dir / "weights" / "start.pt", self.dtype),
+            pad_id=self.policy.pad_id,
+            algo=self.algo_cfg,
+            lr=self.cfg.lr,
+            weight_decay=self.cfg.weight_decay,
+            grad_clip=self.cfg.grad_clip,
+            temperature=self.cfg.temperature,
+            seed=self.cfg.seed,
+            device=str(self.policy.device),
+            reshard_after_forward=self.cfg.reshard_after_forward,
+            collective_timeout_s=self.cfg.rank_timeout_s,
+        )
 
     def close(self) -> None:
         """Stop the ranks (idempotent)."""
@@ -257,17 +260,25 @@ class ShardedTrainer:
         """Restore what :meth:`save` wrote (the ranks start if they have not); returns the restored version."""
         path = Path(directory)
         ckpt = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
-        if not (path / "ranks").is_dir():
-            raise CheckpointMismatch(
-                f"checkpoint {path}",
-                "was written by the in-process trainer (one rank): its AdamW state cannot be sharded yet",
-                "resume with psrl.deployment.train_ngpus_per_node=1",
-            )
         self.policy.load_weights(ckpt["model"], ckpt["version"])
+        sharded = path / "ranks"
+        if not sharded.is_dir():  # the in-process trainer's checkpoint: resumed at N ranks through DCP files
+            sharded = self._from_one_rank(ckpt)
         self.skipped_steps, self.skipped_in_a_row = ckpt.get("skipped", (0, 0))
         self.rng.setstate(ckpt["rng"])
         self.policy.generator.set_state(ckpt["sampler"])
         torch.set_rng_state(ckpt["torch_rng"])
         self.close()  # the ranks start from the restored weights, then read the sharded state
-        self._call("load", str(path / "ranks"))
+        self._call("load", str(sharded))
         return self.policy.version
+
+    def _from_one_rank(self, ckpt: dict) -> Path:
+        """The in-process trainer's weights (already in the policy) and AdamW state, written by a world-size-1
+        :class:`~psrl.train.worker.RankWorker` as the DCP files the ranks load (resharded by DCP)."""
+        worker = RankWorker(self._spec(), 0, 1)
+        if "optimizer" in ckpt:
+            worker.optimizer.load_state_dict(ckpt["optimizer"])
+        out = self.work_dir / "weights" / "from-one-rank"
+        shutil.rmtree(out, ignore_errors=True)
+        worker.save(str(out))
+        return out
