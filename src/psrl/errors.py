@@ -18,7 +18,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["PsrlError", "ConfigError", "RunError", "debug_enabled", "describe", "one_line_errors", "resolve_target"]
+__all__ = [
+    "PsrlError",
+    "ConfigError",
+    "RunError",
+    "debug_enabled",
+    "describe",
+    "one_line_errors",
+    "resolve_target",
+]
 
 
 class PsrlError(Exception):

@@ -60,6 +60,13 @@ METRICS: tuple[Metric, ...] = (
     _m("time", "s", "Seconds since the run (or this resumed invocation) started.", _C),
     _m("time/step_s", "s", "Seconds between the previous step's end and this one's.", _C),
     _m("time/train_s", "s", "Seconds the trainer spent on this step's batch.", _C),
+    _m(
+        "time/publish_s",
+        "s",
+        "Seconds publishing this step's version: the in-memory store at one trainer rank; with several, the ranks "
+        "writing weights/v{N} and the driver reading it.",
+        _C,
+    ),
     _m("throughput/trajectories_per_s", "1/s", "Trajectories completed per second, over the run so far.", _C),
     # the batch
     _m("reward/mean", "reward", "Mean reward of the trajectories of this step's batch.", _C),

@@ -212,8 +212,10 @@ class StepTrainer(Protocol):
     the trainer, sets ``policy.version`` and publishes the weights after a step.
     """
 
-    policy: TrainedPolicy
-    """The trained policy."""
+    @property
+    def policy(self) -> TrainedPolicy:
+        """The trained policy (read-only here, so a trainer may hold a more specific one)."""
+
     last_skip: str | None
     """Why the last step was skipped (a NaN / infinite loss or gradient), None when it trained."""
     skipped_in_a_row: int
@@ -221,3 +223,21 @@ class StepTrainer(Protocol):
 
     def step(self, batch: Batch) -> dict[str, float] | Awaitable[dict[str, float]]:
         """Train on a consumed batch; returns the ``train/*`` (and loss) metrics."""
+
+
+class WeightStore(WeightSource, Protocol):
+    """Where versions are published for the engines (:class:`psrl.train.ParameterStore`)."""
+
+    def publish(self, version: int, state: WeightState) -> None:
+        """Hold ``state`` as ``version`` (versions strictly increase)."""
+
+
+@runtime_checkable
+class PublishingTrainer(Protocol):
+    """A trainer that publishes its own weights after a step (:class:`psrl.train.Trainer` and the sharded one):
+    the coordinator then records ``time/publish_s``. A trainer without it (the fakes) has its policy's
+    ``export_state`` published by the coordinator."""
+
+    def publish(self, version: int, store: WeightStore) -> float:
+        """Take ``version`` as the policy's version and put its weights into ``store``; returns the seconds the
+        publication took (for the sharded trainer: the ranks writing ``weights/v{version}`` too)."""

@@ -43,7 +43,8 @@ psrl:
     rollout_nnodes_per_instance: 1           # Nodes per rollout instance
     rollout_ngpus_per_node_per_instance: 8   # GPUs per node within each instance (TP size)
 """,
-        [],
+        # the trainer's shape sized to this machine as SIZES sizes the rest: one node (the local launcher), 2 CPU ranks
+        ["psrl.deployment.train_nnodes=1", "psrl.deployment.train_ngpus_per_node=2"],
     ),
     "flexible_rollout.md: partial rollout": (
         """

@@ -30,7 +30,16 @@ from torch import Tensor
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.divergence import LOG_RATIO_CLAMP
 
-__all__ = ["aggregate", "policy_loss", "token_loss", "AGG_MODES", "LOG_RATIO_CLAMP"]
+__all__ = [
+    "aggregate",
+    "policy_loss",
+    "token_loss",
+    "actor_sums",
+    "actor_metrics",
+    "ACTOR_SUMS",
+    "AGG_MODES",
+    "LOG_RATIO_CLAMP",
+]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
@@ -91,6 +100,53 @@ def token_loss(
     or per sequence, so a subset of the rows gives the same values for those rows."""
     per_token, eff, _, _, _ = _terms(logp, old_logp.detach(), behav_logp, advantages, mask, cfg)
     return per_token, eff
+
+
+ACTOR_SUMS = ("tokens", "clip_low", "clip_high", "ratio", "approx_kl")
+"""What :func:`actor_sums` returns, in this order: sums that add up over ranks and micro-batches."""
+
+
+@torch.no_grad()
+def actor_sums(
+    logp: Tensor, old_logp: Tensor, behav_logp: Tensor | None, advantages: Tensor, mask: Tensor, cfg: Any
+) -> Tensor:
+    """``actor/*`` of :func:`policy_loss` as sums over the rows given (:data:`ACTOR_SUMS`): a sharded trainer adds
+    them over its micro-batches and ranks, then :func:`actor_metrics` divides, so the metrics are those of the
+    whole minibatch."""
+    old = old_logp.detach()
+    _, eff, ratio, adv, _ = _terms(logp.detach(), old, behav_logp, advantages, mask, cfg)
+    on = eff > 0
+    low, high = 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high
+    log_r = (logp.detach() - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    k3 = log_r.exp() - 1.0 - log_r
+    return torch.stack(
+        [
+            on.sum().float(),
+            ((ratio < low) & (adv < 0) & on).sum().float(),
+            ((ratio > high) & (adv > 0) & on).sum().float(),
+            ratio[on].float().sum(),
+            k3[on].float().sum(),
+        ]
+    )
+
+
+def actor_metrics(sums: Tensor) -> dict[str, float]:
+    """The ``actor/*`` metrics of :func:`actor_sums` added up (0 when no token is in the loss, as
+    :func:`policy_loss` reports)."""
+    n = float(sums[0])
+    if n == 0:
+        return {
+            "actor/clip_frac_low": 0.0,
+            "actor/clip_frac_high": 0.0,
+            "actor/ratio_mean": 0.0,
+            "actor/approx_kl": 0.0,
+        }
+    return {
+        "actor/clip_frac_low": float(sums[1]) / n,
+        "actor/clip_frac_high": float(sums[2]) / n,
+        "actor/ratio_mean": float(sums[3]) / n,
+        "actor/approx_kl": float(sums[4]) / n,
+    }
 
 
 def _terms(logp: Tensor, old: Tensor, behav_logp: Tensor | None, advantages: Tensor, mask: Tensor, cfg: Any):

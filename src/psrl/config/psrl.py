@@ -303,9 +303,17 @@ class DeploymentConfig:
         ge=1,
         effect=_NO_SHAPE + " (rollout.vllm.args for tensor parallel)",
     )
-    train_nnodes: int = _f(1, "Nodes of the trainer.", ge=1, effect="the trainer is one process on this machine")
+    train_nnodes: int = _f(
+        1,
+        "Nodes of the trainer; its world size is train_nnodes x train_ngpus_per_node. The local launcher "
+        "(runtime.backend=local) runs on one node: only 1.",
+        ge=1,
+    )
     train_ngpus_per_node: int = _f(
-        1, "GPUs per trainer node.", ge=1, effect="the trainer is one process (model.device)"
+        1,
+        "Trainer ranks per node: GPUs with model.device=cuda, processes with cpu (FSDP2 over gloo). 1 = the "
+        "in-process trainer (no process group); more = that many rank processes, sharded (docs/trainer.md).",
+        ge=1,
     )
     n_validate_instances: int = _f(
         1,
@@ -313,6 +321,27 @@ class DeploymentConfig:
         ge=1,
         effect="validation runs in the trainer's process on its weights (trainer.val_every)",
     )
+
+    @property
+    def train_world_size(self) -> int:
+        """Trainer ranks: ``train_nnodes x train_ngpus_per_node``."""
+        return self.train_nnodes * self.train_ngpus_per_node
+
+    def check(self, device: str, cpus: int | None) -> None:
+        """The trainer's shape on this machine (``device``: model.device; ``cpus``: this machine's cores)."""
+        require(
+            self.train_nnodes == 1,
+            "psrl.deployment.train_nnodes",
+            f"is {self.train_nnodes}, but the local trainer launcher starts its ranks on this machine only",
+            "set psrl.deployment.train_nnodes=1 (and train_ngpus_per_node to the ranks of this machine)",
+        )
+        n = self.train_ngpus_per_node
+        require(
+            device == "cuda" or n == 1 or cpus is None or n <= cpus,
+            "psrl.deployment.train_ngpus_per_node",
+            f"is {n} CPU ranks, more than this machine's {cpus} cores",
+            f"set psrl.deployment.train_ngpus_per_node={cpus} or less (or model.device=cuda on a GPU machine)",
+        )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ reference cannot drift from the code. Configs are frozen: a changed setting is a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from psrl.config.fields import _f, _sub, check_rules
@@ -320,6 +321,25 @@ class TrainerConfig:
         64, "Validation prompts of a built-in task (a fixed held-out draw); dataset tasks use data.val_files.", ge=1
     )
 
+    micro_batch_tokens: int | None = _f(
+        None,
+        "Sharded trainer (psrl.deployment.train_ngpus_per_node > 1): token budget of one micro-batch on one rank "
+        "(prompt + response tokens; a longer trajectory runs alone); null = one micro-batch per rank and minibatch.",
+        ge=1,
+        fix="set trainer.micro_batch_tokens to a positive token count, e.g. 4096, or null for no limit",
+    )
+    reshard_after_forward: bool = _f(
+        True,
+        "Sharded trainer: free each FSDP unit's gathered parameters after its forward (less memory, one more "
+        "all-gather in backward).",
+    )
+    rank_timeout_s: float = _f(
+        600.0,
+        "Sharded trainer: seconds to wait for every rank's reply to one command (a step, a publish, a save) and "
+        "for a collective; past it the run stops naming the silent rank and its log tail.",
+        gt=0,
+    )
+
     def check(self) -> None:
         for name in self.logger:
             one_of("trainer.logger", name, ["console", "tensorboard", "wandb"])
@@ -346,6 +366,7 @@ class Config:
         raise :class:`ConfigError` naming the key and the fix. Nothing is written."""
         check_rules(self)
         self.psrl.check(self.rollout.engine, self.algorithm.filter_groups.metric)
+        self.psrl.deployment.check(self.model.device, os.cpu_count())
         self.runtime.check()
         self.rollout.check(self.psrl.deployment.n_rollout_instances)
         self.algorithm.check()

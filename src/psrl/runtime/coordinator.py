@@ -37,7 +37,7 @@ from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import Batch, Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train.store import ParameterStore
-from psrl.types import Engine, Sink, StepTrainer, Trajectory
+from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, Trajectory
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -202,11 +202,15 @@ class Coordinator:
         skipped = self.trainer.last_skip
         self.agents.record_batch(batch, skipped)
         version = int(batch.version) + 1
-        policy = self.trainer.policy
-        policy.version = version
-        self.store.publish(version, policy.export_state())
+        metrics = dict(metrics or {})
+        if isinstance(self.trainer, PublishingTrainer):
+            metrics["time/publish_s"] = round(self.trainer.publish(version, self.store), 6)
+        else:  # a fake trainer: its policy's state, as it is
+            policy = self.trainer.policy
+            policy.version = version
+            self.store.publish(version, policy.export_state())
         self.pool.notify_published()
-        row = self._row(batch, metrics or {}, loop.time() - started)
+        row = self._row(batch, metrics, loop.time() - started)
         self.rows.append(row)
         if self.sink is not None:
             self.sink.metric(row)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 from psrl.algo.filters import build_group_filter
+from psrl.models import Policy
 from psrl.rollout.engines.base import TokenModel
 from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.runtime.coordinator import Coordinator, build_staleness_manager
@@ -30,6 +31,7 @@ from psrl.runtime.watch import RunWatch
 from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
+from psrl.train.sharded import ShardedTrainer
 from psrl.types import Engine, Sink, StepTrainer, WeightState
 
 if TYPE_CHECKING:
@@ -122,7 +124,39 @@ def build(
     if task is None or trainer is None:
         built, policy = build_task_and_policy(cfg)
         task = task if task is not None else built
-        trainer = trainer if trainer is not None else Trainer(policy, cfg.algorithm, cfg.trainer)
+        trainer = trainer if trainer is not None else _trainer(cfg, policy, recorder)
+    assert trainer is not None
+    try:
+        return _build(cfg, recorder, log, task, trainer, engines, weights, sink, manager, on_event)
+    except BaseException:
+        if isinstance(trainer, ShardedTrainer):
+            trainer.close()  # no rank outlives a run that could not be built
+        raise
+
+
+def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepTrainer:
+    """The in-process trainer at world size 1 (the default: no process group, nothing to start), else the
+    sharded trainer over ``train_nnodes x train_ngpus_per_node`` ranks (started by :func:`build`)."""
+    world = cfg.psrl.deployment.train_world_size
+    if world == 1:
+        return Trainer(policy, cfg.algorithm, cfg.trainer)
+    work = recorder.run_dir if recorder is not None else None
+    return ShardedTrainer(policy, cfg.algorithm, cfg.trainer, world, work, cfg.model.dtype, cfg.psrl.staleness + 2)
+
+
+def _build(
+    cfg: Config,
+    recorder: RunRecorder | None,
+    log: Callable[[str], None],
+    task: Task,
+    trainer: StepTrainer,
+    engines: Sequence[Engine | TokenModel] | None,
+    weights: WeightState | None,
+    sink: Sink | None,
+    manager: StalenessManager | None,
+    on_event: Callable[[Event], Any] | None,
+) -> Coordinator:
+    """:func:`build` once the task and the trainer exist."""
     ck = None
     if recorder is not None and cfg.trainer.resume:
         ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm), log, on_event)
@@ -134,8 +168,10 @@ def build(
         if not isinstance(start, _LoadsWeights):
             raise TypeError(f"build(weights=...) loads them into the trainer's policy: {type(start).__name__} cannot")
         start.load_weights(weights, 0)
-    elif isinstance(trainer, Trainer):
+    elif isinstance(trainer, (Trainer, ShardedTrainer)):
         warm_start(cfg, task, trainer, log)
+    if isinstance(trainer, ShardedTrainer):
+        trainer.start()  # from the warm-started (or resumed) weights; a resume has started them already
     if engines is None:
         engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
     if manager is None:
@@ -184,6 +220,7 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
                     saver.save(run_dir, coord, recorder, wait=True)
             finally:
                 saver.close()
+                _close_ranks(coord)
             watch.close()
             events.close()
             recorder.close()
@@ -195,6 +232,7 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
     if not isinstance(final, _SavesPretrained):
         raise TypeError(f"psrl train writes final/ with the policy's save_pretrained: {type(final).__name__} has none")
     final.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
+    _close_ranks(coord)
     watch.close()
     events.close()
     recorder.close()
@@ -208,6 +246,12 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
             f"max staleness {max(r['staleness/max'] for r in rows)} (bound {p.staleness}); run dir {run_dir}"
         )
     return rows
+
+
+def _close_ranks(coord: Coordinator) -> None:
+    """Stop the sharded trainer's rank processes (nothing for the in-process trainer)."""
+    if isinstance(coord.trainer, ShardedTrainer):
+        coord.trainer.close()
 
 
 class Terminated(KeyboardInterrupt):

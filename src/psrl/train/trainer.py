@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from psrl.algo.advantages import ADV_ESTIMATORS
 from psrl.algo.corrections import batch_corrections
 from psrl.algo.divergence import divergence_metrics
 from psrl.algo.losses import policy_loss
+from psrl.types import WeightStore
 
 __all__ = ["Trainer"]
 
@@ -160,6 +162,13 @@ class Trainer:
                 g["lr"] = lr
         return norm
 
+    def publish(self, version: int, store: WeightStore) -> float:
+        """The policy takes ``version``; its weights (CPU copies) go into ``store``. Returns the seconds taken."""
+        started = time.perf_counter()
+        self.policy.version = version
+        store.publish(version, self.policy.export_state())
+        return time.perf_counter() - started
+
     # ------------------------------------------------------------------ warm start
 
     def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: float | None = None) -> list[float]:
@@ -210,9 +219,35 @@ class Trainer:
         return path / "trainer.pt"
 
     def load(self, directory: str | Path) -> int:
-        """Restore what :meth:`save` wrote; returns the restored version."""
-        self.load_state_dict(torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False))
+        """Restore what :meth:`save` wrote; returns the restored version. A checkpoint of the sharded trainer
+        (:class:`~psrl.train.sharded.ShardedTrainer`: AdamW in ``ranks/``) is read through a world-size-1 rank
+        worker, so a run saved at N ranks resumes here."""
+        path = Path(directory)
+        ckpt = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+        if int(ckpt.get("world_size", 1)) > 1:
+            optimizer = self._sharded_optimizer(path / "ranks")
+            if optimizer is not None:
+                ckpt["optimizer"] = optimizer
+        self.load_state_dict(ckpt)
         return self.policy.version
+
+    def _sharded_optimizer(self, directory: Path) -> dict | None:
+        """AdamW's state as this trainer's optimiser holds it, read from the ranks' DCP files (None: saved
+        without it)."""
+        from psrl.train.worker import RankWorker, WorkerSpec  # torch.distributed: only for such a checkpoint
+
+        model = self.policy.model
+        spec = WorkerSpec(
+            build=lambda device: copy.deepcopy(model),
+            pad_id=int(self.policy.pad_id),
+            algo=self.algo_cfg,
+            lr=self.cfg.lr,
+            weight_decay=self.cfg.weight_decay,
+            device=str(self.policy.device),
+        )
+        worker = RankWorker(spec, 0, 1)
+        worker.load(str(directory))
+        return worker.optimizer.state_dict() if worker.optimizer.state else None
 
     def load_state_dict(self, ckpt: dict) -> None:
         """Continue from :meth:`state_dict`: weights and version, optimiser, skip counters, generator states."""

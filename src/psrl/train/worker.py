@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from psrl.algo.corrections import rollout_correction_from_config
-from psrl.algo.losses import token_loss
+from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
 from psrl.train.planner import Plan, loss_weights
 from psrl.train.publish import finish_version, write_share
@@ -164,8 +164,8 @@ class RankWorker:
             return self.digest()
         if cmd == "state":
             return self.state()
-        if cmd == "save":
-            return self.save(arg)
+        if cmd == "save":  # a directory, or (directory, with the optimiser state)
+            return self.save(*arg) if isinstance(arg, tuple) else self.save(arg)
         if cmd == "load":
             return self.load(arg)
         if cmd == "publish":
@@ -226,10 +226,11 @@ class RankWorker:
         loss summed over ranks (the single-process aggregate)."""
         assert inp.old is not None and inp.adv is not None and inp.mask is not None
         dev = torch.device(self.spec.device)
-        losses, norms, skipped = [], [], 0
+        losses, norms, actor, skipped = [], [], [], 0
         for k in range(len(inp.plan.minibatches)):
             self.optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), device=dev)
+            sums = torch.zeros(len(ACTOR_SUMS), device=dev)
             for rows, padding in self._micro_batches(inp, k):
                 logp = self._forward(inp, rows)
                 width = logp.shape[1]
@@ -242,12 +243,16 @@ class RankWorker:
                 if padding:
                     w.zero_()
                 loss = (per_token * w.to(dev)).sum()
+                if not padding:
+                    sums = sums + actor_sums(logp, old, behav, adv, mask, self.spec.algo)
                 (loss * self.world).backward()  # FSDP averages over ranks; the weights already hold 1/N of the sum
                 total = total + loss.detach()
             norm = _global(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip))
             if self.world > 1:
                 dist.all_reduce(total)
+                dist.all_reduce(sums)
             losses.append(float(total))
+            actor.append(actor_metrics(sums.cpu()))
             norms.append(norm)
             if not math.isfinite(norm) or not math.isfinite(float(total)):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -258,6 +263,7 @@ class RankWorker:
         return {
             "train/loss": sum(losses) / len(losses),
             "train/grad_norm": sum(norms) / len(norms),
+            **{name: sum(m[name] for m in actor) / len(actor) for name in actor[0]},
             "skipped_minibatches": float(skipped),  # not a metric: the driver turns it into its skip logic
         }
 
@@ -272,13 +278,14 @@ class RankWorker:
             for g, lr in zip(groups, base):
                 g["lr"] = lr
 
-    def save(self, directory: str) -> str:
+    def save(self, directory: str, optimizer: bool = True) -> str:
         """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
         the files hold the full tensors' layout, so any world size loads them. An optimiser that has not stepped
         yet is left out: DCP's ``get_state_dict`` would initialise it with a zero step (AdamW's step count 1),
-        which changes the next update of the run that saved."""
+        which changes the next update of the run that saved. ``optimizer=False`` (``trainer.save_optimizer``):
+        the model only; a run resumed from it restarts AdamW."""
         state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
-        if self.optimizer.state:
+        if optimizer and self.optimizer.state:
             state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
         with _single_process_quiet(self.world):
             dcp.save(state, checkpoint_id=directory, no_dist=self.world == 1)
