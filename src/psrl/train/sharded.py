@@ -43,7 +43,7 @@ from psrl.models.builder import write_start_state
 from psrl.train.launch import LocalRanks, RankFailure
 from psrl.train.planner import plan
 from psrl.train.publish import read_version
-from psrl.train.trainer import Trainer, _mean_metrics, _pad, logprob_mismatch
+from psrl.train.trainer import Trainer, _mean_metrics, _pad, logprob_mismatch, rng_state, set_rng_state
 from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
 from psrl.types import WeightState, WeightStore
 
@@ -247,9 +247,7 @@ class ShardedTrainer:
         driver = {
             "model": self.policy.export_state(),
             "version": self.policy.version,
-            "rng": self.rng.getstate(),
-            "sampler": self.policy.generator.get_state().clone(),
-            "torch_rng": torch.get_rng_state(),
+            **rng_state(self.rng, self.policy.generator),
             "skipped": (self.skipped_steps, self.skipped_in_a_row),
             "world_size": self.world_size,
         }
@@ -265,9 +263,7 @@ class ShardedTrainer:
         if not sharded.is_dir():  # the in-process trainer's checkpoint: resumed at N ranks through DCP files
             sharded = self._from_one_rank(ckpt)
         self.skipped_steps, self.skipped_in_a_row = ckpt.get("skipped", (0, 0))
-        self.rng.setstate(ckpt["rng"])
-        self.policy.generator.set_state(ckpt["sampler"])
-        torch.set_rng_state(ckpt["torch_rng"])
+        set_rng_state(ckpt, self.rng, self.policy.generator)
         self.close()  # the ranks start from the restored weights, then read the sharded state
         self._call("load", str(sharded))
         return self.policy.version

@@ -151,15 +151,7 @@ class Trainer:
         norm = float(torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip))
         if not math.isfinite(norm):
             return None
-        groups = self.optimizer.param_groups
-        base = [g["lr"] for g in groups]
-        for g in groups:
-            g["lr"] = g["lr"] * lr_scale
-        try:
-            self.optimizer.step()
-        finally:
-            for g, lr in zip(groups, base):
-                g["lr"] = lr
+        step_scaled(self.optimizer, lr_scale)
         return norm
 
     def publish(self, version: int, store: WeightStore) -> float:
@@ -200,9 +192,7 @@ class Trainer:
         state = {
             "model": self.policy.export_state(),
             "version": self.policy.version,
-            "rng": self.rng.getstate(),
-            "sampler": self.policy.generator.get_state().clone(),
-            "torch_rng": torch.get_rng_state(),
+            **rng_state(self.rng, self.policy.generator),
             "skipped": (self.skipped_steps, self.skipped_in_a_row),
         }
         if self.cfg.save_optimizer:
@@ -255,9 +245,19 @@ class Trainer:
         if "optimizer" in ckpt:  # saved without it (trainer.save_optimizer=false): AdamW starts fresh
             self.optimizer.load_state_dict(ckpt["optimizer"])
         self.skipped_steps, self.skipped_in_a_row = ckpt.get("skipped", (0, 0))
-        self.rng.setstate(ckpt["rng"])
-        self.policy.generator.set_state(ckpt["sampler"])
-        torch.set_rng_state(ckpt["torch_rng"])
+        set_rng_state(ckpt, self.rng, self.policy.generator)
+
+
+def rng_state(rng: random.Random, sampler: torch.Generator) -> dict[str, Any]:
+    """The generator states a trainer's checkpoint carries: its own ``rng``, the policy's ``sampler`` and torch's."""
+    return {"rng": rng.getstate(), "sampler": sampler.get_state().clone(), "torch_rng": torch.get_rng_state()}
+
+
+def set_rng_state(ckpt: dict[str, Any], rng: random.Random, sampler: torch.Generator) -> None:
+    """Restore what :func:`rng_state` saved into ``ckpt``."""
+    rng.setstate(ckpt["rng"])
+    sampler.set_state(ckpt["sampler"])
+    torch.set_rng_state(ckpt["torch_rng"])
 
 
 def _pad(rows: Iterable[list], device) -> torch.Tensor:
@@ -300,3 +300,17 @@ def logprob_mismatch(
 def _mean_metrics(per_mb: list[dict[str, Any]]) -> dict[str, float]:
     keys = {k for m in per_mb for k in m}
     return {k: sum(float(m[k]) for m in per_mb if k in m) / sum(1 for m in per_mb if k in m) for k in sorted(keys)}
+
+
+def step_scaled(optimizer: torch.optim.Optimizer, lr_scale: float) -> None:
+    """One optimiser step at every group's learning rate times ``lr_scale`` (``ess_lr``), the rates restored after
+    it (also when the step raises): the scale is this step's only."""
+    groups = optimizer.param_groups
+    base = [g["lr"] for g in groups]
+    for g in groups:
+        g["lr"] = g["lr"] * lr_scale
+    try:
+        optimizer.step()
+    finally:
+        for g, lr in zip(groups, base):
+            g["lr"] = lr

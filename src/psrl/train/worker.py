@@ -54,6 +54,7 @@ from psrl.config import AlgorithmConfig
 from psrl.train.planner import Plan, loss_weights
 from psrl.train.publish import finish_version, write_share
 from psrl.train.shard import full_state, load_full_state, shard_model
+from psrl.train.trainer import step_scaled
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "COMMANDS"]
 
@@ -258,7 +259,7 @@ class RankWorker:
                 self.optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
-            self._step(inp.lr_scale)
+            step_scaled(self.optimizer, inp.lr_scale)
         self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held between steps
         return {
             "train/loss": sum(losses) / len(losses),
@@ -266,17 +267,6 @@ class RankWorker:
             **{name: sum(m[name] for m in actor) / len(actor) for name in actor[0]},
             "skipped_minibatches": float(skipped),  # not a metric: the driver turns it into its skip logic
         }
-
-    def _step(self, lr_scale: float) -> None:
-        groups = self.optimizer.param_groups
-        base = [g["lr"] for g in groups]
-        for g in groups:
-            g["lr"] = g["lr"] * lr_scale
-        try:
-            self.optimizer.step()
-        finally:
-            for g, lr in zip(groups, base):
-                g["lr"] = lr
 
     def save(self, directory: str, optimizer: bool = True) -> str:
         """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
