@@ -128,6 +128,7 @@ def draw(results: dict[tuple[str, int], list[dict]], summary: dict[str, dict], o
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for (corr, eta), runs in results.items():
@@ -144,9 +145,10 @@ def draw(results: dict[tuple[str, int], list[dict]], summary: dict[str, dict], o
     axes[0].set_title("default corrections: mean, min-max band")
     sync = summary["default"]["0"]["val_accuracy"]
     axes[1].axhspan(sync["mean"] - sync["std"], sync["mean"] + sync["std"], color="grey", alpha=0.2, label="sync ± std")
+    ess_ax = axes[2].twinx()
     for i, (corr, cells) in enumerate(summary.items()):
         pts = [(int(e), c) for e, c in cells.items() if c["val_accuracy"]["n"]]
-        xs = [e + 0.12 * (i - 1) for e, _ in pts]
+        xs = [e * (1 + 0.04 * (i - 1)) + 0.04 * (i - 1) for e, _ in pts]
         axes[1].errorbar(
             xs,
             [c["val_accuracy"]["mean"] for _, c in pts],
@@ -157,13 +159,21 @@ def draw(results: dict[tuple[str, int], list[dict]], summary: dict[str, dict], o
         )
         axes[2].plot([e for e, _ in pts], [c["m2"]["mean"] for _, c in pts], "o-", label=f"{corr}: divergence/m2")
         axes[2].plot([e for e, _ in pts], [c["kl"]["mean"] for _, c in pts], "x--", label=f"{corr}: divergence/kl")
+        ess_ax.plot([e for e, _ in pts], [c["ess"]["mean"] for _, c in pts], "s:", alpha=0.6, label=f"{corr}: ess")
     axes[1].set_xlabel("psrl.staleness")
     axes[1].set_ylabel("final val/accuracy, mean ± std")
     axes[1].set_title("final accuracy per correction (counted runs)")
     axes[2].set_xlabel("psrl.staleness")
     axes[2].set_ylabel("run mean (nats^2 / nats)")
-    axes[2].set_yscale("log")
-    axes[2].set_title("divergence of the batches")
+    axes[2].set_yscale("symlog", linthresh=1e-3)
+    ess_ax.set_ylabel("divergence/ess, run mean (dotted)")
+    ess_ax.set_ylim(0, 1.05)
+    ess_ax.legend(fontsize=7, loc="center right")
+    axes[2].set_title("divergence of the batches, run means over counted seeds")
+    for ax in axes[1:]:
+        ax.set_xscale("symlog", base=2, linthresh=1)
+        ax.set_xticks(sorted({int(e) for cells in summary.values() for e in cells}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()
