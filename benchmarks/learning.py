@@ -20,7 +20,7 @@ validation accuracy mean, std and min-max; seconds per step and speedup over syn
 seed; the wall-clock time to reach sync's final mean accuracy, with how many seeds did; the run
 means of ``divergence/ess``, ``divergence/m2`` and ``divergence/kl``; the realised
 ``staleness/max``), the runs that did not count, the largest staleness within one std of sync's
-final accuracy per correction, one figure (``OUT/learning.png``) and, last, one JSON line (it also
+final accuracy per correction, one figure (``--figure``, default ``OUT/learning.png``) and, last, one JSON line (it also
 holds measured vs ``psrl simulate``'s seconds per step, as ``sync_vs_async.py`` computes them).
 
 Workloads:
@@ -33,7 +33,7 @@ Workloads:
 
 Usage: ``python benchmarks/learning.py [--workload agentic|smollm2] [--steps N] [--seeds 1 2 3]
 [--staleness 0 1 2 4] [--corrections default m2po ess_lr] [--correction-staleness 4 8]
-[--val-every K] [--out DIR] [key=value ...]``; the measured table and figure are in ``docs/learning.md``.
+[--val-every K] [--out DIR] [--figure PNG] [key=value ...]``; the measured table and figure are in ``docs/learning.md``.
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--val-every", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None, help="run root (default: a new temporary directory)")
+    ap.add_argument("--figure", type=Path, default=None, help="where to draw the figure (default: OUT/learning.png)")
     ap.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -205,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parity = {corr: within_one_std(summary, corr) for corr in summary}
     for corr, eta in parity.items():
         print(f"{corr}: largest staleness within one std of sync's final validation accuracy: {eta}")
-    draw(results, summary, root / "learning.png")
-    print(f"figure: {root / 'learning.png'}  (run directories: {root})")
+    figure = args.figure or root / "learning.png"
+    draw(results, summary, figure)
+    print(f"figure: {figure}  (run directories: {root})")
     print(
         json.dumps(
             {
