@@ -1,18 +1,27 @@
-"""Does asynchronous training learn as well as synchronous? Validation accuracy over seeds, per staleness.
+"""Does asynchronous training learn as well as synchronous? "Maximum staleness at parity", per correction.
 
-For every seed, the task's warm start runs once and every staleness starts from those weights;
-then the real coordinator (the code of ``psrl train``) trains ``--steps`` steps at
-``psrl.staleness`` 0 (synchronous), 1, 2 and 4 on the same prompt stream. Every ``--val-every``
-steps the trainer's weights are copied aside, and after the run each copy is validated
+For every seed, the task's warm start runs once (kept as ``OUT/warm-seed<k>.pt``) and every run
+starts from those weights; the real coordinator (the code of ``psrl train``) trains ``--steps``
+steps on the same prompt stream at each ``--staleness`` (``psrl.staleness``; 0, synchronous, always
+runs) with the preset's own corrections (``default``), and at each ``--correction-staleness`` for
+every other ``--corrections`` variant (``m2po``: ``algorithm.rollout_correction.m2po=true``;
+``ess_lr``: ``algorithm.rollout_correction.ess_lr=true``). Every ``--val-every`` steps the
+trainer's weights are copied aside, and after the run each copy is validated
 (:func:`psrl.runtime.validate.validate`: greedy ``val/accuracy``, ``val/pass@k``) outside the
 timed loop, so validating does not slow the run it measures.
 
-Printed: one table per staleness (final validation accuracy mean, std and min-max across seeds;
-seconds per step; speedup over sync of the same seed; measured vs ``psrl simulate``'s prediction
-for the run's own workload, and the ratio of the ideal ``min(generation bound, trainer bound)``
-to the measured time, as ``sync_vs_async.py`` does; the wall-clock time to reach sync's final
-mean accuracy), one figure (validation accuracy against step and against wall-clock: mean and
-min-max band per staleness) and, last, one JSON line.
+A run counts only if it reached its staleness (its largest ``staleness/max`` equals the bound) and
+ran at least 4 x staleness steps; the others are listed and left out of the figures. Each run's
+record is written as ``OUT/<correction>-staleness<k>-seed<s>.json``, and a later invocation on the
+same ``--out`` reads it instead of running again, so a long plan can be made in stages.
+
+Printed: one line per run, then a table per (correction, staleness) over the counted seeds (final
+validation accuracy mean, std and min-max; seconds per step and speedup over sync of the same
+seed; the wall-clock time to reach sync's final mean accuracy, with how many seeds did; the run
+means of ``divergence/ess``, ``divergence/m2`` and ``divergence/kl``; the realised
+``staleness/max``), the runs that did not count, the largest staleness within one std of sync's
+final accuracy per correction, one figure (``--figure``, default ``OUT/learning.png``) and, last, one JSON line (it also
+holds measured vs ``psrl simulate``'s seconds per step, as ``sync_vs_async.py`` computes them).
 
 Workloads:
 
@@ -23,8 +32,8 @@ Workloads:
   (``RUN_ROOT/sums.jsonl``: one-digit sums as chat messages, ``task.reward: math``).
 
 Usage: ``python benchmarks/learning.py [--workload agentic|smollm2] [--steps N] [--seeds 1 2 3]
-[--staleness 0 1 2 4] [--val-every K] [key=value ...]``. The defaults (agentic, 60 steps, seeds 1-3)
-took 23 minutes on a shared 2-core CPU; the measured table and figure are in ``docs/learning.md``.
+[--staleness 0 1 2 4] [--corrections default m2po ess_lr] [--correction-staleness 4 8]
+[--val-every K] [--out DIR] [--figure PNG] [key=value ...]``; the measured table and figure are in ``docs/learning.md``.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_report import draw, print_table, summarise, summarise_run, within_one_std  # noqa: E402
 from psrl.config import load_config  # noqa: E402
 from psrl.runtime.local import build  # noqa: E402
 from psrl.runtime.recorder import RunRecorder  # noqa: E402
@@ -119,53 +129,21 @@ def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tu
     return rows, vals
 
 
-def spread(xs: list[float]) -> dict:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
-    return {
-        "mean": round(statistics.fmean(xs), 4),
-        "std": round(statistics.pstdev(xs), 4) if len(xs) > 1 else 0.0,
-        "min": round(min(xs), 4),
-        "max": round(max(xs), 4),
-        "n": len(xs),
-    }
+CORRECTIONS = {
+    "default": [],  # the preset's own corrections
+    "m2po": ["algorithm.rollout_correction.m2po=true"],
+    "ess_lr": ["algorithm.rollout_correction.ess_lr=true"],
+}
 
 
-def time_to_reach(vals: list[dict], target: float):
-    """Wall-clock seconds of the first validation at or above ``target`` (None: never)."""
-    for v in vals:
-        if v["val/accuracy"] >= target - 1e-12:
-            return v["time"]
-    return None
-
-
-def draw(results: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for eta, runs in results.items():
-        per_seed = [r["vals"] for r in runs]
-        n = min(len(v) for v in per_seed)
-        steps = [per_seed[0][i]["step"] for i in range(n)]
-        acc = [[v[i]["val/accuracy"] for v in per_seed] for i in range(n)]
-        mean = [statistics.fmean(a) for a in acc]
-        times = [statistics.fmean(v[i]["time"] for v in per_seed) for i in range(n)]
-        for ax, xs in ((axes[0], steps), (axes[1], times)):
-            (line,) = ax.plot(xs, mean, "o-", label=f"staleness {eta}" + (" (sync)" if eta == 0 else ""))
-            ax.fill_between(xs, [min(a) for a in acc], [max(a) for a in acc], alpha=0.15, color=line.get_color())
-    axes[0].set_xlabel("step")
-    axes[1].set_xlabel("wall-clock (s, validation excluded)")
-    for ax in axes:
-        ax.set_ylabel("val/accuracy (greedy)")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"validation accuracy, mean and min-max over {len(next(iter(results.values())))} seeds")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+def warm(over: list[str], seed: int, root: Path) -> dict:
+    """The seed's warm start, made once and kept in ``root`` (a later invocation on the same ``--out`` reuses it)."""
+    path = root / f"warm-seed{seed}.pt"
+    if path.exists():
+        return torch.load(path)
+    weights = warm_weights(load_config(None, over))
+    torch.save(weights, path)
+    return weights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,99 +151,77 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", choices=("agentic", "smollm2"), default="agentic")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
+    ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4], help="for the default corrections")
+    ap.add_argument("--corrections", nargs="+", choices=tuple(CORRECTIONS), default=["default"])
+    ap.add_argument(
+        "--correction-staleness", type=int, nargs="+", default=[4, 8], help="for each correction but default"
+    )
     ap.add_argument("--val-every", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None, help="run root (default: a new temporary directory)")
+    ap.add_argument("--figure", type=Path, default=None, help="where to draw the figure (default: OUT/learning.png)")
     ap.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     root = args.out or Path(tempfile.mkdtemp(prefix="learning-"))
     root.mkdir(parents=True, exist_ok=True)
     base = WORKLOAD if args.workload == "agentic" else smollm2_overrides(root)
-    etas = sorted(set(args.staleness) | {0})
-    results: dict[int, list[dict]] = {eta: [] for eta in etas}
+    plan = [("default", eta) for eta in [0, *[e for e in dict.fromkeys(args.staleness) if e != 0]]]
+    plan += [(c, eta) for c in dict.fromkeys(args.corrections) if c != "default" for eta in args.correction_staleness]
+    results: dict[tuple[str, int], list[dict]] = {cell: [] for cell in plan}
     started = time.perf_counter()
-    for seed in args.seeds:
-        over = base + list(args.overrides) + [f"trainer.seed={seed}"]
-        weights = warm_weights(load_config(None, over))
-        for eta in etas:
-            cfg = load_config(None, over + [f"psrl.staleness={eta}"])
-            run_dir = root / f"seed{seed}-staleness{eta}"
-            rows, vals = run_one(cfg, weights, args.steps, args.val_every, run_dir)
-            sim = compare_run(run_dir)
-            results[eta].append(
-                {"seed": seed, "rows": rows, "vals": vals, "sim": sim, "s_per_step": rows[-1]["time"] / len(rows)}
-            )
+    for corr, eta in plan:  # staleness-major, seeds inner: a cut-short invocation loses staleness values, not seeds
+        for seed in args.seeds:
+            record = root / f"{corr}-staleness{eta}-seed{seed}.json"
+            if not record.exists():
+                over = base + list(args.overrides) + [f"trainer.seed={seed}"]
+                weights = warm(over, seed, root)
+                cfg = load_config(None, over + CORRECTIONS[corr] + [f"psrl.staleness={eta}"])
+                run_dir = root / f"{corr}-staleness{eta}-seed{seed}"
+                rows, vals = run_one(cfg, weights, args.steps, args.val_every, run_dir)
+                run = summarise_run(corr, seed, eta, rows, vals, compare_run(run_dir))
+                record.write_text(json.dumps(run))
+            run = json.loads(record.read_text())
+            results[(corr, eta)].append(run)
             print(
-                f"seed {seed} staleness {eta}: {rows[-1]['time'] / len(rows):.3f} s/step, val/accuracy "
-                f"{vals[0]['val/accuracy']:.3f} -> {vals[-1]['val/accuracy']:.3f}, max staleness "
-                f"{max(r['staleness/max'] for r in rows)}, measured {sim['measured_s_per_step']:.3f} vs simulated "
-                f"{sim['predicted_s_per_step']:.3f} (ideal {sim['ideal_s_per_step']:.3f})",
+                f"{corr} staleness {eta} seed {seed}: {run['s_per_step']:.3f} s/step, val/accuracy "
+                f"{run['vals'][0]['val/accuracy']:.3f} -> {run['vals'][-1]['val/accuracy']:.3f}, realised max "
+                f"staleness {run['realised_max']} ({run['steps_at_bound']} steps at it), ess/m2/kl "
+                + "/".join(f"{v:.4g}" if v is not None else "-" for v in run["divergence"].values()),
                 flush=True,
             )
-    sync_final = statistics.fmean(r["vals"][-1]["val/accuracy"] for r in results[0])
-    sync_sps = {r["seed"]: r["s_per_step"] for r in results[0]}
-    summary = {}
-    for eta, runs in results.items():
-        summary[str(eta)] = {
-            "val_accuracy": spread([r["vals"][-1]["val/accuracy"] for r in runs]),
-            "val_pass_at_k": spread([r["vals"][-1]["val/pass@k"] for r in runs]),
-            "train_reward_last_third": spread(
-                [statistics.fmean(x["reward/mean"] for x in r["rows"][-max(1, len(r["rows"]) // 3) :]) for r in runs]
-            ),
-            "seconds_per_step": spread([r["s_per_step"] for r in runs]),
-            "speedup_over_sync": spread([sync_sps[r["seed"]] / r["s_per_step"] for r in runs]),
-            "measured_over_simulated": spread(
-                [r["sim"]["measured_s_per_step"] / r["sim"]["predicted_s_per_step"] for r in runs]
-            ),
-            "ideal_over_measured": spread(
-                [r["sim"]["ideal_s_per_step"] / r["sim"]["measured_s_per_step"] for r in runs]
-            ),
-            "seconds_to_sync_final_accuracy": spread([time_to_reach(r["vals"], sync_final) for r in runs]),
-        }
+    sync = [r for r in results[("default", 0)]]
+    sync_final = statistics.fmean(r["vals"][-1]["val/accuracy"] for r in sync)
+    sync_sps = {r["seed"]: r["s_per_step"] for r in sync}
+    summary: dict[str, dict] = {}
+    for (corr, eta), runs in results.items():
+        summary.setdefault(corr, {})[str(eta)] = summarise(runs, sync_final, sync_sps)
     print()
     print(
         f"{args.workload}: {args.steps} steps, seeds {args.seeds}, validation on "
-        f"{int(results[0][0]['vals'][-1]['val/prompts'])} prompts every {args.val_every} steps "
-        f"({time.perf_counter() - started:.0f}s in all)"
+        f"{int(sync[0]['vals'][-1]['val/prompts'])} prompts every {args.val_every} steps "
+        f"({time.perf_counter() - started:.0f}s in this invocation)"
     )
-    print(
-        f"{'staleness':>9} {'val acc mean±std [min-max]':>28} {'s/step':>13} {'speedup':>13} {'meas/sim':>9} "
-        f"{'ideal/meas':>10} {'s to sync acc':>13} {'reached':>7}"
-    )
-    for eta in etas:
-        s = summary[str(eta)]
-        a, sp, up, ms, im, tt = (
-            s["val_accuracy"],
-            s["seconds_per_step"],
-            s["speedup_over_sync"],
-            s["measured_over_simulated"],
-            s["ideal_over_measured"],
-            s["seconds_to_sync_final_accuracy"],
-        )
-        reach = "-" if tt["mean"] is None else f"{tt['mean']:.1f}"
-        print(
-            f"{eta:>9} {a['mean']:>8.3f}±{a['std']:.3f} [{a['min']:.3f}-{a['max']:.3f}] "
-            f"{sp['mean']:>7.3f}±{sp['std']:.3f} {up['mean']:>6.2f}±{up['std']:.2f}x {ms['mean']:>9.3f} "
-            f"{im['mean']:>10.3f} {reach:>13} {tt['n']}/{len(results[eta])}"
-        )
-    within = (
-        abs(summary["2"]["val_accuracy"]["mean"] - summary["0"]["val_accuracy"]["mean"])
-        <= summary["0"]["val_accuracy"]["std"]
-        if "2" in summary
-        else None
-    )
-    print(f"staleness 2 within one std of sync's final validation accuracy: {within}")
-    draw(results, root / "learning.png")
-    print(f"figure: {root / 'learning.png'}  (run directories: {root})")
+    all_runs = [r for runs in results.values() for r in runs]
+    print_table(summary, all_runs)
+    parity = {corr: within_one_std(summary, corr) for corr in summary}
+    for corr, eta in parity.items():
+        print(f"{corr}: largest staleness within one std of sync's final validation accuracy: {eta}")
+    figure = args.figure or root / "learning.png"
+    draw(results, summary, figure)
+    print(f"figure: {figure}  (run directories: {root})")
     print(
         json.dumps(
             {
                 "workload": args.workload,
                 "steps": args.steps,
                 "seeds": args.seeds,
-                "staleness_2_within_one_std_of_sync": within,
-                "per_staleness": summary,
+                "max_staleness_within_one_std_of_sync": parity,
+                "not_counted": [
+                    [r["correction"], r["seed"], r["staleness"], r["realised_max"]]
+                    for r in all_runs
+                    if not r["counted"]
+                ],
+                "per_correction": summary,
             }
         )
     )
