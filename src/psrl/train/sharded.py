@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from psrl.algo.advantages import ADV_ESTIMATORS
 from psrl.algo.corrections import batch_corrections, rollout_correction_from_config
 from psrl.algo.divergence import divergence_metrics
 from psrl.config import AlgorithmConfig, TrainerConfig
@@ -43,7 +42,15 @@ from psrl.models.builder import write_start_state
 from psrl.train.launch import LocalRanks, RankFailure
 from psrl.train.planner import plan
 from psrl.train.publish import read_version
-from psrl.train.trainer import Trainer, _mean_metrics, _pad, logprob_mismatch, rng_state, set_rng_state
+from psrl.train.trainer import (
+    Trainer,
+    _mean_metrics,
+    _pad,
+    batch_advantages,
+    logprob_mismatch,
+    rng_state,
+    set_rng_state,
+)
 from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
 from psrl.types import WeightState, WeightStore
 
@@ -144,13 +151,7 @@ class ShardedTrainer:
         """One training step on ``batch`` across the ranks, then the ranks publish ``batch.version + 1``
         (:meth:`publish` hands it to the store). The metrics are :class:`~psrl.train.Trainer`'s: mismatch,
         divergence and corrections over the whole batch; loss and gradient norm as the ranks report them."""
-        groups = [list(g) for g in batch.groups if len(g) > 0]
-        trajs = [t for g in groups for t in g]
-        if not trajs:
-            raise ValueError("ShardedTrainer.step: the batch holds no trajectories")
-        estimate = ADV_ESTIMATORS[self.algo_cfg.adv_estimator]
-        advs = estimate([[t.reward for t in g] for g in groups], norm_by_std=self.algo_cfg.norm_adv_by_std)
-        adv = [float(a) for g in advs for a in g]
+        trajs, adv = batch_advantages(batch, self.algo_cfg, "ShardedTrainer.step")
         prompts = [list(t.prompt_ids) for t in trajs]
         responses = [list(t.response_ids) for t in trajs]
         lengths = [len(a) + len(b) for a, b in zip(prompts, responses)]

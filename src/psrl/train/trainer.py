@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from psrl.algo.corrections import batch_corrections
 from psrl.algo.divergence import divergence_metrics
 from psrl.algo.losses import policy_loss
 from psrl.types import WeightStore
+
+if TYPE_CHECKING:
+    from psrl.config import AlgorithmConfig
 
 __all__ = ["Trainer"]
 
@@ -74,14 +77,9 @@ class Trainer:
         pre-update policy, per staleness level ``batch.version - V_traj`` too); what the batch was is the
         coordinator's row. The batch-global corrections (M2PO's mask, VCPO's learning-rate scale) are computed
         once, before the first minibatch."""
-        groups = [list(g) for g in batch.groups if len(g) > 0]
-        trajs = [t for g in groups for t in g]
-        if not trajs:
-            raise ValueError("Trainer.step: the batch holds no trajectories")
-        estimate = ADV_ESTIMATORS[self.algo_cfg.adv_estimator]
-        advs = estimate([[t.reward for t in g] for g in groups], norm_by_std=self.algo_cfg.norm_adv_by_std)
+        trajs, flat_adv = batch_advantages(batch, self.algo_cfg, "Trainer.step")
         dev = self.policy.device
-        adv = torch.tensor([a for g in advs for a in g], dtype=torch.float32, device=dev)
+        adv = torch.tensor(flat_adv, dtype=torch.float32, device=dev)
         prompts = [t.prompt_ids for t in trajs]
         responses = [t.response_ids for t in trajs]
         mask = _pad([t.loss_mask for t in trajs], dev)
@@ -246,6 +244,18 @@ class Trainer:
             self.optimizer.load_state_dict(ckpt["optimizer"])
         self.skipped_steps, self.skipped_in_a_row = ckpt.get("skipped", (0, 0))
         set_rng_state(ckpt, self.rng, self.policy.generator)
+
+
+def batch_advantages(batch: Any, algo_cfg: AlgorithmConfig, who: str) -> tuple[list, list[float]]:
+    """The batch's trajectories, group after group (empty groups left out), and each one's advantage from
+    ``algorithm.adv_estimator`` within its group; ``who`` names the caller when the batch is empty."""
+    groups = [list(g) for g in batch.groups if len(g) > 0]
+    trajs = [t for g in groups for t in g]
+    if not trajs:
+        raise ValueError(f"{who}: the batch holds no trajectories")
+    estimate = ADV_ESTIMATORS[algo_cfg.adv_estimator]
+    advs = estimate([[t.reward for t in g] for g in groups], norm_by_std=algo_cfg.norm_adv_by_std)
+    return trajs, [float(a) for g in advs for a in g]
 
 
 def rng_state(rng: random.Random, sampler: torch.Generator) -> dict[str, Any]:
