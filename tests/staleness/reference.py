@@ -48,8 +48,12 @@ class RefManager:
         r = max(candidates)
         if not any(self.O(b) < self.B for b in range(self.T, r + 1)):
             return ("refused", None)
-        self.entries[eid] = dict(version=v, slot=r, state="R", members=[])
+        self.entries[eid] = dict(version=v, slot=r, state="R", members=[], bound=self.eta)
         return ("ok", r)
+
+    def set_eta(self, eta):
+        """The bound of later reservations; entries keep their buffer (and their own bound)."""
+        self.eta = eta
 
     def complete(self, eid, traj, version):
         e = self.entries.get(eid)

@@ -63,6 +63,30 @@ def test_waiting_reserve_becomes_stale():
     run(main())
 
 
+def test_a_waiting_reserve_follows_the_bound_in_force():
+    """A fall of the bound makes a waiting reserve stale at once; a raise admits a refused one."""
+
+    async def main():
+        m = StalenessManager(staleness=1, batch_size=1, group_size=1, max_staleness=2)
+        first = await m.reserve(0)
+        m.complete(first, "x", 0)
+        m.consume()  # T = 1
+        assert await m.reserve(0) is not None  # 0 + 1 >= 1: buffer 1
+        waiter = asyncio.ensure_future(m.reserve(0))  # buffer 1 is full: it waits
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        m.set_staleness(2)  # buffer 2 is admissible now
+        admitted = await waiter
+        assert m.blocking(2) == [admitted]
+        stale = asyncio.ensure_future(m.reserve(0))  # buffers 1 and 2 are full: it waits
+        await asyncio.sleep(0)
+        m.set_staleness(0)  # 0 + 0 < T = 1
+        with pytest.raises(StaleVersionError):
+            await stale
+
+    run(main())
+
+
 def test_cancelled_waiter_does_not_disturb_others():
     """Cancelling one waiting reserve leaves other waiters able to wake."""
 

@@ -279,7 +279,7 @@ class TestStatesAndSnapshot:
         (row,) = snap["buffers"][1][0]
         held = SnapshotEntry._make(row)
         assert type(row) is tuple and (held.id, held.version, held.buffer, held.members) == (b, 0, 1, ["b0"])
-        assert (held.state, held.min_version) == (0, 0)
+        assert (held.state, held.min_version, held.bound) == (0, 0, 1)
 
     def test_occupy_is_complete(self):
         """``occupy`` is the same method as ``complete`` (the protocol's word): the same results and state."""
@@ -311,6 +311,7 @@ class TestStatesAndSnapshot:
             dict(batch_size=0),
             dict(redundant_batch_size=1, batch_size=2),
             dict(redundant_group_size=1, group_size=2),
+            dict(max_staleness=0),
         ],
     )
     def test_bad_arguments(self, kwargs):
@@ -318,3 +319,68 @@ class TestStatesAndSnapshot:
         base.update(kwargs)
         with pytest.raises(ValueError):
             StalenessManager(**base)
+
+
+class TestSetStaleness:
+    """The bound of new reservations changes at run time within ``[0, max_staleness]``; entries keep theirs."""
+
+    def test_a_lower_bound_keeps_earlier_reservations_where_they_are_and_places_new_ones_by_it(self):
+        m = StalenessManager(staleness=2, batch_size=1, group_size=1, redundant_batch_size=2, max_staleness=3)
+        old = m.try_reserve(0)
+        assert m.blocking(2) == [old]
+        assert m.set_staleness(0) == 2 and m.staleness == 0
+        assert m.blocking(2) == [old] and m.drain_aborted() == []  # nothing ends when the bound falls
+        new = m.try_reserve(0)
+        assert m.blocking(0) == [new]  # worst case under the new bound: buffer 0 + 0
+        assert m.buffer_states() == {0: "PENDING", 1: "PENDING", 2: "PENDING"}  # buffer 2 still holds `old`
+        fill_group(m, new, 0)
+        assert m.consume().groups == [[f"t{new}-0"]]
+        with pytest.raises(StaleVersionError):  # 0 + 0 < T = 1: version 0 is too old for the new bound
+            m.try_reserve(0)
+        assert fill_group(m, old, 0) == (Status.OCCUPIED, 1)  # the old entry lands within its own bound of 2
+        batch = m.consume()
+        assert batch.version - batch.group_versions[0] == 1 <= 2
+
+    def test_a_higher_bound_admits_what_the_old_one_refused(self):
+        m = StalenessManager(staleness=0, batch_size=1, group_size=1, max_staleness=2)
+        assert m.try_reserve(0) is not None and m.try_reserve(0) is None  # buffer 0 is full
+        m.set_staleness(2)
+        eid = m.try_reserve(0)
+        assert eid is not None and m.blocking(2) == [eid]
+        assert len(m.stats.staleness_hist) == 3  # counters sized to the ceiling
+
+    @pytest.mark.parametrize("bad", [-1, 4, True, 1.0, "2"])
+    def test_a_bound_outside_zero_to_the_ceiling_is_an_error_that_changes_nothing(self, bad):
+        m = StalenessManager(staleness=1, batch_size=1, group_size=1, max_staleness=3)
+        with pytest.raises(ValueError, match=r"\[0, 3\] \(max_staleness\)"):
+            m.set_staleness(bad)
+        assert m.staleness == 1
+
+    def test_the_snapshot_keeps_each_reservations_bound_and_the_ceiling(self):
+        m = StalenessManager(staleness=3, batch_size=1, group_size=1, max_staleness=3)
+        a = m.try_reserve(0)
+        m.set_staleness(1)
+        b = m.try_reserve(0)
+        snap = pickle.loads(pickle.dumps(m.snapshot()))
+        r = StalenessManager.restore(snap)
+        assert (r.staleness, r.max_staleness) == (1, 3)
+        bounds = {SnapshotEntry._make(row).id: SnapshotEntry._make(row).bound for row in snap["buffers"][3][0]}
+        bounds.update({SnapshotEntry._make(row).id: SnapshotEntry._make(row).bound for row in snap["buffers"][1][0]})
+        assert bounds == {a: 3, b: 1}
+        assert r.snapshot() == m.snapshot()
+
+    def test_a_snapshot_of_format_1_restores_with_its_staleness_as_every_bound(self):
+        """Checkpoints written before the bound could change (format 1: 6 fields per entry, no ceiling)."""
+        m = StalenessManager(staleness=2, batch_size=2, group_size=1)
+        a = m.try_reserve(0)
+        snap = m.snapshot()
+        old = dict(
+            snap,
+            format=1,
+            buffers={
+                b: ([row[:6] for row in res], [row[:6] for row in occ]) for b, (res, occ) in snap["buffers"].items()
+            },
+        )
+        del old["max_staleness"]
+        r = StalenessManager.restore(old)
+        assert r.snapshot() == snap and r.blocking(2) == [a]

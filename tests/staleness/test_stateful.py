@@ -3,7 +3,9 @@
 Each step runs the same operation on the fast manager and on ``RefManager``, compares the
 outcome, then checks every guarantee of the spec: staleness bound, exact admission (same
 answers as the reference), nothing lost silently (conservation of trajectories), counts never
-negative, buffer states equal, and snapshot/restore continuing exactly.
+negative, buffer states equal, and snapshot/restore continuing exactly. The bound itself changes at
+random points (``set_staleness`` within ``[0, max_staleness]``): every trained trajectory must satisfy the
+bound in force when its entry was reserved.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import pickle
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -29,6 +32,7 @@ class KeepEven:
 class Protocol(RuleBasedStateMachine):
     @initialize(
         eta=st.integers(0, 3),
+        headroom=st.integers(0, 2),
         B=st.integers(1, 3),
         extra_B=st.integers(0, 2),
         N=st.integers(1, 3),
@@ -36,17 +40,21 @@ class Protocol(RuleBasedStateMachine):
         use_filter=st.booleans(),
         T0=st.integers(0, 2),
     )
-    def setup(self, eta, B, extra_B, N, extra_N, use_filter, T0):
+    def setup(self, eta, headroom, B, extra_B, N, extra_N, use_filter, T0):
         self.eta, self.B, self.N, self.Np = eta, B, N, N + extra_N
+        self.ceiling = eta + headroom
         f = KeepEven() if use_filter else None
         self.filter = f
-        self.m = StalenessManager(eta, B, N, B + extra_B, N + extra_N, group_filter=f, train_version=T0)
+        self.m = StalenessManager(
+            eta, B, N, B + extra_B, N + extra_N, group_filter=f, train_version=T0, max_staleness=self.ceiling
+        )
         self.ref = RefManager(eta, B, N, B + extra_B, group_filter=f, T=T0)
         self.live = []  # entry ids we may complete (including ended ones: must be rejected)
         self.launched = {}  # eid -> members launched so far
         self.next_traj = 0
         self.handed = {}  # traj -> fate: "held" | "reported" | "consumed" | "dropped"
         self.entry_of = {}
+        self.bound_of = {}  # eid -> the bound in force when it was reserved
 
     # ------------------------------------------------------------- operations
 
@@ -65,6 +73,8 @@ class Protocol(RuleBasedStateMachine):
         if eid is None:
             return
         assert self.m.blocking(r).count(eid) == 1
+        assert r <= v + self.eta  # worst-case placement within the bound in force
+        self.bound_of[eid] = self.eta
         self.live.append(eid)
         self.launched[eid] = 0
 
@@ -91,7 +101,7 @@ class Protocol(RuleBasedStateMachine):
                     if t[0] == eid and fate == "held":
                         self.handed[t] = "reported"
         if res.status == "occupied":
-            assert res.buffer <= self.m.train_version + self.eta
+            assert res.buffer <= self._version_of(eid) + self.bound_of[eid] <= self.m.train_version + self.ceiling
         self.entry_of[traj] = eid
 
     def _version_of(self, eid):
@@ -117,6 +127,16 @@ class Protocol(RuleBasedStateMachine):
             if t[0] == eid and fate == "held":
                 self.handed[t] = "dropped"
 
+    @rule(new=st.integers(0, 5))
+    def set_staleness(self, new):
+        if new > self.ceiling:
+            with pytest.raises(ValueError, match="max_staleness"):
+                self.m.set_staleness(new)
+            return
+        assert self.m.set_staleness(new) == self.eta
+        self.ref.set_eta(new)
+        self.eta = new
+
     @rule()
     def drain(self):
         got = self.m.drain_aborted()
@@ -138,8 +158,8 @@ class Protocol(RuleBasedStateMachine):
         for group in batch.groups:
             assert len(group) == self.N
             for traj in group:
-                # The staleness bound, checked on every trained trajectory.
-                assert batch.version - traj[2] <= self.eta
+                # The staleness bound, checked on every trained trajectory: the bound of its reservation.
+                assert batch.version - traj[2] <= self.bound_of[traj[0]] <= self.ceiling
                 assert self.handed[traj] == "held"
                 self.handed[traj] = "consumed"
 
@@ -156,7 +176,8 @@ class Protocol(RuleBasedStateMachine):
             return
         T = self.m.train_version
         assert T == self.ref.T
-        for b in range(T, T + self.eta + 2):
+        assert self.m.staleness == self.eta and self.m.max_staleness == self.ceiling
+        for b in range(T, T + self.ceiling + 2):
             assert self.m.state(b) == self.ref.state(b)
             R, O, E = self.m.counts(b)
             assert (R, O, E) == (self.ref.R(b), self.ref.O(b), self.ref.E(b))
@@ -185,7 +206,7 @@ class Protocol(RuleBasedStateMachine):
             return
         copy = StalenessManager.restore(self.m.snapshot(), group_filter=self.filter)
         T = copy.train_version
-        for b in range(T, T + self.eta + 1):
+        for b in range(T, T + self.ceiling + 1):
             for eid in copy.blocking(b):
                 for i in range(self.N - len(copy.entry_members(eid))):
                     copy.complete(eid, (eid, -1 - i, T), T)
@@ -197,3 +218,10 @@ class Protocol(RuleBasedStateMachine):
 
 TestProtocol = Protocol.TestCase
 TestProtocol.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+@pytest.mark.slow
+class TestProtocolLong(Protocol.TestCase):
+    """The same machine, 2,000 examples (``-m slow``)."""
+
+    settings = settings(max_examples=2000, stateful_step_count=60, deadline=None)

@@ -215,7 +215,7 @@ def restore_manager(
     m = StalenessManager.restore(snapshot, group_filter=group_filter)
     m.drain_aborted()  # their generations died with the old process
     T = m.train_version
-    for b in range(T, T + m.staleness + 1):
+    for b in range(T, T + m.max_staleness + 1):  # reservations made under a larger bound sit up to there
         for eid in m.blocking(b):
             held = m.entry_members(eid)
             m.abort(eid)

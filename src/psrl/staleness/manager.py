@@ -15,8 +15,13 @@ Why it is cheap: the manager keeps the **frontier** ``f``, the first buffer ``>=
 ``f`` only moves forward, so each operation costs amortized O(eta + 1) plus O(1) per entry it
 returns or ends, whatever the number of entries in flight.
 
-Memory: one ``_Entry`` per in-flight group (5 slots + the list of its completed members) and one
-``_Buffer`` per live version (at most ``eta + 1``). Consumed and ended entries are forgotten.
+Memory: one ``_Entry`` per in-flight group (6 slots + the list of its completed members) and one
+``_Buffer`` per live version (at most ``max_staleness + 1``). Consumed and ended entries are forgotten.
+
+A bound that changes (:meth:`StalenessManager.set_staleness`, within ``[0, max_staleness]``) applies to
+reservations made after the change: an entry keeps the buffer it was reserved in, and it was reserved
+within the bound in force then, so each trajectory satisfies ``consumed version - V_traj <=`` the bound
+of its entry's reservation (``<= max_staleness`` always). Nothing is dropped when the bound falls.
 
 Concurrency: every public method takes one re-entrant lock, so check-and-reserve is atomic and the
 manager is safe to call from several threads. The group filter and the event callback run under
@@ -48,7 +53,7 @@ __all__ = ["StalenessManager"]
 
 _RESERVED, _OCCUPIED = 0, 1
 
-_Row = tuple[Hashable, int, int, int, list[Any], int | None]
+_Row = tuple[Hashable, int, int, int, list[Any], int | None, int]
 """One entry in a snapshot, the fields :class:`~psrl.staleness.types.SnapshotEntry` names."""
 
 _PENDING = CompleteResult(Status.PENDING)
@@ -60,12 +65,13 @@ _REJECTED = CompleteResult(Status.REJECTED)
 class _Entry:
     """One group entry: reserved at buffer ``slot`` (or occupying it), reserve version ``version``."""
 
-    __slots__ = ("id", "version", "slot", "state", "members", "min_version")
+    __slots__ = ("id", "version", "slot", "state", "members", "min_version", "bound")
 
-    def __init__(self, eid: Hashable, version: int, slot: int):
+    def __init__(self, eid: Hashable, version: int, slot: int, bound: int):
         self.id = eid
         self.version = version
         self.slot = slot
+        self.bound = bound
         self.state = _RESERVED
         self.members: list[Any] = []
         self.min_version: int | None = None
@@ -94,6 +100,7 @@ class StalenessManager:
         group_filter: ``callable(list[traj]) -> bool`` (True keeps), run on each complete group.
         on_event: ``callable(Event)``, one call per transition.
         train_version: initial ``T``.
+        max_staleness: the ceiling :meth:`set_staleness` may raise the bound to (None: ``staleness``).
     """
 
     def __init__(
@@ -106,8 +113,11 @@ class StalenessManager:
         group_filter: Callable[[list[Any]], Any] | None = None,
         on_event: Callable[[Event], Any] | None = None,
         train_version: int = 0,
+        max_staleness: int | None = None,
     ):
         _require_int("staleness", staleness, 0)
+        ceiling = staleness if max_staleness is None else max_staleness
+        _require_int("max_staleness", ceiling, staleness, "it must be >= staleness")
         _require_int("batch_size", batch_size, 1)
         _require_int("group_size", group_size, 1)
         _require_int("train_version", train_version, 0)
@@ -116,6 +126,8 @@ class StalenessManager:
         _require_int("redundant_batch_size", bp, batch_size, "it must be >= batch_size")
         _require_int("redundant_group_size", np_, group_size, "it must be >= group_size")
         self.staleness = staleness
+        """The bound new reservations use (``eta``); :meth:`set_staleness` changes it."""
+        self.max_staleness = ceiling
         self.batch_size = batch_size
         self.group_size = group_size
         self.redundant_batch_size = bp
@@ -131,7 +143,7 @@ class StalenessManager:
         """Passively aborted entries not yet drained: (id, the trajectories they held)."""
         self._lock = threading.RLock()
         self._events: dict[asyncio.AbstractEventLoop, tuple[asyncio.Event, int]] = {}
-        self.stats = Stats(occupies_by_offset=[0] * (staleness + 1), staleness_hist=[0] * (staleness + 1))
+        self.stats = Stats(occupies_by_offset=[0] * (ceiling + 1), staleness_hist=[0] * (ceiling + 1))
 
     # ------------------------------------------------------------------ reading
 
@@ -162,9 +174,11 @@ class StalenessManager:
             return r, o, self.redundant_batch_size - r - o
 
     def buffer_states(self) -> dict[int, BufferState]:
-        """States of the live buffers ``T .. T + eta`` (for progress lines and plots)."""
+        """States of the live buffers ``T .. T + eta`` and any later one still holding reservations made under a
+        larger bound (for progress lines and plots)."""
         with self._lock:
-            return {b: self.state(b) for b in range(self._T, self._T + self.staleness + 1)}
+            last = max(self._T + self.staleness, max(self._buffers, default=self._T))
+            return {b: self.state(b) for b in range(self._T, last + 1)}
 
     def blocking(self, b: int) -> list[Hashable]:
         """Ids of RESERVED entries whose reservation is in buffer ``b`` (what the proactive filter aborts).
@@ -223,13 +237,35 @@ class StalenessManager:
             buf = buffers[r] = _Buffer()
         eid = self._next_id
         self._next_id += 1
-        entry = _Entry(eid, version, r)
+        entry = _Entry(eid, version, r, self.staleness)
         buf.reserved[eid] = entry
         self._entries[eid] = entry
         self.stats.reserves += 1
         if self.on_event is not None:
             self.on_event(Event(EventKind.RESERVE, eid, r, version, None, T))
         return eid
+
+    def set_staleness(self, staleness: int) -> int:
+        """Set the bound ``eta`` that reservations made from now on use, within ``[0, max_staleness]``; the old one.
+
+        Atomic like every call. Entries already reserved keep their buffer (they were admitted within the
+        bound in force then, which their trajectories keep satisfying); nothing is aborted or dropped when the
+        bound falls. Waiters of :meth:`reserve` are woken: a raise may admit them, and a fall may make their
+        version too old (:class:`StaleVersionError`).
+        """
+        with self._lock:
+            if (
+                isinstance(staleness, bool)
+                or not isinstance(staleness, int)
+                or not 0 <= staleness <= self.max_staleness
+            ):
+                raise ValueError(
+                    f"staleness must be an int in [0, {self.max_staleness}] (max_staleness), got {staleness!r}"
+                )
+            old, self.staleness = self.staleness, staleness
+            if staleness != old:
+                self._notify()
+            return old
 
     # ------------------------------------------------------------------ Complete / Occupy
 
@@ -455,11 +491,12 @@ class StalenessManager:
         with self._lock:
 
             def dump(e: _Entry) -> _Row:
-                return (e.id, e.version, e.slot, e.state, list(e.members), e.min_version)
+                return (e.id, e.version, e.slot, e.state, list(e.members), e.min_version, e.bound)
 
             return {
-                "format": 1,
+                "format": 2,
                 "staleness": self.staleness,
+                "max_staleness": self.max_staleness,
                 "batch_size": self.batch_size,
                 "group_size": self.group_size,
                 "redundant_batch_size": self.redundant_batch_size,
@@ -482,9 +519,14 @@ class StalenessManager:
         group_filter: Callable[[list[Any]], Any] | None = None,
         on_event: Callable[[Event], Any] | None = None,
     ) -> StalenessManager:
-        """Rebuild a manager that continues exactly where the snapshotted one was."""
-        if snap.get("format") != 1:
-            raise ValueError(f"unknown snapshot format {snap.get('format')!r}")
+        """Rebuild a manager that continues exactly where the snapshotted one was.
+
+        Format 1 (before the bound could change: no ``max_staleness``, entries without their bound) restores
+        with the snapshot's ``staleness`` as every entry's bound and as the ceiling.
+        """
+        fmt = snap.get("format")
+        if fmt not in (1, 2):
+            raise ValueError(f"unknown snapshot format {fmt!r}")
         m = cls(
             snap["staleness"],
             snap["batch_size"],
@@ -494,6 +536,7 @@ class StalenessManager:
             group_filter=group_filter,
             on_event=on_event,
             train_version=snap["train_version"],
+            max_staleness=snap.get("max_staleness", snap["staleness"]),
         )
         m._frontier = snap["frontier"]
         m._next_id = snap["next_id"]
@@ -501,8 +544,9 @@ class StalenessManager:
         for b, (reserved, groups) in snap["buffers"].items():
             buf = m._buffers[b] = _Buffer()
             for rows, target in ((reserved, None), (groups, buf.groups)):
-                for eid, version, slot, state, members, min_version in rows:
-                    e = _Entry(eid, version, slot)
+                for row in rows:
+                    eid, version, slot, state, members, min_version = row[:6]
+                    e = _Entry(eid, version, slot, row[6] if fmt == 2 else snap["staleness"])
                     e.state, e.members, e.min_version = state, list(members), min_version
                     m._entries[eid] = e
                     if target is None:

@@ -151,6 +151,8 @@ class SnapshotEntry(NamedTuple):
     """The trajectories it holds so far, in completion order."""
     min_version: int | None
     """The minimum member ``V_traj`` (None before the first member)."""
+    bound: int
+    """The staleness bound in force when it was reserved (its trajectories satisfy ``consumed - V_traj <= bound``)."""
 
 
 @dataclass
@@ -158,7 +160,8 @@ class Stats:
     """Counters, updated in O(1) per operation; read them directly (``m.stats.reserves``).
 
     ``occupies_by_offset[k]`` counts groups occupied into buffer ``T + k``;
-    ``staleness_hist[s]`` counts consumed groups whose ``consumed version - group version == s``.
+    ``staleness_hist[s]`` counts consumed groups whose ``consumed version - group version == s`` (both sized
+    ``max_staleness + 1``).
     """
 
     reserves: int = 0
