@@ -174,10 +174,11 @@ class ShardedTrainer:
         behav_rows = [list(t.logprobs[: len(t.response_ids)]) for t in trajs]
         inp = step_input(p, prompts, responses, old_rows, behav_rows, adv, masks, self.algo_cfg, lr_scale)
         m = self._call("train_step", inp)[0]
-        skipped = int(m.pop("skipped_minibatches", 0))
+        skipped = int(m.pop("skipped_minibatch", 0))
         self._publish_ranks(int(batch.version) + 1)
-        if skipped:
-            self.last_skip = f"gradient norm or loss is not finite ({skipped} of {len(p.minibatches)} minibatches)"
+        if skipped:  # the ranks undid the minibatches before it: no update of the batch is kept
+            where = f" (minibatch {skipped}/{len(p.minibatches)})" if len(p.minibatches) > 1 else ""
+            self.last_skip = f"loss or gradient norm is not finite{where}"
             self.skipped_steps += 1
             self.skipped_in_a_row += 1
             return {**divergence, "train/skipped_steps": self.skipped_steps}

@@ -6,8 +6,8 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
 * ``logprobs(inp)`` -- the pre-update log-probs of the rank's rows (no grad), ``{row: [logp per response token]}``;
 * ``train_step(inp)`` -- one AdamW step per minibatch: per micro-batch ``sum(weight * token_loss)`` with the global
   weights the driver computed (:func:`step_input`), backward scaled by the world size (FSDP averages gradients), so
-  the sharded gradient is the single-process one; clipping over the full norm; a non-finite norm skips the step on
-  every rank alike (the norm is global);
+  the sharded gradient is the single-process one; clipping over the full norm; a non-finite loss or norm skips the
+  step on every rank alike (both are global), undoing the minibatches before it (as the in-process trainer does);
 * ``digest()`` -- sha256 of the gathered fp32 state; ``state()`` -- the gathered state as numpy arrays;
   ``usage()`` -- the rank's parameter and optimiser bytes and peak RSS;
 * ``publish((version, root, keep))`` -- the weights as ``root/v{version}`` for the engines (:mod:`psrl.train.publish`);
@@ -26,6 +26,7 @@ group and no ``fully_shard``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import math
 import warnings
@@ -228,6 +229,7 @@ class RankWorker:
         assert inp.old is not None and inp.adv is not None and inp.mask is not None
         dev = torch.device(self.spec.device)
         losses, norms, actor, skipped = [], [], [], 0
+        before = self._snapshot() if len(inp.plan.minibatches) > 1 else None  # a later minibatch may go NaN
         for k in range(len(inp.plan.minibatches)):
             self.optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), device=dev)
@@ -255,18 +257,36 @@ class RankWorker:
             losses.append(float(total))
             actor.append(actor_metrics(sums.cpu()))
             norms.append(norm)
-            if not math.isfinite(norm) or not math.isfinite(float(total)):
-                self.optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-                continue
+            if not math.isfinite(norm) or not math.isfinite(float(total)):  # global: every rank stops here
+                self._restore(before)
+                skipped = k + 1
+                break
             step_scaled(self.optimizer, inp.lr_scale)
         self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held between steps
         return {
             "train/loss": sum(losses) / len(losses),
             "train/grad_norm": sum(norms) / len(norms),
             **{name: sum(m[name] for m in actor) / len(actor) for name in actor[0]},
-            "skipped_minibatches": float(skipped),  # not a metric: the driver turns it into its skip logic
+            "skipped_minibatch": float(skipped),  # not a metric: 0, or the minibatch (1-based) that skipped the step
         }
+
+    def _snapshot(self) -> tuple[list[Tensor], dict[str, Any]]:
+        """This rank's parameter shards and AdamW state, copied (local: no collective), taken before the first of
+        several minibatches, as :class:`~psrl.train.Trainer` does."""
+        with torch.no_grad():
+            params = [p.detach().clone() for p in self.model.parameters()]
+        return params, copy.deepcopy(self.optimizer.state_dict())
+
+    def _restore(self, before: tuple[list[Tensor], dict[str, Any]] | None) -> None:
+        """A skipped step leaves no update: the minibatches that did step are undone (``before``: the snapshot of
+        several minibatches; with one, nothing stepped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if before is None:
+            return
+        with torch.no_grad():
+            for p, saved in zip(self.model.parameters(), before[0]):
+                p.copy_(saved)
+        self.optimizer.load_state_dict(before[1])
 
     def save(self, directory: str, optimizer: bool = True) -> str:
         """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
