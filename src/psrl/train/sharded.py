@@ -42,6 +42,7 @@ from psrl.models.builder import write_start_state
 from psrl.train.launch import LocalRanks, RankFailure
 from psrl.train.planner import plan
 from psrl.train.publish import read_version
+from psrl.train.shard import master_dtype
 from psrl.train.trainer import (
     Trainer,
     _mean_metrics,
@@ -115,9 +116,11 @@ class ShardedTrainer:
         return self.ranks
 
     def _spec(self) -> WorkerSpec:
-        """What each rank builds itself from; writes the policy's weights to ``weights/start.pt`` for rank 0."""
+        """What each rank builds itself from; writes the policy's weights to ``weights/start.pt`` for rank 0 (in
+        fp32 on GPUs with a 16-bit ``model.dtype``: the master weights of the mixed-precision policy)."""
+        master = master_dtype(str(self.policy.device), self.dtype)
         return WorkerSpec(
-            build=write_start_state(self.policy.model, self.work_dir / "weights" / "start.pt", self.dtype),
+            build=write_start_state(self.policy.model, self.work_dir / "weights" / "start.pt", master),
             pad_id=self.policy.pad_id,
             algo=self.algo_cfg,
             lr=self.cfg.lr,
@@ -126,6 +129,7 @@ class ShardedTrainer:
             temperature=self.cfg.temperature,
             seed=self.cfg.seed,
             device=str(self.policy.device),
+            dtype=self.dtype,
             reshard_after_forward=self.cfg.reshard_after_forward,
             collective_timeout_s=self.cfg.rank_timeout_s,
         )

@@ -52,9 +52,10 @@ from torch.distributed.tensor import DTensor
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
+from psrl.models.builder import DTYPES
 from psrl.train.planner import Plan, loss_weights
 from psrl.train.publish import finish_version, write_share
-from psrl.train.shard import full_state, load_full_state, shard_model
+from psrl.train.shard import full_state, load_full_state, mixed_precision, shard_model
 from psrl.train.trainer import step_scaled
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "COMMANDS"]
@@ -78,6 +79,9 @@ class WorkerSpec:
     temperature: float = 1.0
     seed: int = 0
     device: str = "cpu"
+    dtype: str = "float32"
+    """``model.dtype``: with a CUDA ``device`` and bf16/fp16, the sharded ranks compute in it over fp32 master weights
+    (:func:`psrl.train.shard.mixed_precision`); ``build`` then gives fp32 (:func:`~psrl.train.shard.master_dtype`)."""
     reshard_after_forward: bool = True
     collective_timeout_s: float = 300.0
     """A collective that waits longer (a peer dead or stuck) raises instead of hanging."""
@@ -137,13 +141,14 @@ def step_input(
 
 
 class RankWorker:
-    """A rank's model and optimiser. ``world_size > 1`` needs the default process group initialised (see
-    :func:`serve`); world size 1 is a plain module."""
+    """A rank's model and optimiser. Sharded (``shard``, by default when ``world_size > 1``) it needs the default
+    process group initialised (see :func:`serve`); world size 1 is a plain module, unless ``shard`` asks for FSDP2
+    over a group of one (``benchmarks/gpu_check.py``: the sharded code on one GPU)."""
 
-    def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1):
+    def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1, shard: bool | None = None):
         self.spec, self.rank, self.world = spec, rank, world_size
         torch.manual_seed(spec.seed)
-        if world_size == 1:
+        if not (world_size > 1 if shard is None else shard):
             self.model = spec.build(spec.device)
         else:
             from torch.distributed.device_mesh import init_device_mesh
@@ -151,7 +156,7 @@ class RankWorker:
             mesh = init_device_mesh(spec.device.split(":")[0], (world_size,))
             self.model = spec.build(spec.device if rank == 0 else "meta")
             state = self.model.state_dict() if rank == 0 else None
-            shard_model(self.model, mesh, spec.reshard_after_forward)
+            shard_model(self.model, mesh, spec.reshard_after_forward, mixed_precision(spec.device, spec.dtype))
             load_full_state(self.model, state, spec.device)
         self.model.eval()  # no dropout: recorded and recomputed log-probs must agree
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
@@ -322,6 +327,8 @@ class RankWorker:
         the same order) and writes its share; after a barrier rank 0 writes index and manifest and renames the
         directory into place; a second barrier, so that the version exists on return from every rank."""
         full = full_state(self.model)
+        if mixed_precision(self.spec.device, self.spec.dtype) is not None:  # fp32 masters: engines get model.dtype
+            full = {k: v.to(DTYPES[self.spec.dtype]) if v.is_floating_point() else v for k, v in full.items()}
         tmp = Path(root) / f"v{version}.tmp"
         write_share(full, self.rank, self.world, tmp)
         if self.world > 1:
