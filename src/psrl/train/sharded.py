@@ -15,8 +15,9 @@ Per step, in the coordinator's training thread (the event loop keeps serving the
    ``trainer.pt`` holds -- and into the in-memory store the ``hf`` engines load from.
 
 Checkpoints: ``trainer.pt`` (weights, version, generator states, skip counters, ``world_size``) beside ``ranks/``
-(model and AdamW with ``torch.distributed.checkpoint``). There is no ``state_dict``: the checkpoint is written
-between two steps, in the driver's thread, so no collective runs in the background while a step runs.
+(model and AdamW with ``torch.distributed.checkpoint``). The ranks write their files between two steps, always
+(a collective); with ``trainer.checkpoint_in_background`` (:meth:`state_dict`) the rest -- the driver's
+``trainer.pt`` and moving the ranks' files into the checkpoint -- is the writer thread's, while training goes on.
 
 The ranks start once the driver's policy holds its starting weights (after the warm start or a resume), from a
 file rank 0 alone reads (:class:`~psrl.models.builder.StateFileModel`).
@@ -56,6 +57,9 @@ from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
 from psrl.types import WeightState, WeightStore
 
 __all__ = ["ShardedTrainer"]
+
+_STAGED = "ranks_staged"
+"""The key of :meth:`ShardedTrainer.state_dict` naming the ranks' files written for a background checkpoint."""
 
 
 class ShardedTrainer:
@@ -244,19 +248,39 @@ class ShardedTrainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save(self, directory: str | Path, state: dict | None = None) -> Path:
-        """``directory/ranks`` (the ranks' model and AdamW, DCP) and ``directory/trainer.pt`` (the driver's
-        state and weights). ``state`` is accepted for the saver's signature; there is no copied state."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        self._call("save", (str(path / "ranks"), self.cfg.save_optimizer))
-        driver = {
+    def state_dict(self, copied: bool = True) -> dict:
+        """A checkpoint taken now, for :class:`~psrl.runtime.checkpoint.CheckpointSaver`'s writer thread
+        (``trainer.checkpoint_in_background``): the ranks write their DCP files now -- the collective runs here,
+        between two steps, never in the writer thread -- into ``checkpoint.ranks.tmp`` beside the run's
+        checkpoints; the driver's state and weights are copied. :meth:`save` later moves the files into place and
+        writes ``trainer.pt``. ``copied`` is accepted for the saver's signature (the state is always a copy)."""
+        staged = self.work_dir / "checkpoint.ranks.tmp"
+        shutil.rmtree(staged, ignore_errors=True)
+        self._call("save", (str(staged), self.cfg.save_optimizer))
+        return {**self._driver_state(), _STAGED: str(staged)}
+
+    def _driver_state(self) -> dict:
+        return {
             "model": self.policy.export_state(),
             "version": self.policy.version,
             **rng_state(self.rng, self.policy.generator),
             "skipped": (self.skipped_steps, self.skipped_in_a_row),
             "world_size": self.world_size,
         }
+
+    def save(self, directory: str | Path, state: dict | None = None) -> Path:
+        """``directory/ranks`` (the ranks' model and AdamW, DCP) and ``directory/trainer.pt`` (the driver's state
+        and weights): written now, or, for a ``state`` from :meth:`state_dict`, the ranks' staged files moved into
+        place (a rename: no collective; what a writer thread runs)."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        if state is None:
+            self._call("save", (str(path / "ranks"), self.cfg.save_optimizer))
+            driver = self._driver_state()
+        else:
+            driver = {k: v for k, v in state.items() if k != _STAGED}
+            shutil.rmtree(path / "ranks", ignore_errors=True)
+            shutil.move(state[_STAGED], path / "ranks")
         torch.save(driver, path / "trainer.pt")
         return path / "trainer.pt"
 
