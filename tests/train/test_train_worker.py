@@ -357,8 +357,9 @@ def test_a_checkpoint_before_the_first_step_changes_nothing(tmp_path):
 @pytest.mark.slow
 def test_a_command_that_fails_on_a_rank_is_its_traceback_and_stops_every_rank(tmp_path):
     """A rank's exception comes back as the error, with its traceback; the other ranks may be mid-collective, so
-    all are stopped."""
+    all are stopped. Both ranks fail here: whichever reply the driver reads first is named (a race, seen under
+    load)."""
     ranks = LocalRanks(_spec("token-mean"), 2, reply_timeout_s=WAIT_S, log_dir=tmp_path)
-    with pytest.raises(RankFailure, match=r"(?s)trainer rank 0 failed; its log ends:.*unknown trainer command 'x'"):
+    with pytest.raises(RankFailure, match=r"(?s)trainer rank [01] failed; its log ends:.*unknown trainer command 'x'"):
         ranks.call("x")
     assert not any(p.is_alive() for p in ranks.procs)
