@@ -164,3 +164,24 @@ def test_two_ranks_equal_one_process(mode):
 def test_micro_batch_budget_does_not_change_the_update(budget):
     torch.set_num_threads(1)
     _compare(_one_process("token-mean", None), _one_process("token-mean", budget), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "device, dtype, param, master",
+    [
+        ("cuda", "bfloat16", torch.bfloat16, "float32"),
+        ("cuda:0", "float16", torch.float16, "float32"),
+        ("cuda", "float32", None, "float32"),
+        ("cpu", "bfloat16", None, "bfloat16"),
+        ("cpu", "float32", None, "float32"),
+    ],
+)
+def test_mixed_precision_on_gpus_only_with_fp32_reductions_and_masters(device, dtype, param, master):
+    """On CUDA a 16-bit ``model.dtype`` computes in it over fp32 master weights, gradients reduced in fp32; on CPU
+    (gloo) and for fp32 no policy: the ranks keep the model's own dtype, as the single process does."""
+    from psrl.train.shard import master_dtype, mixed_precision
+
+    mp = mixed_precision(device, dtype)
+    assert (mp.param_dtype if mp is not None else None) == param
+    assert mp is None or mp.reduce_dtype == torch.float32
+    assert master_dtype(device, dtype) == master

@@ -26,7 +26,6 @@ OUT_OF_SCOPE = {
     "psrl.tms": f"the torch memory saver (TMS) {_GPU}",
     "psrl.routing_strategy.kv_transfer": f"KV transfer between instances goes through LMCache, which {_GPU}",
     "psrl.routing_strategy.cache_aware_policy": "tunes the SMG gateway's cache_aware router, which is not built here",
-    "psrl.checkpoint": "Megatron DCP checkpointing: the trainer here is one process; checkpoints are trainer.checkpoint_every",
     "psrl.deployment.elastic_rm": f"elastic generative reward models {_GPU}",
     "psrl.deployment.heterogeneous_rollout": f"per-instance GPU shapes {_GPU}",
     "psrl.colocate": "rollout and training share no GPU set here (PSRL itself rejects colocate: true)",

@@ -345,6 +345,16 @@ class DeploymentConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    use_dcp_save: bool = _f(
+        False,
+        "PSRL's switch to save the trainer with torch.distributed.checkpoint (DCP; PSRL: Megatron).",
+        effect="a sharded trainer (world size > 1) always writes model and AdamW as DCP (checkpoint/ranks/), the "
+        "in-process one (world size 1) trainer.pt; either resumes at any world size (docs/trainer.md)",
+    )
+
+
+@dataclass(frozen=True)
 class PsrlConfig:
     staleness: int = _f(
         0,
@@ -373,6 +383,7 @@ class PsrlConfig:
     proactive_filter_strategy: ProactiveFilterConfig = _sub(ProactiveFilterConfig, "Filter on RESERVED entries.")
     group_post_process: GroupPostProcessConfig = _sub(GroupPostProcessConfig, "Filter on OCCUPIED entries.")
     deployment: DeploymentConfig = _sub(DeploymentConfig, "Resource shape.")
+    checkpoint: CheckpointConfig = _sub(CheckpointConfig, "Checkpoint format.")
 
     def check(self, engine: str, filter_metric: str | None) -> None:
         """The rules between ``psrl.*`` keys, then each section's own; ``engine`` is ``rollout.engine`` and

@@ -292,7 +292,8 @@ class TrainerConfig:
     checkpoint_in_background: bool = _f(
         True,
         "Periodic checkpoints are copied between two steps and written to disk by a thread while training goes "
-        "on (one more copy of weights + AdamW state in memory); false: written before the next step starts.",
+        "on (one more copy of weights + AdamW state in memory); false: written before the next step starts. At "
+        "N trainer ranks the ranks write their shards between the steps either way (docs/trainer.md).",
     )
     save_optimizer: bool = _f(
         True,

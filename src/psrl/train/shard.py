@@ -6,7 +6,9 @@
   ``set_model_state_dict(..., broadcast_from_rank0=True)`` sends them (a model is read once, not N times);
 * :func:`full_state` -- the gathered state (``DTensor.full_tensor``), every rank in the same order.
 
-On CPU everything stays fp32 (gloo); a mixed-precision policy for GPUs is not built yet.
+* :func:`mixed_precision` / :func:`master_dtype` -- on GPUs with ``model.dtype`` bf16 or fp16: fp32 master weights
+  and AdamW state, forward and backward in ``model.dtype`` (FSDP2's ``MixedPrecisionPolicy``), gradients reduced in
+  fp32; on CPU (gloo) the model's own dtype throughout, no policy.
 """
 
 from __future__ import annotations
@@ -16,10 +18,27 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-__all__ = ["block_classes", "shard_model", "load_full_state", "full_state"]
+from psrl.models.builder import DTYPES
+
+__all__ = ["block_classes", "shard_model", "load_full_state", "full_state", "mixed_precision", "master_dtype"]
+
+
+def mixed_precision(device: str, dtype: str) -> MixedPrecisionPolicy | None:
+    """FSDP2's mixed-precision policy for ``model.device`` / ``model.dtype``: on CUDA with a 16-bit ``dtype``,
+    parameters cast to it for forward and backward and gradients reduced in fp32 (a bf16 all-reduce over many ranks
+    loses the small gradients); None (no casting) on CPU, where gloo and the tests run fp32, and for fp32."""
+    if not device.startswith("cuda") or dtype == "float32":
+        return None
+    return MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
+
+
+def master_dtype(device: str, dtype: str) -> str:
+    """The dtype the ranks hold their sharded weights (and AdamW state) in: fp32 under :func:`mixed_precision`,
+    else ``model.dtype`` itself."""
+    return "float32" if mixed_precision(device, dtype) is not None else dtype
 
 
 def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
@@ -31,13 +50,17 @@ def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
     return tuple(sorted(found, key=lambda c: c.__name__))
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True) -> nn.Module:
-    """``fully_shard`` each block, then the root (which then owns the embeddings, the head and the final norm)."""
+def shard_model(
+    model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True, mp: MixedPrecisionPolicy | None = None
+) -> nn.Module:
+    """``fully_shard`` each block, then the root (which then owns the embeddings, the head and the final norm);
+    ``mp``: :func:`mixed_precision`'s policy (None: none)."""
     blocks = block_classes(model)
+    policy = mp if mp is not None else MixedPrecisionPolicy()
     for m in model.modules():
         if isinstance(m, blocks):
-            fully_shard(m, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(m, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     return model
 
 

@@ -15,8 +15,9 @@ Per step, in the coordinator's training thread (the event loop keeps serving the
    ``trainer.pt`` holds -- and into the in-memory store the ``hf`` engines load from.
 
 Checkpoints: ``trainer.pt`` (weights, version, generator states, skip counters, ``world_size``) beside ``ranks/``
-(model and AdamW with ``torch.distributed.checkpoint``). There is no ``state_dict``: the checkpoint is written
-between two steps, in the driver's thread, so no collective runs in the background while a step runs.
+(model and AdamW with ``torch.distributed.checkpoint``). The ranks write their files between two steps, always
+(a collective); with ``trainer.checkpoint_in_background`` (:meth:`state_dict`) the rest -- the driver's
+``trainer.pt`` and moving the ranks' files into the checkpoint -- is the writer thread's, while training goes on.
 
 The ranks start once the driver's policy holds its starting weights (after the warm start or a resume), from a
 file rank 0 alone reads (:class:`~psrl.models.builder.StateFileModel`).
@@ -42,6 +43,7 @@ from psrl.models.builder import write_start_state
 from psrl.train.launch import LocalRanks, RankFailure
 from psrl.train.planner import plan
 from psrl.train.publish import read_version
+from psrl.train.shard import master_dtype
 from psrl.train.trainer import (
     Trainer,
     _mean_metrics,
@@ -55,6 +57,9 @@ from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
 from psrl.types import WeightState, WeightStore
 
 __all__ = ["ShardedTrainer"]
+
+_STAGED = "ranks_staged"
+"""The key of :meth:`ShardedTrainer.state_dict` naming the ranks' files written for a background checkpoint."""
 
 
 class ShardedTrainer:
@@ -115,9 +120,11 @@ class ShardedTrainer:
         return self.ranks
 
     def _spec(self) -> WorkerSpec:
-        """What each rank builds itself from; writes the policy's weights to ``weights/start.pt`` for rank 0."""
+        """What each rank builds itself from; writes the policy's weights to ``weights/start.pt`` for rank 0 (in
+        fp32 on GPUs with a 16-bit ``model.dtype``: the master weights of the mixed-precision policy)."""
+        master = master_dtype(str(self.policy.device), self.dtype)
         return WorkerSpec(
-            build=write_start_state(self.policy.model, self.work_dir / "weights" / "start.pt", self.dtype),
+            build=write_start_state(self.policy.model, self.work_dir / "weights" / "start.pt", master),
             pad_id=self.policy.pad_id,
             algo=self.algo_cfg,
             lr=self.cfg.lr,
@@ -126,6 +133,7 @@ class ShardedTrainer:
             temperature=self.cfg.temperature,
             seed=self.cfg.seed,
             device=str(self.policy.device),
+            dtype=self.dtype,
             reshard_after_forward=self.cfg.reshard_after_forward,
             collective_timeout_s=self.cfg.rank_timeout_s,
         )
@@ -174,10 +182,11 @@ class ShardedTrainer:
         behav_rows = [list(t.logprobs[: len(t.response_ids)]) for t in trajs]
         inp = step_input(p, prompts, responses, old_rows, behav_rows, adv, masks, self.algo_cfg, lr_scale)
         m = self._call("train_step", inp)[0]
-        skipped = int(m.pop("skipped_minibatches", 0))
+        skipped = int(m.pop("skipped_minibatch", 0))
         self._publish_ranks(int(batch.version) + 1)
-        if skipped:
-            self.last_skip = f"gradient norm or loss is not finite ({skipped} of {len(p.minibatches)} minibatches)"
+        if skipped:  # the ranks undid the minibatches before it: no update of the batch is kept
+            where = f" (minibatch {skipped}/{len(p.minibatches)})" if len(p.minibatches) > 1 else ""
+            self.last_skip = f"loss or gradient norm is not finite{where}"
             self.skipped_steps += 1
             self.skipped_in_a_row += 1
             return {**divergence, "train/skipped_steps": self.skipped_steps}
@@ -239,19 +248,39 @@ class ShardedTrainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save(self, directory: str | Path, state: dict | None = None) -> Path:
-        """``directory/ranks`` (the ranks' model and AdamW, DCP) and ``directory/trainer.pt`` (the driver's
-        state and weights). ``state`` is accepted for the saver's signature; there is no copied state."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        self._call("save", (str(path / "ranks"), self.cfg.save_optimizer))
-        driver = {
+    def state_dict(self, copied: bool = True) -> dict:
+        """A checkpoint taken now, for :class:`~psrl.runtime.checkpoint.CheckpointSaver`'s writer thread
+        (``trainer.checkpoint_in_background``): the ranks write their DCP files now -- the collective runs here,
+        between two steps, never in the writer thread -- into ``checkpoint.ranks.tmp`` beside the run's
+        checkpoints; the driver's state and weights are copied. :meth:`save` later moves the files into place and
+        writes ``trainer.pt``. ``copied`` is accepted for the saver's signature (the state is always a copy)."""
+        staged = self.work_dir / "checkpoint.ranks.tmp"
+        shutil.rmtree(staged, ignore_errors=True)
+        self._call("save", (str(staged), self.cfg.save_optimizer))
+        return {**self._driver_state(), _STAGED: str(staged)}
+
+    def _driver_state(self) -> dict:
+        return {
             "model": self.policy.export_state(),
             "version": self.policy.version,
             **rng_state(self.rng, self.policy.generator),
             "skipped": (self.skipped_steps, self.skipped_in_a_row),
             "world_size": self.world_size,
         }
+
+    def save(self, directory: str | Path, state: dict | None = None) -> Path:
+        """``directory/ranks`` (the ranks' model and AdamW, DCP) and ``directory/trainer.pt`` (the driver's state
+        and weights): written now, or, for a ``state`` from :meth:`state_dict`, the ranks' staged files moved into
+        place (a rename: no collective; what a writer thread runs)."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        if state is None:
+            self._call("save", (str(path / "ranks"), self.cfg.save_optimizer))
+            driver = self._driver_state()
+        else:
+            driver = {k: v for k, v in state.items() if k != _STAGED}
+            shutil.rmtree(path / "ranks", ignore_errors=True)
+            shutil.move(state[_STAGED], path / "ranks")
         torch.save(driver, path / "trainer.pt")
         return path / "trainer.pt"
 

@@ -6,8 +6,8 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
 * ``logprobs(inp)`` -- the pre-update log-probs of the rank's rows (no grad), ``{row: [logp per response token]}``;
 * ``train_step(inp)`` -- one AdamW step per minibatch: per micro-batch ``sum(weight * token_loss)`` with the global
   weights the driver computed (:func:`step_input`), backward scaled by the world size (FSDP averages gradients), so
-  the sharded gradient is the single-process one; clipping over the full norm; a non-finite norm skips the step on
-  every rank alike (the norm is global);
+  the sharded gradient is the single-process one; clipping over the full norm; a non-finite loss or norm skips the
+  step on every rank alike (both are global), undoing the minibatches before it (as the in-process trainer does);
 * ``digest()`` -- sha256 of the gathered fp32 state; ``state()`` -- the gathered state as numpy arrays;
   ``usage()`` -- the rank's parameter and optimiser bytes and peak RSS;
 * ``publish((version, root, keep))`` -- the weights as ``root/v{version}`` for the engines (:mod:`psrl.train.publish`);
@@ -26,6 +26,7 @@ group and no ``fully_shard``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import math
 import warnings
@@ -51,9 +52,10 @@ from torch.distributed.tensor import DTensor
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
+from psrl.models.builder import DTYPES
 from psrl.train.planner import Plan, loss_weights
 from psrl.train.publish import finish_version, write_share
-from psrl.train.shard import full_state, load_full_state, shard_model
+from psrl.train.shard import full_state, load_full_state, mixed_precision, shard_model
 from psrl.train.trainer import step_scaled
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "COMMANDS"]
@@ -77,6 +79,9 @@ class WorkerSpec:
     temperature: float = 1.0
     seed: int = 0
     device: str = "cpu"
+    dtype: str = "float32"
+    """``model.dtype``: with a CUDA ``device`` and bf16/fp16, the sharded ranks compute in it over fp32 master weights
+    (:func:`psrl.train.shard.mixed_precision`); ``build`` then gives fp32 (:func:`~psrl.train.shard.master_dtype`)."""
     reshard_after_forward: bool = True
     collective_timeout_s: float = 300.0
     """A collective that waits longer (a peer dead or stuck) raises instead of hanging."""
@@ -136,13 +141,14 @@ def step_input(
 
 
 class RankWorker:
-    """A rank's model and optimiser. ``world_size > 1`` needs the default process group initialised (see
-    :func:`serve`); world size 1 is a plain module."""
+    """A rank's model and optimiser. Sharded (``shard``, by default when ``world_size > 1``) it needs the default
+    process group initialised (see :func:`serve`); world size 1 is a plain module, unless ``shard`` asks for FSDP2
+    over a group of one (``benchmarks/gpu_check.py``: the sharded code on one GPU)."""
 
-    def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1):
+    def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1, shard: bool | None = None):
         self.spec, self.rank, self.world = spec, rank, world_size
         torch.manual_seed(spec.seed)
-        if world_size == 1:
+        if not (world_size > 1 if shard is None else shard):
             self.model = spec.build(spec.device)
         else:
             from torch.distributed.device_mesh import init_device_mesh
@@ -150,7 +156,7 @@ class RankWorker:
             mesh = init_device_mesh(spec.device.split(":")[0], (world_size,))
             self.model = spec.build(spec.device if rank == 0 else "meta")
             state = self.model.state_dict() if rank == 0 else None
-            shard_model(self.model, mesh, spec.reshard_after_forward)
+            shard_model(self.model, mesh, spec.reshard_after_forward, mixed_precision(spec.device, spec.dtype))
             load_full_state(self.model, state, spec.device)
         self.model.eval()  # no dropout: recorded and recomputed log-probs must agree
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
@@ -228,6 +234,7 @@ class RankWorker:
         assert inp.old is not None and inp.adv is not None and inp.mask is not None
         dev = torch.device(self.spec.device)
         losses, norms, actor, skipped = [], [], [], 0
+        before = self._snapshot() if len(inp.plan.minibatches) > 1 else None  # a later minibatch may go NaN
         for k in range(len(inp.plan.minibatches)):
             self.optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), device=dev)
@@ -255,18 +262,36 @@ class RankWorker:
             losses.append(float(total))
             actor.append(actor_metrics(sums.cpu()))
             norms.append(norm)
-            if not math.isfinite(norm) or not math.isfinite(float(total)):
-                self.optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-                continue
+            if not math.isfinite(norm) or not math.isfinite(float(total)):  # global: every rank stops here
+                self._restore(before)
+                skipped = k + 1
+                break
             step_scaled(self.optimizer, inp.lr_scale)
         self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held between steps
         return {
             "train/loss": sum(losses) / len(losses),
             "train/grad_norm": sum(norms) / len(norms),
             **{name: sum(m[name] for m in actor) / len(actor) for name in actor[0]},
-            "skipped_minibatches": float(skipped),  # not a metric: the driver turns it into its skip logic
+            "skipped_minibatch": float(skipped),  # not a metric: 0, or the minibatch (1-based) that skipped the step
         }
+
+    def _snapshot(self) -> tuple[list[Tensor], dict[str, Any]]:
+        """This rank's parameter shards and AdamW state, copied (local: no collective), taken before the first of
+        several minibatches, as :class:`~psrl.train.Trainer` does."""
+        with torch.no_grad():
+            params = [p.detach().clone() for p in self.model.parameters()]
+        return params, copy.deepcopy(self.optimizer.state_dict())
+
+    def _restore(self, before: tuple[list[Tensor], dict[str, Any]] | None) -> None:
+        """A skipped step leaves no update: the minibatches that did step are undone (``before``: the snapshot of
+        several minibatches; with one, nothing stepped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if before is None:
+            return
+        with torch.no_grad():
+            for p, saved in zip(self.model.parameters(), before[0]):
+                p.copy_(saved)
+        self.optimizer.load_state_dict(before[1])
 
     def save(self, directory: str, optimizer: bool = True) -> str:
         """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
@@ -302,6 +327,8 @@ class RankWorker:
         the same order) and writes its share; after a barrier rank 0 writes index and manifest and renames the
         directory into place; a second barrier, so that the version exists on return from every rank."""
         full = full_state(self.model)
+        if mixed_precision(self.spec.device, self.spec.dtype) is not None:  # fp32 masters: engines get model.dtype
+            full = {k: v.to(DTYPES[self.spec.dtype]) if v.is_floating_point() else v for k, v in full.items()}
         tmp = Path(root) / f"v{version}.tmp"
         write_share(full, self.rank, self.world, tmp)
         if self.world > 1:
