@@ -32,6 +32,14 @@ CASES = {
     "sync_delay": {"sync_time": 0.3},
     "retry": {"proactive_method": "retry", "proactive_threshold": 1},
     "truncate": {"proactive_method": "truncate", "proactive_threshold": 2},
+    "head": {"proactive_method": "truncate", "proactive_threshold": 2, "proactive_scope": "head"},
+    "head_grace": {
+        "proactive_method": "truncate",
+        "proactive_threshold": 2,
+        "proactive_scope": "head",
+        "proactive_grace": 0.5,
+    },
+    "head_retry": {"proactive_method": "retry", "proactive_threshold": 1, "proactive_scope": "head"},
     "pareto": {"dist": "pareto", "alpha": 1.5},
     "per_token_train": {"train_time": 0.5, "train_time_per_token": 0.01},
 }
