@@ -107,7 +107,7 @@ PSRL_FAMILY = [
     ("psrl B'=1.5B", {"redundant_batch_size": 24}),
     ("psrl truncate", {"proactive_method": "truncate", "proactive_threshold": 4}),
     ("psrl truncate t=1", {"proactive_method": "truncate", "proactive_threshold": 1}),
-    # simulator what-if (sim.proactive.scope = head): truncate only buffer T's blockers, only while the trainer waits
+    # psrl.proactive_filter_strategy.scope = head: truncate only buffer T's blockers, only while the trainer waits
     ("psrl head-truncate t=2", {"proactive_method": "truncate", "proactive_threshold": 2, "proactive_scope": "head"}),
     (
         "psrl head-truncate t=2 g=0.25",
@@ -115,8 +115,14 @@ PSRL_FAMILY = [
     ),
     ("psrl head-truncate t=8", {"proactive_method": "truncate", "proactive_threshold": 8, "proactive_scope": "head"}),
 ]
-# The families of psrl train's own configurations (head-truncate is not in psrl train yet).
+# The configurations of psrl's frontier in the acceptance. Head-truncate is in psrl train too (issue 24), but has
+# its own family (and, with --markdown, its measured twin: the same runs by psrl train's real coordinator), so the
+# acceptance stays the one published before it.
 PSRL_TRAIN_LABELS = {"psrl", "psrl B'=1.25B", "psrl B'=1.5B", "psrl truncate", "psrl truncate t=1"}
+HEAD = "psrl + head-truncate"
+HEAD_MEASURED = "psrl + head-truncate, measured"
+"""The frontier family of the head-truncate runs of psrl train's real coordinator in virtual time (policy
+``coordinator``): the "measured" column of docs/simulate.md."""
 # (family, label, policy, changes, knob): knob "eta" sweeps FRONTIER_ETAS, "verl" VERL_THRESHOLDS, None: one run
 PEERS = [
     ("sync", "sync", "sync", {}, None),
@@ -229,12 +235,19 @@ def _knob_runs(label, policy, changes, knob, sigma, steps, seed) -> list[Result]
     return [run_variant(label, policy, changes, sigma, "balanced", steps, seed=seed)]
 
 
-def frontier_runs(sigma: float, steps: int, seed: int) -> tuple[list[Result], dict[str, str]]:
-    """Every configuration of every family on the capacity-balanced workload; and label -> family."""
+def frontier_runs(sigma: float, steps: int, seed: int, measured: bool = False) -> tuple[list[Result], dict[str, str]]:
+    """Every configuration of every family on the capacity-balanced workload; and label -> family. ``measured``:
+    the head-truncate configurations also run by psrl train's coordinator (labels ending " (coordinator)")."""
     results, family = [], {}
     for label, changes in PSRL_FAMILY:
         results += _knob_runs(label, "psrl", changes, "eta", sigma, steps, seed)
-        family[label] = "psrl (best config)" if label in PSRL_TRAIN_LABELS else "psrl + head-truncate"
+        family[label] = "psrl (best config)" if label in PSRL_TRAIN_LABELS else HEAD
+    if measured:
+        for label, changes in PSRL_FAMILY:
+            if family[label] == HEAD:
+                real = f"{label} (coordinator)"
+                results += _knob_runs(real, "coordinator", changes, "eta", sigma, steps, seed)
+                family[real] = HEAD_MEASURED
     for fam, label, policy, changes, knob in PEERS:
         results += _knob_runs(label, policy, changes, knob, sigma, steps, seed)
         family[label] = fam
@@ -264,7 +277,8 @@ def acceptance_check(results: list[Result], family: dict[str, str], min_length_b
     fams = frontier(_relabel(results, family), min_length_bias)
     plain = frontier([r for r in results if r.policy == "psrl"], min_length_bias).get("psrl", [])
     psrl_best = fams.pop("psrl (best config)")
-    fams.pop("psrl + head-truncate", None)  # a what-if of psrl's, not a peer
+    fams.pop(HEAD, None)  # psrl's, not a peer; kept out of "best config" (see PSRL_TRAIN_LABELS)
+    fams.pop(HEAD_MEASURED, None)
     rows = []
     for s in ACCEPT_S:
         ours = best_at(psrl_best, s)
@@ -331,11 +345,53 @@ def frontier_section(steps: int, seeds: list[int], plot_path: str | None) -> lis
     return verdicts
 
 
-def markdown_frontier(steps: int, seed: int) -> None:
+def head_agreement(results: list[Result], family: dict[str, str], sigma: float, seed: int) -> dict:
+    """Head-truncate: the simulator's psrl policy against psrl train's coordinator, run by run (same label, eta)
+    and cell by cell (the frontier tables' best point at s <= 4, with and without the length-bias floor)."""
+    model = {(r.policy, r.staleness): r for r in results if r.policy in {lab for lab, _ in PSRL_FAMILY}}
+    diffs = []
+    for r in results:
+        if r.policy.endswith(" (coordinator)"):
+            m = model[(r.policy.removesuffix(" (coordinator)"), r.staleness)]
+            diffs.append(abs(r.ratio_to_ideal - m.ratio_to_ideal) / m.ratio_to_ideal)
+    cells = []
+    fams = {HEAD: [], HEAD_MEASURED: []}
+    for r in results:
+        if r.policy.startswith("psrl head"):
+            fams[HEAD_MEASURED if r.policy.endswith(" (coordinator)") else HEAD].append(r)
+    for mlb in (0.0, 0.95):
+        fr = frontier(_relabel(fams[HEAD] + fams[HEAD_MEASURED], family), mlb)
+        for s in ACCEPT_S:
+            a, b = best_at(fr.get(HEAD, []), s), best_at(fr.get(HEAD_MEASURED, []), s)
+            if a is not None and b is not None:
+                cells.append(abs(b.steps_per_hour - a.steps_per_hour) / a.steps_per_hour)
+            elif (a is None) != (b is None):
+                cells.append(float("inf"))  # one delivers s, the other not
+    out = {
+        "sigma": sigma,
+        "seed": seed,
+        "runs": len(diffs),
+        "max_run_rel_diff": max(diffs, default=0.0),
+        "cells": len(cells),
+        "max_cell_rel_diff": max(cells, default=0.0),
+    }
+    print(
+        f"head-truncate, sigma {sigma}, seed {seed}: psrl model vs psrl train's coordinator: {len(diffs)} runs, "
+        f"max |ratio difference| {100 * out['max_run_rel_diff']:.2f} %; {len(cells)} frontier cells, max "
+        f"{100 * out['max_cell_rel_diff']:.2f} %\n"
+    )
+    return out
+
+
+def markdown_frontier(steps: int, seed: int, measured: bool = False) -> list[dict]:
     """The frontier tables of docs/simulate.md: ratio to ideal of each family's best point with true max
-    staleness <= s (s = 0..4), with its discarded fraction d and length bias b when they are not 0 / 1."""
+    staleness <= s (s = 0..4), with its discarded fraction d and length bias b when they are not 0 / 1.
+    ``measured``: with the head-truncate column measured on psrl train's coordinator, and the agreement."""
+    agreement = []
     for sigma in ACCEPT_SIGMAS:
-        results, family = frontier_runs(sigma, steps, seed)
+        results, family = frontier_runs(sigma, steps, seed, measured)
+        if measured:
+            agreement.append(head_agreement(results, family, sigma, seed))
         by_family = _relabel(results, family)
         plain = [r for r in results if r.policy == "psrl"]
         for mlb in (0.0, 0.95):
@@ -357,10 +413,11 @@ def markdown_frontier(steps: int, seed: int) -> None:
                     if r.discarded_fraction >= 0.005 or r.length_bias < 0.995:
                         cell += f" (d {r.discarded_fraction:.2f}, b {r.length_bias:.2f})"
                     if "best config" in n or "tuned" in n or "head" in n:
-                        cell += f" {_config(r).replace('psrl ', '')}"
+                        cell += f" {_config(r).replace('psrl ', '').replace(' (coordinator)', '')}"
                     cells.append(cell)
                 print(f"| {s} | " + " | ".join(cells) + " |")
             print()
+    return agreement
 
 
 def million() -> float:
@@ -397,11 +454,33 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--markdown", action="store_true", help="print only the frontier tables of docs/simulate.md (first seed)"
     )
+    ap.add_argument(
+        "--measured",
+        action="store_true",
+        help="with --markdown: add the head-truncate column measured on psrl train's coordinator (virtual time; "
+        "about 10 s per run) and print the model-vs-real agreement for every seed (one JSON line)",
+    )
     ns = ap.parse_args(argv)
     steps = 12 if ns.quick else ns.steps
     seeds = [int(x) for x in ns.seeds.split(",") if x.strip()]
     if ns.markdown:
-        markdown_frontier(steps, seeds[0])
+        agreement = markdown_frontier(steps, seeds[0], ns.measured)
+        if ns.measured:
+            for seed in seeds[1:]:
+                for sigma in ACCEPT_SIGMAS:
+                    agreement.append(head_agreement(*frontier_runs(sigma, steps, seed, True), sigma, seed))
+            worst = max(max(a["max_run_rel_diff"], a["max_cell_rel_diff"]) for a in agreement)
+            print(
+                json.dumps(
+                    {
+                        "benchmark": "head_scope_agreement",
+                        "steps": steps,
+                        "worst_rel_diff": worst,
+                        "within_5pct": worst <= 0.05,
+                        "rows": agreement,
+                    }
+                )
+            )
         return 0
     t0 = time.perf_counter()
     results = reference_table(steps, seeds[0])

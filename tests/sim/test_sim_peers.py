@@ -338,12 +338,13 @@ def _truncations(w):
     return cuts, starts
 
 
-@pytest.mark.parametrize("grace", [0.0, 0.5, 1.25])
+@pytest.mark.parametrize("grace", [0.0, 0.5, 1.25, 2.5])
 def test_proactive_scope_head_cuts_only_while_the_trainer_waits(grace):
     """B = 2, N = 1, 4 slots, eta = 1, trace 1, 1, 1, 10, then 1 s each; train 3 s; truncate at threshold 1.
-    At t = 1 three groups are done and the trainer waits on the 10 s one: the head scope cuts it after
-    the grace (t = 1 + grace), and that step starts then. The window scope also acts on later buffers
-    while the trainer is busy (a cut at t = 5 during the step 4-7); the head scope never does."""
+    At t = 1 three groups are done and the trainer waits on the 10 s one: the head scope cuts it once the
+    trainer has waited the grace for buffer 0 -- since t = 0, the start, as psrl train's trainer has -- so at
+    t = max(1, grace), and that step starts then. The window scope also acts on later buffers while the
+    trainer is busy (a cut at t = 5 during the step 4-7); the head scope never does."""
     base = dict(
         slots=4,
         steps=3,
@@ -359,8 +360,8 @@ def test_proactive_scope_head_cuts_only_while_the_trainer_waits(grace):
         proactive_threshold=1,
     )
     cuts, starts = _truncations(wl(**base, proactive_scope="head", proactive_grace=grace))
-    assert cuts == [(pytest.approx(1.0 + grace), 3, False)]
-    assert starts[0] == pytest.approx(1.0 + grace)
+    assert cuts == [(pytest.approx(max(1.0, grace)), 3, False)]
+    assert starts[0] == pytest.approx(max(1.0, grace))
     window, _ = _truncations(wl(**base))
     assert any(busy for _, _, busy in window)
 

@@ -11,7 +11,7 @@ the rest and :class:`Config`), ``compat`` (keys PSRL has that psrl rejects, and 
 ``reference``. Code outside this package imports only the names below (``tests/test_layers.py`` checks it).
 """
 
-from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE, PSRL_DEFAULT_DIFFERS
+from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE, PSRL_DEFAULT_DIFFERS, PSRL_OWN
 from psrl.config.load import PRESET, apply_overrides, config_from_dict, config_to_dict, leaf_keys, load_config
 from psrl.config.psrl import (
     DeploymentConfig,
@@ -45,7 +45,6 @@ from psrl.config.sim import (
     GenTimeConfig,
     SimConfig,
     SimDecodeConfig,
-    SimProactiveConfig,
     TinkerSimConfig,
     VerlSimConfig,
 )
@@ -67,6 +66,7 @@ __all__ = [
     "leaf_keys",
     # keys PSRL has that psrl rejects or renamed
     "MOVED",
+    "PSRL_OWN",
     "OUT_OF_SCOPE",
     "NOT_BUILT",
     "PSRL_DEFAULT_DIFFERS",
@@ -94,7 +94,6 @@ __all__ = [
     "SimConfig",
     "GenTimeConfig",
     "SimDecodeConfig",
-    "SimProactiveConfig",
     "ArealSimConfig",
     "TinkerSimConfig",
     "VerlSimConfig",

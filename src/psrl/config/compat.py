@@ -1,5 +1,9 @@
 MOVED = {
     "sim.trigger_parameter_sync_step": "sim.verl.trigger_parameter_sync_step",
+    # head scope is in psrl train now: the simulator reads psrl's own keys (one name, one owner)
+    "sim.proactive": "psrl.proactive_filter_strategy.scope and psrl.proactive_filter_strategy.grace",
+    "sim.proactive.scope": "psrl.proactive_filter_strategy.scope",
+    "sim.proactive.grace": "psrl.proactive_filter_strategy.grace",
     "psrl.num_rollout_instances": "psrl.deployment.n_rollout_instances",
     "psrl.max_concurrent_per_instance": "psrl.routing_strategy.max_concurrent_seqs_per_instance",
     "psrl.router": "psrl.routing_strategy.method",
@@ -58,3 +62,9 @@ PSRL_DEFAULT_DIFFERS = {
     ),
 }
 """Schema defaults that are not PSRL's, and why (every other ``psrl.*`` default is PSRL's)."""
+PSRL_OWN = {
+    "psrl.proactive_filter_strategy.scope": "PSRL's filter has no choice of scope; head (act only on "
+    "the buffer the trainer waits for) is psrl's, and window, the default, is what the filter did before",
+    "psrl.proactive_filter_strategy.grace": "read by scope head only",
+}
+"""``psrl.*`` keys that are psrl's own, not PSRL's: the fate table says so instead of "PSRL's meaning"."""

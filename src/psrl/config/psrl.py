@@ -92,6 +92,29 @@ class ProactiveFilterConfig:
         "default) never acts: a STUCK buffer always has at least one.",
         ge=0,
     )
+    scope: str = _f(
+        "window",
+        "psrl's own key (not PSRL's): which STUCK buffers the filter acts on. window = every one in [T, T+eta] "
+        "(as before this key); head = only buffer T, only while the trainer waits for it (after grace): it "
+        "cuts only what holds the trainer up, and later, so less (docs/simulate.md).",
+        choices=("window", "head"),
+    )
+    grace: float = _f(
+        0.0,
+        "psrl's own key (not PSRL's): scope head acts only once the trainer has waited this many seconds "
+        "for buffer T (0: at once).",
+        ge=0,
+        fix="set psrl.proactive_filter_strategy.grace to seconds >= 0 (0: act as soon as the trainer waits)",
+    )
+
+    def check(self) -> None:
+        """grace is read by scope head only, so setting it with scope window is a mistake."""
+        require(
+            self.grace == 0 or self.scope == "head",
+            "psrl.proactive_filter_strategy.grace",
+            f"is {self.grace} but psrl.proactive_filter_strategy.scope is {self.scope!r}, which has no grace",
+            "set psrl.proactive_filter_strategy.scope=head, or remove grace",
+        )
 
 
 @dataclass(frozen=True)
@@ -413,6 +436,7 @@ class PsrlConfig:
             "or lower psrl.rollout_n / psrl.redundant_rollout.redundant_rollout_n",
         )
         self.sync_and_mig_strategy.check(engine, self.partial_rollout.enable)
+        self.proactive_filter_strategy.check()
         self.group_post_process.check(filter_metric)
 
     # Derived values (B, B', N, N') -- computed, never written back.

@@ -9,7 +9,7 @@ import types
 import typing
 from typing import Any
 
-from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE, PSRL_DEFAULT_DIFFERS
+from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE, PSRL_DEFAULT_DIFFERS, PSRL_OWN
 from psrl.config.fields import hints, yaml_key
 from psrl.config.load import PRESET, leaf_keys
 from psrl.config.schema import Config
@@ -94,6 +94,8 @@ def _fate_table() -> list[str]:
             continue
         if "effect" in f.metadata:
             rows.append((key, "accepted, no effect", f.metadata["effect"]))
+        elif key in PSRL_OWN:
+            rows.append((key, "psrl's own (not PSRL's)", PSRL_OWN[key]))
         else:
             differs = PSRL_DEFAULT_DIFFERS.get(key)
             why = f"default differs from PSRL's {differs[0]}: {differs[1]}" if differs else "PSRL's meaning and default"
@@ -109,6 +111,7 @@ def _fate_table() -> list[str]:
         "",
         "Every key of PSRL's `psrl:` group: built with PSRL's meaning, accepted with no effect here (and why),",
         "or rejected at load with a message that says why; a removed name's message names its replacement.",
+        'Keys psrl adds to the group that PSRL does not have say so ("psrl\'s own").',
         "Keys a YAML file leaves out take the defaults above; `psrl train` with no file runs the built-in",
         f"default job `src/psrl/config/{PRESET.name}`, which sets its own sizes.",
         "",

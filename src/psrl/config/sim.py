@@ -88,17 +88,6 @@ class VerlSimConfig:
 
 
 @dataclass(frozen=True)
-class SimProactiveConfig:
-    scope: str = _f(
-        "window",
-        "What-if for psrl.proactive_filter_strategy, simulator only: window = act on every STUCK buffer "
-        "in [T, T+eta] as psrl train does; head = only on buffer T, and only while the trainer waits for it.",
-        choices=("window", "head"),
-    )
-    grace: float = _f(0.0, "scope head: act only after the trainer has waited this many seconds for buffer T.", ge=0)
-
-
-@dataclass(frozen=True)
 class SimDecodeConfig:
     enable: bool = _f(
         False,
@@ -144,7 +133,6 @@ class SimConfig:
         "Tokens a trajectory produces per simulated second of generation (batch tokens for train_time_per_token).",
         gt=0,
     )
-    proactive: SimProactiveConfig = _sub(SimProactiveConfig, "When psrl's proactive filter acts (simulator what-if).")
     decode: SimDecodeConfig = _sub(
         SimDecodeConfig, "Batching-dependent decode speed per instance (coordinator policy)."
     )

@@ -22,6 +22,7 @@ from psrl.types import Engine, Sampling, Sink, WeightSource
 
 if TYPE_CHECKING:
     from psrl.config import Config
+    from psrl.rollout.types import TrainerIdle
     from psrl.staleness import StalenessManager
     from psrl.tasks.base import Task
 
@@ -43,6 +44,7 @@ def build_rollout(
     task: Task,
     sink: Sink | None = None,
     log: Callable[[str], None] = print,
+    trainer: TrainerIdle | None = None,
 ) -> tuple[InstancePool, AgentManager]:
     """The instance pool over ``engines`` and the agent manager that feeds ``manager`` from it.
 
@@ -56,6 +58,8 @@ def build_rollout(
         task: prompts, episodes and rewards.
         sink: where trajectory records go.
         log: where engine failures are reported.
+        trainer: the trainer loop's idle state, for the proactive filter's head scope
+            (``psrl.proactive_filter_strategy.scope=head``).
     """
     p, rs = cfg.psrl, cfg.psrl.routing_strategy
     sampling = sampling_of(cfg, task)
@@ -87,6 +91,12 @@ def build_rollout(
         migration=build_migration(cfg),
     )
     agents = AgentManager(
-        task, manager, pool, cfg, workers=len(pool.instances) * rs.max_concurrent_seqs_per_instance, sink=sink
+        task,
+        manager,
+        pool,
+        cfg,
+        workers=len(pool.instances) * rs.max_concurrent_seqs_per_instance,
+        sink=sink,
+        trainer=trainer,
     )
     return pool, agents

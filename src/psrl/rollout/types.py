@@ -2,15 +2,16 @@
 
 What the sessions and the agent manager use of the pool (:class:`Pool`), what the pool uses of a router
 (:class:`Router`) and of whoever builds its instances (:class:`InstanceFactory`), what an instance asks its sync
-strategy (:class:`SyncStrategy`), and what a sync strategy reads of the staleness manager
-(:class:`VersionProvider`). The engine seam and the weight source cross layers: :mod:`psrl.types`.
+strategy (:class:`SyncStrategy`), what a sync strategy reads of the staleness manager
+(:class:`VersionProvider`), and what the proactive filter reads of the trainer loop (:class:`TrainerIdle`).
+The engine seam and the weight source cross layers: :mod:`psrl.types`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from psrl.rollout.serving.instance import InstanceRequest, RolloutInstance
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "VersionProvider",
+    "TrainerWaiting",
+    "TrainerIdle",
     "SyncStrategy",
     "Router",
     "InstanceFactory",
@@ -34,6 +37,21 @@ class VersionProvider(Protocol):
     @property
     def train_version(self) -> int:
         """The version the next consumed batch trains (``T``)."""
+
+
+class TrainerWaiting(NamedTuple):
+    """The trainer is idle, waiting for buffer ``buffer`` (``T``) since loop time ``since``."""
+
+    buffer: int
+    since: float
+
+
+class TrainerIdle(Protocol):
+    """What the proactive filter's head scope reads of the trainer loop
+    (:class:`psrl.runtime.coordinator.TrainerWait`): which buffer the trainer waits on, and since when."""
+
+    def waiting(self) -> TrainerWaiting | None:
+        """The buffer the trainer waits for and since when; None while it trains (or before it starts)."""
 
 
 class SyncStrategy(Protocol):

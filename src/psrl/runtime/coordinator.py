@@ -32,7 +32,7 @@ from psrl.algo.filters import build_group_filter
 from psrl.errors import RunError
 from psrl.rollout.build import build_rollout
 from psrl.rollout.engines.base import TokenModel
-from psrl.rollout.types import RolloutStatus
+from psrl.rollout.types import RolloutStatus, TrainerWaiting
 from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import Batch, Event, StalenessManager
 from psrl.tasks.base import Task
@@ -42,7 +42,7 @@ from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, Trajectory
 if TYPE_CHECKING:
     from psrl.config import Config
 
-__all__ = ["Coordinator", "build_staleness_manager", "batch_metrics"]
+__all__ = ["Coordinator", "TrainerWait", "build_staleness_manager", "batch_metrics"]
 
 
 def build_staleness_manager(
@@ -61,6 +61,26 @@ def build_staleness_manager(
         on_event=on_event,
         train_version=train_version,
     )
+
+
+class TrainerWait:
+    """The trainer loop's idle state (:class:`psrl.rollout.types.TrainerIdle`): the coordinator says when the
+    trainer begins and ends waiting for buffer ``T``; the proactive filter's head scope reads it."""
+
+    def __init__(self) -> None:
+        self._waiting: TrainerWaiting | None = None
+
+    def waiting(self) -> TrainerWaiting | None:
+        """The buffer the trainer waits for and since when (loop time); None while it trains."""
+        return self._waiting
+
+    def begin(self, buffer: int, now: float) -> None:
+        """The trainer waits for ``buffer`` from loop time ``now``."""
+        self._waiting = TrainerWaiting(int(buffer), float(now))
+
+    def end(self) -> None:
+        """The trainer has its batch (or stopped waiting)."""
+        self._waiting = None
 
 
 class Coordinator:
@@ -102,8 +122,10 @@ class Coordinator:
         self.store = ParameterStore(keep=cfg.psrl.staleness + 2)
         self.store.publish(int(policy.version), policy.export_state())
         self.manager = manager or build_staleness_manager(cfg, int(policy.version))
+        self.idle = TrainerWait()
+        """Which buffer the trainer waits on and since when (the proactive filter's head scope reads it)."""
         self.pool, self.agents = build_rollout(
-            cfg, engines, self.store, self.manager, task=task, sink=sink, log=self.log
+            cfg, engines, self.store, self.manager, task=task, sink=sink, log=self.log, trainer=self.idle
         )
         self.rows: list[dict] = []
         self.in_step = False
@@ -138,7 +160,12 @@ class Coordinator:
         finished = False
         try:
             while self.version < total_steps:
-                batch = await self._next_batch(dispatcher)
+                self.idle.begin(self.manager.train_version, loop.time())
+                self.agents.after_change()  # the trainer waits now: the proactive filter's head scope may act
+                try:
+                    batch = await self._next_batch(dispatcher)
+                finally:
+                    self.idle.end()
                 await self._train_on(batch, on_step)
             finished = True
         finally:

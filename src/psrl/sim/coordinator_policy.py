@@ -55,8 +55,11 @@ def coordinator_config(wl: Workload) -> Any:
         "psrl.routing_strategy.max_concurrent_seqs_per_instance": wl.slots,
         "psrl.proactive_filter_strategy.method": wl.proactive_method or "null",
         "psrl.proactive_filter_strategy.threshold": wl.proactive_threshold,
+        "psrl.proactive_filter_strategy.scope": wl.proactive_scope,
         "trainer.seed": wl.seed,
     }
+    if wl.proactive_scope == "head":  # grace is head scope's (the config rejects it with window, where it is moot)
+        items["psrl.proactive_filter_strategy.grace"] = wl.proactive_grace
     if wl.decode:
         items["psrl.deployment.n_rollout_instances"] = wl.instances
         items["psrl.routing_strategy.max_concurrent_seqs_per_instance"] = -(-wl.slots // wl.instances)

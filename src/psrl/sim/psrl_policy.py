@@ -15,9 +15,11 @@ Nothing of the protocol is re-implemented here. The engine only decides *when* t
 * Proactive filter (``psrl.proactive_filter_strategy``): when a buffer is STUCK with at most
   ``threshold`` RESERVED entries, the running members of each such group (once per group) are retried
   (cancelled and relaunched with the next generation time of the stream) or truncated (completed now
-  with their partial output). ``sim.proactive.scope = head`` (a simulator what-if, not in psrl train)
-  acts only on buffer T and only while the trainer waits for it, after ``sim.proactive.grace``
-  seconds of waiting: it cuts only what actually holds the trainer up, and later, so less is cut.
+  with their partial output). ``psrl.proactive_filter_strategy.scope = head`` acts only on buffer T and
+  only while the trainer waits for it, after ``psrl.proactive_filter_strategy.grace`` seconds of waiting
+  (counted from when the trainer began waiting: the end of its last step, or the start): it cuts only what
+  actually holds the trainer up, and later, so less is cut. ``psrl train``'s filter
+  (:mod:`psrl.rollout.client.proactive`) runs the same rule.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class PsrlPolicy(Engine):
         self.by_entry: dict = {}
         self.retried: set[int] = set()
         self._in_proactive = False
-        self._waiting_since: dict[int, float] = {}  # head scope: when the trainer began waiting for buffer T
+        # head scope: when the trainer began waiting for buffer T (T = 0: from the start, as psrl train's trainer)
+        self._waiting_since: dict[int, float] = {0: 0.0}
         self._grace_armed: set[int] = set()
 
     # ------------------------------------------------------------------ reserve

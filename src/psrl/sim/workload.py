@@ -68,12 +68,13 @@ class Workload:
     proactive_method: str | None = None
     """psrl proactive filter on the last RESERVED entries of a STUCK buffer: None | retry | truncate."""
     proactive_threshold: int = 4
-    proactive_scope: str = "window"
-    """window: act on every STUCK buffer in [T, T+eta] (as psrl train does); head: only on buffer T, and only
-    while the trainer waits for it."""
-    proactive_grace: float = 0.0
-    """head scope: act only after the trainer has waited this many seconds for buffer T."""
     """Act when the STUCK buffer has at most this many RESERVED entries."""
+    proactive_scope: str = "window"
+    """``psrl.proactive_filter_strategy.scope``: window = act on every STUCK buffer in [T, T+eta]; head = only on
+    buffer T, and only while the trainer waits for it."""
+    proactive_grace: float = 0.0
+    """``psrl.proactive_filter_strategy.grace``: head scope acts only after the trainer has waited this many
+    seconds for buffer T."""
     areal_max_concurrent_rollouts: int | None = None
     """areal: groups generating at once (None: B, AReaL's default)."""
     tinker_groups_per_batch: int | None = None
@@ -132,8 +133,8 @@ class Workload:
             filter_drop_rate=s.filter_drop_rate,
             proactive_method=p.proactive_filter_strategy.method,
             proactive_threshold=p.proactive_filter_strategy.threshold,
-            proactive_scope=s.proactive.scope,
-            proactive_grace=s.proactive.grace,
+            proactive_scope=p.proactive_filter_strategy.scope,
+            proactive_grace=p.proactive_filter_strategy.grace,
             areal_max_concurrent_rollouts=s.areal.max_concurrent_rollouts,
             tinker_groups_per_batch=s.tinker.groups_per_batch,
             verl_staleness_threshold=s.verl.staleness_threshold,
@@ -175,9 +176,11 @@ class Workload:
         if self.train_time < 0 or self.sync_time < 0:
             raise ConfigError("sim.train_time", "train_time and sync_time must be >= 0")
         if self.proactive_scope not in ("window", "head"):
-            raise ConfigError("sim.proactive.scope", f"unknown value {self.proactive_scope!r}", "use window or head")
+            raise ConfigError(
+                "psrl.proactive_filter_strategy.scope", f"unknown value {self.proactive_scope!r}", "use window or head"
+            )
         if self.proactive_grace < 0:
-            raise ConfigError("sim.proactive.grace", "must be >= 0")
+            raise ConfigError("psrl.proactive_filter_strategy.grace", "must be >= 0")
         if self.verl_trigger_parameter_sync_step < 1:
             raise ConfigError("sim.verl.trigger_parameter_sync_step", "must be >= 1")
         if self.verl_staleness_threshold < 0:

@@ -48,7 +48,7 @@ from psrl.types import Sink, Trajectory, segment_versions
 
 if TYPE_CHECKING:
     from psrl.config import Config
-    from psrl.rollout.types import Pool
+    from psrl.rollout.types import Pool, TrainerIdle
 
 __all__ = ["AgentManager"]
 
@@ -68,10 +68,19 @@ class AgentManager(ProactiveRemedies):
             the per-episode rngs), ``task.reward_retries`` and ``task.reward_timeout``.
         workers: agent workers (trajectories generated at once).
         sink: gets one ``trajectory(record)`` call per trajectory that reached the manager.
+        trainer: the trainer loop's idle state (the coordinator's), read by the proactive filter's head scope.
     """
 
     def __init__(
-        self, task: Task, manager: StalenessManager, pool: Pool, cfg: Config, *, workers: int, sink: Sink | None = None
+        self,
+        task: Task,
+        manager: StalenessManager,
+        pool: Pool,
+        cfg: Config,
+        *,
+        workers: int,
+        sink: Sink | None = None,
+        trainer: TrainerIdle | None = None,
     ):
         p = cfg.psrl
         self.task = task
@@ -93,7 +102,9 @@ class AgentManager(ProactiveRemedies):
                 "psrl.redundant_rollout.redundant_rollout_n)"
             )
         pf = p.proactive_filter_strategy
-        self.proactive = ProactiveFilter(self, pf.method, pf.threshold, p.staleness)
+        self.proactive = ProactiveFilter(
+            self, pf.method, pf.threshold, p.staleness, scope=pf.scope, grace=pf.grace, trainer=trainer
+        )
         self.sink = sink
         self.rng = random.Random(cfg.trainer.seed)
         self.counts = Counts()
@@ -319,7 +330,8 @@ class AgentManager(ProactiveRemedies):
                 self.after_change()
 
     def after_change(self) -> None:
-        """The protocol state changed: cancel passively aborted work, then run the proactive filter."""
+        """The protocol state (or the trainer's: it began waiting) changed: cancel passively aborted work, then run
+        the proactive filter."""
         for eid, held in self.manager.drain_aborted_groups():
             g = self.groups.get(eid)
             if g is not None:
