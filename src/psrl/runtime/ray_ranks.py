@@ -128,7 +128,7 @@ class RayRanks:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         ensure_ray(address)
         bundles = rank_bundles(world_size, spec.device)
-        self.pg = placement_group(bundles, strategy="PACK")
+        self.pg: Any = placement_group(bundles, strategy="PACK")
         self.actors: list[Any] = []
         if not ray.wait([self.pg.ready()], timeout=reply_timeout_s)[0]:
             have = ray.cluster_resources()
@@ -243,7 +243,9 @@ class RayRanks:
         for a in self.actors:
             ray.kill(a, no_restart=True)
         self.actors = []
-        remove_placement_group(self.pg)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
 
     def __enter__(self) -> RayRanks:
         return self
