@@ -1,7 +1,7 @@
 """The trainer's ranks as Ray actors (issue #22, the Ray launcher, ``runtime.backend=ray``): ``psrl train`` at 2
 ranks completes with the staleness audit clean and the engines scoring tokens as the ranks do; a rank actor that
 dies or stops answering is one error naming it, not a hang; a Ray engine loads a version from the directory the
-ranks published, not from the driver's store.
+ranks published, not from the driver's store; SIGKILL of psrl leaves no rank actor.
 
 Ray probes outside addresses at start-up, so each check runs in a network namespace with only loopback up
 (``unshare -rn``), as ``tests/ray/test_ray_runtime.py`` does: nothing leaves this machine.
@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,41 @@ def test_a_dead_or_silent_ray_rank_is_named_and_an_engine_reads_the_published_di
     naming it silent after the reply timeout: both end the actors instead of hanging."""
     out = _loopback_only(["-c", FAULTS, str(tmp_path)])
     assert "FAULTS-OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_sigkill_of_psrl_train_leaves_no_ray_rank_actor(tmp_path):
+    """``psrl train`` at 2 Ray ranks (its own local cluster) SIGKILLed after its first step: the rank actors'
+    processes end too (Ray's cluster shares psrl's fate), waited for with a bound."""
+    pytest.importorskip("ray")
+    args = [*TINY, f"trainer.run_dir={tmp_path / 'run'}", "trainer.total_steps=200"]
+    args += ["psrl.deployment.train_ngpus_per_node=2", "runtime.backend=ray"]
+    cmd = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", sys.executable, "-m", "psrl.cli"]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [*cmd, "train", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the first step's line: the rank actors are up and have trained
+        if line.startswith("step "):
+            break
+    ranks = _rank_actors()
+    assert len(ranks) == 2, ranks
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while _rank_actors() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _rank_actors() == []
+
+
+def _rank_actors() -> list[int]:
+    """Live processes of this machine running a :class:`~psrl.runtime.ray_ranks.RankActor`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and b"RankActor" in (d / "cmdline").read_bytes():
+                if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(int(d.name))
+        except OSError:
+            continue
+    return out
