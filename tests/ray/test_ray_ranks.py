@@ -45,11 +45,11 @@ def test_psrl_train_at_two_ray_ranks_completes_audited(tmp_path):
     """``psrl train psrl.deployment.train_ngpus_per_node=2 runtime.backend=ray``, 3 synchronous steps: every
     trained trajectory is within the bound, every row has ``time/publish_s``, the engines' recorded log-probs equal
     the ranks' (the mismatch metric, below 1e-5, over tokens of the trainer's version), ``weights/v3`` is the final
-    model, each rank wrote its log and the sharded checkpoint is complete."""
+    model, each rank wrote its log and the sharded checkpoint is complete; a 4th step resumes from it."""
     run_dir = tmp_path / "run"
-    args = [*TINY, f"trainer.run_dir={run_dir}", "psrl.staleness=0", "trainer.total_steps=3"]
+    args = [*TINY, f"trainer.run_dir={run_dir}", "psrl.staleness=0"]
     args += ["psrl.deployment.train_ngpus_per_node=2", "runtime.backend=ray"]
-    out = _loopback_only(["-m", "psrl.cli", "train", *args])
+    out = _loopback_only(["-m", "psrl.cli", "train", *args, "trainer.total_steps=3"])
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -64,6 +64,11 @@ def test_psrl_train_at_two_ray_ranks_completes_audited(tmp_path):
     assert version == 3 and all(torch.equal(published[k], v) for k, v in final.items())
     assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank0.log", "rank1.log"]
     assert (run_dir / "checkpoint" / "ranks" / ".metadata").exists()
+
+    resumed = _loopback_only(["-m", "psrl.cli", "train", *args, "trainer.total_steps=4"])
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    assert "resumed from" in resumed.stdout
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
 FAULTS = textwrap.dedent(
