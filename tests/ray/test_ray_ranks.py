@@ -78,6 +78,7 @@ FAULTS = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from psrl.config import load_config
+    from psrl.errors import ConfigError
     from psrl.models import build_policy
     from psrl.models.builder import write_start_state
     from psrl.runtime.ray_ranks import RayRanks
@@ -89,7 +90,7 @@ FAULTS = textwrap.dedent(
     cfg = load_config(None, ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "runtime.backend=ray",
                              "psrl.deployment.train_ngpus_per_node=2"])
     work = Path(sys.argv[1])
-    ensure_ray(None)
+    ensure_ray(None, num_cpus=2)
     policy = build_policy(cfg.model, get_task(cfg.task, seed=0), seed=0)
     spec = WorkerSpec(build=write_start_state(policy.model, work / "start.pt", "float32"), pad_id=policy.pad_id,
                       algo=cfg.algorithm, collective_timeout_s=60)
@@ -123,6 +124,12 @@ FAULTS = textwrap.dedent(
         print("SILENT:", str(e).splitlines()[0])
     finally:
         os.kill(stopped, signal.SIGCONT)
+    try:  # a 2-CPU cluster (Ray counts this machine's cores) cannot place 3 CPU ranks
+        RayRanks(spec, 3, 3.0, work / "ranks")
+        raise AssertionError("an unplaceable placement group went unnoticed")
+    except ConfigError as e:
+        assert e.key == "psrl.deployment.train_ngpus_per_node" and "could not place" in str(e), str(e)
+        print("PLACEMENT:", e)
     print("FAULTS-OK")
     """
 )
@@ -130,8 +137,9 @@ FAULTS = textwrap.dedent(
 
 def test_a_dead_or_silent_ray_rank_is_named_and_an_engine_reads_the_published_directory(tmp_path):
     """A Ray engine loads ``weights/v1`` the 2 rank actors published without asking the store; then rank 1's
-    process SIGKILLed makes the next command a ``RankFailure`` naming rank 1 as dead, and rank 1 SIGSTOPped one
-    naming it silent after the reply timeout: both end the actors instead of hanging."""
+        process SIGKILLed makes the next command a ``RankFailure`` naming rank 1 as dead, and rank 1 SIGSTOPped one
+        naming it silent after the reply timeout: both end the actors instead of hanging; 3 ranks on a 2-CPU cluster are
+    one config error naming the key."""
     out = _loopback_only(["-c", FAULTS, str(tmp_path)])
     assert "FAULTS-OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
 

@@ -24,6 +24,7 @@ itself (no ``runtime.ray_address``) ends with the driver.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import tempfile
 import traceback
@@ -269,8 +270,4 @@ async def _outcome(ref: Any) -> tuple[str, Any]:
 def ray_launcher(address: str | None) -> Launcher:
     """The :data:`~psrl.train.launch.Launcher` of ``runtime.backend=ray``: :class:`RayRanks` on the cluster at
     ``address`` (``runtime.ray_address``; None: a local one)."""
-
-    def launch(spec: WorkerSpec, world_size: int, reply_timeout_s: float, log_dir: Path) -> RayRanks:
-        return RayRanks(spec, world_size, reply_timeout_s, log_dir, address)
-
-    return launch
+    return functools.partial(RayRanks, address=address)
