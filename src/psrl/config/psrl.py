@@ -329,13 +329,15 @@ class DeploymentConfig:
     train_nnodes: int = _f(
         1,
         "Nodes of the trainer; its world size is train_nnodes x train_ngpus_per_node. The local launcher "
-        "(runtime.backend=local) runs on one node: only 1.",
+        "(runtime.backend=local) runs on one node: only 1; runtime.backend=ray places the ranks on the Ray "
+        "cluster's nodes.",
         ge=1,
     )
     train_ngpus_per_node: int = _f(
         1,
         "Trainer ranks per node: GPUs with model.device=cuda, processes with cpu (FSDP2 over gloo). 1 = the "
-        "in-process trainer (no process group); more = that many rank processes, sharded (docs/trainer.md).",
+        "in-process trainer (no process group); more = that many rank processes (Ray actors with "
+        "runtime.backend=ray), sharded (docs/trainer.md).",
         ge=1,
     )
     n_validate_instances: int = _f(
@@ -350,13 +352,15 @@ class DeploymentConfig:
         """Trainer ranks: ``train_nnodes x train_ngpus_per_node``."""
         return self.train_nnodes * self.train_ngpus_per_node
 
-    def check(self, device: str, cpus: int | None) -> None:
-        """The trainer's shape on this machine (``device``: model.device; ``cpus``: this machine's cores)."""
+    def check(self, device: str, cpus: int | None, backend: str = "local") -> None:
+        """The trainer's shape on this machine (``device``: model.device; ``cpus``: this machine's cores;
+        ``backend``: runtime.backend, whose launcher starts the ranks: ray may use several nodes)."""
         require(
-            self.train_nnodes == 1,
+            self.train_nnodes == 1 or backend == "ray",
             "psrl.deployment.train_nnodes",
             f"is {self.train_nnodes}, but the local trainer launcher starts its ranks on this machine only",
-            "set psrl.deployment.train_nnodes=1 (and train_ngpus_per_node to the ranks of this machine)",
+            "set psrl.deployment.train_nnodes=1 (and train_ngpus_per_node to the ranks of this machine), "
+            "or runtime.backend=ray to place the ranks on a Ray cluster's nodes",
         )
         n = self.train_ngpus_per_node
         require(

@@ -26,7 +26,10 @@ from psrl.config.task import DataConfig, TaskConfig
 class RuntimeConfig:
     backend: str = _f(
         "local",
-        "Where rollout engines run: local (this process) | ray (one Ray actor per instance).",
+        "Where rollout engines and trainer ranks run: local (engines in this process; trainer ranks, when "
+        "psrl.deployment.train_nnodes x train_ngpus_per_node > 1, as processes of this machine) | ray (one Ray "
+        "actor per engine instance, one per trainer rank in a placement group: a GPU per rank with "
+        "model.device=cuda, a CPU otherwise; train_nnodes > 1 allowed).",
         choices=("local", "ray"),
     )
     ray_address: str | None = _f(
@@ -356,7 +359,7 @@ class Config:
     model: ModelConfig = _sub(ModelConfig, "The policy model.")
     task: TaskConfig = _sub(TaskConfig, "The task and its reward.")
     rollout: RolloutConfig = _sub(RolloutConfig, "The inference engines of the rollout instances.")
-    runtime: RuntimeConfig = _sub(RuntimeConfig, "Where the rollout engines run.")
+    runtime: RuntimeConfig = _sub(RuntimeConfig, "Where the rollout engines and the trainer ranks run.")
     data: DataConfig = _sub(DataConfig, "Dataset files of task.name=dataset (verl's data.* keys).")
     trainer: TrainerConfig = _sub(TrainerConfig, "The training loop and run directory.")
     sim: SimConfig = _sub(SimConfig, "The workload of psrl simulate.")
@@ -367,7 +370,7 @@ class Config:
         raise :class:`ConfigError` naming the key and the fix. Nothing is written."""
         check_rules(self)
         self.psrl.check(self.rollout.engine, self.algorithm.filter_groups.metric)
-        self.psrl.deployment.check(self.model.device, os.cpu_count())
+        self.psrl.deployment.check(self.model.device, os.cpu_count(), self.runtime.backend)
         self.runtime.check()
         self.rollout.check(self.psrl.deployment.n_rollout_instances)
         self.algorithm.check()

@@ -136,12 +136,19 @@ def build(
 
 def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepTrainer:
     """The in-process trainer at world size 1 (the default: no process group, nothing to start), else the
-    sharded trainer over ``train_nnodes x train_ngpus_per_node`` ranks (started by :func:`build`)."""
+    sharded trainer over ``train_nnodes x train_ngpus_per_node`` ranks (started by :func:`build`): processes of
+    this machine, or Ray actors with ``runtime.backend=ray``."""
     world = cfg.psrl.deployment.train_world_size
     if world == 1:
         return Trainer(policy, cfg.algorithm, cfg.trainer)
     work = recorder.run_dir if recorder is not None else None
-    return ShardedTrainer(policy, cfg.algorithm, cfg.trainer, world, work, cfg.model.dtype, cfg.psrl.staleness + 2)
+    keep = cfg.psrl.staleness + 2
+    if cfg.runtime.backend == "ray":  # rank actors in a placement group (runtime/ray_ranks.py)
+        from psrl.runtime.ray_ranks import ray_launcher
+
+        launch = ray_launcher(cfg.runtime.ray_address)
+        return ShardedTrainer(policy, cfg.algorithm, cfg.trainer, world, work, cfg.model.dtype, keep, launch)
+    return ShardedTrainer(policy, cfg.algorithm, cfg.trainer, world, work, cfg.model.dtype, keep)
 
 
 def _build(

@@ -4,7 +4,11 @@ The coordinator does not change. A rollout instance drives a :class:`psrl.types.
 :class:`RayEngine` is one, forwarding each *request* (never each token) to an
 :class:`EngineWorker` actor that runs the KV-cached ``hf`` engine in its own event loop
 (slime's habit: a plain class, wrapped with ``ray.remote`` where the actor is created).
-Weights cross as CPU tensors through Ray's object store, once per version per actor; the worker
+Weights cross as CPU tensors through Ray's object store, once per version per actor -- except with a sharded
+trainer (world size > 1), whose ranks publish each version as ``RUN_DIR/weights/v{N}``: the actors read that
+directory themselves (checksums verified), so the driver sends a path, not the state. That is a local path, so
+the actors must see the run directory: one node, or a path shared by every node (across nodes without one, the
+engines still get the state through the object store once the directory is not found). The worker
 process calls ``torch.set_num_threads`` itself. Actors are placed by resources
 (``num_cpus`` per actor, 0 on a laptop so both instances fit beside the trainer).
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from psrl.types import EngineLoad, GenRequest, WeightSource
@@ -81,6 +86,18 @@ class EngineWorker:
         await self.engine.update_weights(int(version), store)
         return self.engine.version
 
+    async def update_weights_from(self, directory: str, version: int) -> int:
+        """Load the published ``directory`` (``weights/v{version}``); -1 when it is not there (pruned, or not on
+        this node's file system): the driver then sends the state itself."""
+        from psrl.train.publish import read_version
+
+        if not Path(directory).is_dir():
+            return -1
+        got, state = read_version(directory)
+        if got != int(version):
+            raise ValueError(f"{directory} holds version {got}, not {version}")
+        return await self.update_weights(state, got)
+
     def load(self) -> tuple:
         ld = self.engine.load()
         return ld.running, ld.queued, ld.tokens_per_s
@@ -89,8 +106,10 @@ class EngineWorker:
 class RayEngine:
     """Client side of an :class:`EngineWorker` actor: a :class:`psrl.types.Engine`, one Ray call per request."""
 
-    def __init__(self, actor: Any, version: int = -1):
+    def __init__(self, actor: Any, version: int = -1, weights_dir: str | Path | None = None):
         self.actor = actor
+        self.weights_dir = Path(weights_dir) if weights_dir is not None else None
+        """Where a sharded trainer publishes ``v{N}`` (None: the weights come from the store)."""
         self.version = int(version)
         self.steps = 0
         self.tokens = 0
@@ -139,6 +158,11 @@ class RayEngine:
     async def update_weights(self, version: int, store: WeightSource) -> None:
         import ray
 
+        if self.weights_dir is not None:
+            got = await self.actor.update_weights_from.remote(str(self.weights_dir / f"v{int(version)}"), int(version))
+            if got >= 0:
+                self.version = int(got)
+                return
         version, state = store.get(version)
         self.version = int(await self.actor.update_weights.remote(ray.put(state), int(version)))
 
@@ -167,7 +191,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 def build_ray_engines(
     cfg: Any, n: int, seed: int, policy: Any = None, task: Any = None, run_dir: Any = None
 ) -> list[RayEngine]:
-    """``n`` engine actors (sampling seeds ``seed + 1 + i``); the instances load the first version at start."""
+    """``n`` engine actors (sampling seeds ``seed + 1 + i``); the instances load the first version at start. With a
+    sharded trainer (``train_nnodes x train_ngpus_per_node > 1``) and a run directory they read the versions its
+    ranks publish under ``run_dir/weights``."""
     import ray
     from psrl.config import config_to_dict
 
@@ -179,4 +205,6 @@ def build_ray_engines(
     ensure_ray(cfg.runtime.ray_address)
     remote_cls = ray.remote(num_cpus=0)(EngineWorker)
     data = config_to_dict(cfg)
-    return [RayEngine(remote_cls.remote(data, seed + 1 + i)) for i in range(n)]
+    sharded = cfg.psrl.deployment.train_world_size > 1 and run_dir is not None
+    weights_dir = Path(run_dir) / "weights" if sharded else None
+    return [RayEngine(remote_cls.remote(data, seed + 1 + i), weights_dir=weights_dir) for i in range(n)]

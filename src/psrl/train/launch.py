@@ -23,18 +23,30 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from psrl.train.worker import RankWorker, WorkerSpec
 
-__all__ = ["RankFailure", "LocalRanks", "InProcess", "free_port", "serve"]
+__all__ = [
+    "RankFailure",
+    "Ranks",
+    "Launcher",
+    "LocalRanks",
+    "InProcess",
+    "free_port",
+    "serve",
+    "join_group",
+    "leave_group",
+    "redirect_output",
+]
 
 LOG_TAIL = 20
 """Lines of a failed rank's log quoted in the error."""
@@ -46,6 +58,25 @@ class RankFailure(RuntimeError):
     def __init__(self, rank: int, what: str, tail: str = ""):
         self.rank = rank
         super().__init__(f"trainer rank {rank} {what}" + (f"; its log ends:\n{tail}" if tail else ""))
+
+
+class Ranks(Protocol):
+    """The driver's handle on the trainer ranks, whoever started them (:class:`LocalRanks`, the Ray launcher
+    :class:`psrl.runtime.ray_ranks.RayRanks`, :class:`InProcess`): every rank gets the same command, the replies come
+    back in rank order; a failure is a :class:`RankFailure` after which no rank is left running."""
+
+    world_size: int
+
+    def call(self, cmd: str, arg: Any = None) -> list[Any]: ...
+
+    async def acall(self, cmd: str, arg: Any = None) -> list[Any]: ...
+
+    def close(self) -> None: ...
+
+
+Launcher = Callable[[WorkerSpec, int, float, Path], Ranks]
+"""How :class:`~psrl.train.sharded.ShardedTrainer` starts its ranks: ``(spec, world_size, reply_timeout_s,
+log_dir) -> Ranks``; :class:`LocalRanks` by default."""
 
 
 def free_port() -> int:
@@ -205,24 +236,10 @@ def serve(conn: Connection, spec: WorkerSpec, rank: int, world_size: int, port: 
     """The rank process: join the group, then answer ``(command, arg)`` messages with ``("ok", result)`` or
     ``("error", traceback)`` until ``("close", None)`` or the driver goes away (pipe closed, or this process
     re-parented: the driver was killed). ``log``: a file that takes this rank's stdout and stderr."""
-    if log is not None:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
+    redirect_output(log)
     parent = os.getppid()
     threading.Thread(target=_orphan_watch, args=(parent,), daemon=True).start()
-    torch.set_num_threads(1)
-    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
-    if world_size > 1:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=spec.collective_timeout_s),
-        )
+    join_group(spec, rank, world_size, f"tcp://127.0.0.1:{port}", cuda_index=rank)
     try:
         try:
             worker = RankWorker(spec, rank, world_size)
@@ -232,10 +249,41 @@ def serve(conn: Connection, spec: WorkerSpec, rank: int, world_size: int, port: 
             return
         _loop(conn, worker)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        leave_group()
+
+
+def redirect_output(log: str | None) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to the file ``log`` (appended)."""
+    if log is not None:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+
+
+def join_group(spec: WorkerSpec, rank: int, world_size: int, init_method: str, cuda_index: int) -> None:
+    """What every rank process does before building its :class:`~psrl.train.worker.RankWorker`, whichever launcher
+    started it: one thread for torch, then (world size > 1) the process group -- NCCL on CUDA (``cuda_index``: this
+    rank's GPU as the process sees it), gloo on CPU -- with ``spec.collective_timeout_s`` on every collective."""
+    torch.set_num_threads(1)
+    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
+    if world_size > 1:
+        if backend == "nccl":
+            torch.cuda.set_device(cuda_index)
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=spec.collective_timeout_s),
+        )
+
+
+def leave_group() -> None:
+    """The end of a rank process: the process group destroyed, its output flushed."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _loop(conn: Connection, worker: RankWorker) -> None:

@@ -40,7 +40,7 @@ from psrl.config import AlgorithmConfig, TrainerConfig
 from psrl.errors import ConfigError
 from psrl.models import Policy
 from psrl.models.builder import write_start_state
-from psrl.train.launch import LocalRanks, RankFailure
+from psrl.train.launch import Launcher, LocalRanks, RankFailure, Ranks
 from psrl.train.planner import plan
 from psrl.train.publish import read_version
 from psrl.train.shard import master_dtype
@@ -73,6 +73,8 @@ class ShardedTrainer:
             (the run directory; a temporary directory when None).
         dtype: ``model.dtype`` of the ranks' models.
         keep: versions kept under ``weights/`` (``psrl.staleness + 2``, as the in-memory store keeps).
+        launcher: starts the ranks: :class:`~psrl.train.launch.LocalRanks` (processes on this machine) or, with
+            ``runtime.backend=ray``, :class:`psrl.runtime.ray_ranks.RayRanks` (actors in a placement group).
     """
 
     def __init__(
@@ -84,11 +86,12 @@ class ShardedTrainer:
         work_dir: str | Path | None = None,
         dtype: str = "float32",
         keep: int = 2,
+        launcher: Launcher = LocalRanks,
     ):
         if world_size < 2:
             raise ValueError(f"ShardedTrainer needs world_size >= 2 (1 is psrl.train.Trainer), got {world_size}")
         device = str(policy.device)
-        if device.startswith("cuda") and torch.cuda.device_count() < world_size:
+        if launcher is LocalRanks and device.startswith("cuda") and torch.cuda.device_count() < world_size:
             raise ConfigError(
                 "psrl.deployment.train_ngpus_per_node",
                 f"is {world_size}, but this machine has {torch.cuda.device_count()} GPUs for model.device=cuda",
@@ -101,7 +104,8 @@ class ShardedTrainer:
         self.weights_dir = self.work_dir / "weights"
         self.rng = random.Random(trainer_cfg.seed)
         torch.manual_seed(trainer_cfg.seed)
-        self.ranks: LocalRanks | None = None
+        self.launcher = launcher
+        self.ranks: Ranks | None = None
         self.last_skip: str | None = None
         self.skipped_steps = 0
         self.skipped_in_a_row = 0
@@ -113,10 +117,10 @@ class ShardedTrainer:
 
     # ------------------------------------------------------------------ ranks
 
-    def start(self) -> LocalRanks:
+    def start(self) -> Ranks:
         """Start the ranks from the driver's policy weights (once; again after :meth:`close` or a failed load)."""
         if self.ranks is None:
-            self.ranks = LocalRanks(self._spec(), self.world_size, self.cfg.rank_timeout_s, self.work_dir / "ranks")
+            self.ranks = self.launcher(self._spec(), self.world_size, self.cfg.rank_timeout_s, self.work_dir / "ranks")
         return self.ranks
 
     def _spec(self) -> WorkerSpec:

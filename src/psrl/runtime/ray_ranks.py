@@ -1,0 +1,273 @@
+"""Trainer ranks as Ray actors (issue #22, item 1, the Ray launcher): ``runtime.backend=ray`` with a world size
+(``psrl.deployment.train_nnodes x train_ngpus_per_node``) above 1.
+
+:class:`RayRanks` is :class:`~psrl.train.launch.LocalRanks`' sibling behind the same
+:class:`~psrl.train.launch.Ranks` interface, so :class:`~psrl.train.sharded.ShardedTrainer` is the same trainer
+under either launcher. It reserves one placement-group bundle per rank (:func:`rank_bundles`: one GPU each with
+``model.device=cuda``, one CPU each otherwise), starts one :class:`RankActor` per bundle, asks rank 0 for the
+rendezvous address (its node's address and a port free there) and gives it to every rank, which then joins the
+process group and builds its :class:`~psrl.train.worker.RankWorker` exactly as a local rank process does
+(:func:`~psrl.train.launch.join_group`). A command is one remote call per rank, awaited together in an asyncio
+loop (:meth:`RayRanks.acall`; :meth:`RayRanks.call` runs that loop in a helper thread, so it may be called from
+the coordinator's training thread or, while a run is built, from the driver's own loop thread).
+
+Faults are :class:`~psrl.train.launch.RankFailure` naming the rank, never a hang: every command is bounded by
+``reply_timeout_s`` (``trainer.rank_timeout_s``); a dead actor is reported as soon as Ray sees it, even when a
+peer's collective failed first (the peers of a dead rank are waited for a few seconds more to tell cause from
+effect); then every actor is killed and the placement group removed. Each rank's stdout and stderr go to
+``log_dir/rank{r}.log``; on one node the error quotes its tail (across nodes the file is on the rank's node).
+
+The Ray processes are Ray's: a rank is a worker of the raylet, not a child of psrl; a cluster ``psrl`` started
+itself (no ``runtime.ray_address``) ends with the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import tempfile
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, NoReturn
+
+from psrl.errors import ConfigError
+from psrl.runtime.ray_runtime import ensure_ray
+from psrl.train.launch import LOG_TAIL, Launcher, RankFailure, join_group, leave_group, redirect_output
+from psrl.train.worker import RankWorker, WorkerSpec
+
+__all__ = ["RayRanks", "RankActor", "rank_bundles", "ray_launcher"]
+
+GRACE_S = 10.0
+"""After one rank fails, how long the others are still waited for, so that a rank that died is named rather than
+the peer whose collective failed because of it."""
+
+
+def rank_bundles(world_size: int, device: str) -> list[dict[str, float]]:
+    """The placement group of ``world_size`` ranks: one bundle per rank, one GPU (and one CPU) each on CUDA, one
+    CPU each otherwise (a CPU rank runs one torch thread)."""
+    if world_size < 1:
+        raise ValueError(f"rank_bundles: world_size must be >= 1, got {world_size}")
+    one = {"CPU": 1.0, "GPU": 1.0} if device.startswith("cuda") else {"CPU": 1.0}
+    return [dict(one) for _ in range(world_size)]
+
+
+class RankActor:
+    """One trainer rank in a Ray actor process (a plain class, wrapped with ``ray.remote`` where it is created)."""
+
+    def __init__(self, spec: WorkerSpec, rank: int, world_size: int, log: str | None):
+        redirect_output(log)
+        self.spec, self.rank, self.world_size = spec, rank, world_size
+        self.worker: RankWorker | None = None
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's choice of the process group's address: this node's address and a port free on it."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return host, int(s.getsockname()[1])
+
+    def start(self, host: str, port: int) -> str:
+        """Join the process group at ``host:port`` (Ray gives each GPU actor its one GPU as ``cuda:0``), then
+        build the rank's model and optimizer."""
+        join_group(self.spec, self.rank, self.world_size, f"tcp://{host}:{port}", cuda_index=0)
+        self.worker = RankWorker(self.spec, self.rank, self.world_size)
+        return "ready"
+
+    def handle(self, cmd: str, arg: Any = None) -> Any:
+        """One command of :data:`~psrl.train.worker.COMMANDS`; an error is printed to the rank's log and raised
+        (the driver gets it with the traceback)."""
+        if self.worker is None:
+            raise RuntimeError(f"trainer rank {self.rank}: a command before start()")
+        try:
+            return self.worker.handle(cmd, arg)
+        except Exception:
+            print(traceback.format_exc(), flush=True)
+            raise
+
+    def close(self) -> None:
+        leave_group()
+
+
+class RayRanks:
+    """``world_size`` trainer ranks as Ray actors in one placement group (see the module docstring).
+
+    Args:
+        spec: what every rank builds itself from.
+        world_size: ranks, at least 2.
+        reply_timeout_s: bound on the placement, on the start and on every command's replies.
+        log_dir: where ``rank{r}.log`` go (a temporary directory when None).
+        address: ``runtime.ray_address`` (None: the Ray cluster this process runs, or a local one started here).
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        world_size: int,
+        reply_timeout_s: float = 300.0,
+        log_dir: str | Path | None = None,
+        address: str | None = None,
+    ):
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        import ray
+
+        if world_size < 2:
+            raise ValueError(f"RayRanks needs world_size >= 2 (1 runs InProcess), got {world_size}")
+        self.world_size = world_size
+        self.reply_timeout_s = reply_timeout_s
+        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="psrl-ranks-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        ensure_ray(address)
+        bundles = rank_bundles(world_size, spec.device)
+        self.pg: Any = placement_group(bundles, strategy="PACK")
+        self.actors: list[Any] = []
+        if not ray.wait([self.pg.ready()], timeout=reply_timeout_s)[0]:
+            have = ray.cluster_resources()
+            self.kill()
+            raise ConfigError(
+                "psrl.deployment.train_ngpus_per_node",
+                f"asks for {world_size} ranks of {bundles[0]}, which the Ray cluster (CPU {have.get('CPU', 0):g}, "
+                f"GPU {have.get('GPU', 0):g}) could not place within {reply_timeout_s:g} s",
+                "set fewer ranks (train_nnodes x train_ngpus_per_node), or add nodes to the cluster",
+            )
+        gpus = bundles[0].get("GPU", 0.0)
+        remote = ray.remote(RankActor)
+        for rank in range(world_size):
+            where = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=rank)
+            opts = dict(num_cpus=1, num_gpus=gpus, scheduling_strategy=where, max_restarts=0)
+            log = str(self.log_path(rank))
+            self.actors.append(remote.options(**opts).remote(spec, rank, world_size, log))
+        host, port = self._run(lambda: [self.actors[0].rendezvous.remote()])[0]
+        self._run(lambda: [a.start.remote(host, port) for a in self.actors])
+
+    def log_path(self, rank: int) -> Path:
+        """Where rank ``rank``'s stdout and stderr go (on its node)."""
+        return self.log_dir / f"rank{rank}.log"
+
+    @property
+    def pids(self) -> list[int]:
+        """The ranks' process ids (on their nodes)."""
+        return [int(p) for p in self._run(lambda: [a.pid.remote() for a in self.actors])]
+
+    def call(self, cmd: str, arg: Any = None) -> list[Any]:
+        """Every rank's result of ``(cmd, arg)``, in rank order (blocking: :meth:`acall` in a helper thread)."""
+        with ThreadPoolExecutor(1, thread_name_prefix="psrl-ray-ranks") as pool:
+            return pool.submit(asyncio.run, self.acall(cmd, arg)).result()
+
+    async def acall(self, cmd: str, arg: Any = None) -> list[Any]:
+        """Every rank's result of ``(cmd, arg)``: one remote call per rank, awaited together."""
+        import ray
+
+        shared = ray.put(arg)  # one copy of the batch in the object store, not one per rank
+        return await self._gather([a.handle.remote(cmd, shared) for a in self.actors])
+
+    def _run(self, refs: Any) -> list[Any]:
+        """:meth:`_gather` of the remote calls ``refs()`` makes, from synchronous code."""
+
+        async def go() -> list[Any]:
+            return await self._gather(refs())
+
+        with ThreadPoolExecutor(1, thread_name_prefix="psrl-ray-ranks") as pool:
+            return pool.submit(asyncio.run, go()).result()
+
+    async def _gather(self, refs: list[Any]) -> list[Any]:
+        """Every reply within one ``reply_timeout_s`` deadline, waking on each reply or failure."""
+        waits = {asyncio.ensure_future(_outcome(ref)): r for r, ref in enumerate(refs)}
+        got: dict[int, tuple[str, Any]] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.reply_timeout_s
+        pending = set(waits)
+        while pending:
+            done, pending = await asyncio.wait(
+                pending, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                silent = sorted(waits[t] for t in pending)
+                names = ", ".join(str(r) for r in silent)
+                self._fail(silent[0], f"did not answer within {self.reply_timeout_s:g} s (silent ranks: {names})")
+            got.update({waits[t]: t.result() for t in done})
+            if any(status != "ok" for status, _ in got.values()):
+                if pending:  # a peer of a dead rank fails its collective first: wait a little for the cause
+                    done, pending = await asyncio.wait(pending, timeout=min(GRACE_S, deadline - loop.time()))
+                    got.update({waits[t]: t.result() for t in done})
+                for t in pending:
+                    t.cancel()
+                self._fail_from(got)
+        return [got[r][1] for r in range(len(refs))]
+
+    def _fail_from(self, got: dict[int, tuple[str, Any]]) -> NoReturn:
+        """Raise for the first dead rank, else for the first that failed."""
+        for want in ("died", "failed"):
+            for rank in sorted(got):
+                status, what = got[rank]
+                if status == want:
+                    if want == "died":
+                        self._fail(rank, f"died ({what})")
+                    self._fail(rank, "failed", what)
+        raise AssertionError(f"_fail_from: no failed rank in {sorted(got)}")
+
+    def _fail(self, rank: int, what: str, tail: str | None = None) -> NoReturn:
+        self.kill()
+        raise RankFailure(rank, what, tail if tail is not None else self._tail(rank))
+
+    def _tail(self, rank: int) -> str:
+        try:
+            lines = self.log_path(rank).read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-LOG_TAIL:])
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Ask every rank to leave the group, then end the actors and free the placement group."""
+        import ray
+
+        if self.actors:
+            ray.wait([a.close.remote() for a in self.actors], num_returns=len(self.actors), timeout=timeout_s)
+        self.kill()
+
+    def kill(self) -> None:
+        """End every actor (a rank blocked in a collective cannot be asked) and remove the placement group."""
+        from ray.util.placement_group import remove_placement_group
+
+        import ray
+
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.actors = []
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+    def __enter__(self) -> RayRanks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _outcome(ref: Any) -> tuple[str, Any]:
+    """``("ok", value)``, ``("died", why)`` (the actor is gone) or ``("failed", traceback)`` of one remote call."""
+    import ray
+
+    try:
+        return "ok", await ref
+    except ray.exceptions.RayActorError as e:
+        return "died", type(e).__name__
+    except ray.exceptions.RayTaskError as e:
+        return "failed", str(e).strip()
+
+
+def ray_launcher(address: str | None) -> Launcher:
+    """The :data:`~psrl.train.launch.Launcher` of ``runtime.backend=ray``: :class:`RayRanks` on the cluster at
+    ``address`` (``runtime.ray_address``; None: a local one)."""
+    return functools.partial(RayRanks, address=address)
