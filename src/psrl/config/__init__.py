@@ -12,9 +12,9 @@ the rest and :class:`Config`), ``compat`` (keys PSRL has that psrl rejects, and 
 """
 
 from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE, PSRL_DEFAULT_DIFFERS, PSRL_OWN
+from psrl.config.deployment import DeploymentConfig
 from psrl.config.load import PRESET, apply_overrides, config_from_dict, config_to_dict, leaf_keys, load_config
 from psrl.config.psrl import (
-    DeploymentConfig,
     GroupPostProcessConfig,
     MigConfig,
     PartialRolloutConfig,
