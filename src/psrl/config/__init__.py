@@ -11,6 +11,7 @@ the rest and :class:`Config`), ``compat`` (keys PSRL has that psrl rejects, and 
 ``reference``. Code outside this package imports only the names below (``tests/test_layers.py`` checks it).
 """
 
+from psrl.config.adaptive import AdaptiveStalenessConfig
 from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE, PSRL_DEFAULT_DIFFERS, PSRL_OWN
 from psrl.config.deployment import DeploymentConfig
 from psrl.config.load import PRESET, apply_overrides, config_from_dict, config_to_dict, leaf_keys, load_config
@@ -72,6 +73,7 @@ __all__ = [
     "PSRL_DEFAULT_DIFFERS",
     # the sections
     "PsrlConfig",
+    "AdaptiveStalenessConfig",
     "PartialRolloutConfig",
     "RedundantRolloutConfig",
     "RoutingConfig",
