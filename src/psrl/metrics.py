@@ -75,6 +75,13 @@ METRICS: tuple[Metric, ...] = (
     _m("staleness/mean", "versions", "Mean consumed_version - V_traj over the batch (the measured lag).", _C),
     _m("staleness/max", "versions", "Max consumed_version - V_traj over the batch; never above psrl.staleness.", _C),
     _m(
+        "staleness/bound",
+        "versions",
+        "The bound new reservations use after this step: psrl.staleness, or where psrl.adaptive_staleness moved it "
+        "(within psrl.staleness; docs/staleness.md).",
+        _C,
+    ),
+    _m(
         "staleness/*",
         "count",
         "The staleness manager's own counters (psrl.staleness.Stats), run so far. They count "

@@ -187,21 +187,21 @@ def test_migration_moves_an_interrupted_request_to_another_instance():
 # ---------------------------------------------------------------------------- sync strategies
 
 
-def request_num_sync(threshold, staleness, versions, **kw):
-    return StatusBasedSync("request_num", threshold, staleness, versions, **kw)
+def request_num_sync(threshold, versions, **kw):
+    return StatusBasedSync("request_num", threshold, versions, **kw)
 
 
 @pytest.mark.parametrize("running, threshold, pulls", [(2, 2, False), (1, 2, True), (3, 4, True), (4, 4, False)])
 def test_request_num_sync_pulls_only_below_the_threshold(running, threshold, pulls):
     """request_num: an instance with ``in_flight >= threshold`` keeps its weights (boundary: equal keeps)."""
-    sync = request_num_sync(threshold, staleness=3, versions=SimpleNamespace(train_version=1))
+    sync = request_num_sync(threshold, versions=SimpleNamespace(train_version=1, staleness=3))
     assert sync.should_pull(SimpleNamespace(in_flight=running, queued=0, version=0), latest=1) is pulls
 
 
 def test_request_num_sync_forces_a_pull_when_the_instance_is_too_stale():
     """request_num still pulls a busy instance whose version + staleness < train_version (it could only idle)."""
-    manager = SimpleNamespace(train_version=2)
-    sync = request_num_sync(1, staleness=1, versions=manager)
+    manager = SimpleNamespace(train_version=2, staleness=1)
+    sync = request_num_sync(1, versions=manager)
     assert sync.should_pull(SimpleNamespace(in_flight=5, queued=0, version=0), latest=2)
     assert not sync.should_pull(SimpleNamespace(in_flight=5, queued=0, version=1), latest=2)
 
@@ -214,7 +214,7 @@ def test_request_num_instance_waits_for_running_requests_to_drop():
         inst = instance(
             FakeEngine(token_cost=0.1),
             store,
-            sync=request_num_sync(2, 5, SimpleNamespace(train_version=1)),
+            sync=request_num_sync(2, SimpleNamespace(train_version=1, staleness=5)),
             partial_rollout=True,
         )
         inst.start()

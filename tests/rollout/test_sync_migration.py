@@ -37,14 +37,18 @@ def stub(in_flight=0, tps=0.0, kv=None, version=0, queued=0):
     return SimpleNamespace(in_flight=in_flight, queued=queued, version=version, load=lambda: ld)
 
 
-TRAIN_AT_1 = SimpleNamespace(train_version=1)
+def train_at(version, staleness):
+    return SimpleNamespace(train_version=version, staleness=staleness)
+
+
+TRAIN_AT_1 = train_at(1, 3)
 
 
 # ---------------------------------------------------------------------------- sync strategies
 
 
 def test_greedy_pulls_as_soon_as_a_version_exists():
-    assert GreedySync(2, TRAIN_AT_1).should_pull(stub(in_flight=9), latest=1)
+    assert GreedySync(TRAIN_AT_1).should_pull(stub(in_flight=9), latest=1)
 
 
 @pytest.mark.parametrize(
@@ -57,22 +61,32 @@ def test_greedy_pulls_as_soon_as_a_version_exists():
 )
 def test_status_based_pulls_only_below_its_threshold(indicator, threshold, below, at):
     """Each indicator reads its own figure of the instance; equal to the threshold keeps the weights."""
-    sync = StatusBasedSync(indicator, threshold, staleness=3, versions=TRAIN_AT_1)
+    sync = StatusBasedSync(indicator, threshold, versions=TRAIN_AT_1)
     assert sync.should_pull(below, latest=1) and not sync.should_pull(at, latest=1)
 
 
 @pytest.mark.parametrize("indicator", ["request_num", "throughput", "kv_cache"])
 def test_status_based_never_holds_back_an_instance_too_old_to_reserve_at(indicator):
     """version + staleness < train_version: the instance could only idle, so it pulls whatever its status."""
-    sync = StatusBasedSync(indicator, 0.0, staleness=1, versions=SimpleNamespace(train_version=2))
+    sync = StatusBasedSync(indicator, 0.0, versions=train_at(2, 1))
     busy = dict(in_flight=9, tps=1e6, kv=1.0, queued=3)
     assert sync.should_pull(stub(version=0, **busy), latest=2)
     assert not sync.should_pull(stub(version=1, **busy), latest=2)
 
 
+def test_an_instance_is_too_old_by_the_bound_in_force_not_the_bound_at_build():
+    """The adaptive controller lowers the manager's bound: the stale-version escape follows it at once."""
+    versions = train_at(3, 2)
+    sync = StatusBasedSync("request_num", 0.0, versions=versions)
+    old = stub(version=1, in_flight=9, queued=3)
+    assert not sync.should_pull(old, latest=3)  # 1 + 2 >= 3: it may still reserve, and it is busy
+    versions.staleness = 1
+    assert sync.should_pull(old, latest=3)  # 1 + 1 < 3: it could only idle now
+
+
 def test_check_req_before_sync_waits_for_the_queue():
-    on = GreedySync(3, TRAIN_AT_1, check_req_before_sync=True)
-    off = GreedySync(3, TRAIN_AT_1, check_req_before_sync=False)
+    on = GreedySync(TRAIN_AT_1, check_req_before_sync=True)
+    off = GreedySync(TRAIN_AT_1, check_req_before_sync=False)
     assert not on.should_pull(stub(queued=1), latest=1) and on.should_pull(stub(queued=0), latest=1)
     assert off.should_pull(stub(queued=1), latest=1)
 
@@ -80,7 +94,7 @@ def test_check_req_before_sync_waits_for_the_queue():
 @pytest.mark.parametrize("latest, pulls", [(2, False), (3, True)])
 def test_seamless_train_version_holds_pulls_up_to_it(latest, pulls):
     """Versions <= seamless_train_version are not pulled (boundary: equal holds), while the instance is usable."""
-    sync = GreedySync(5, TRAIN_AT_1, seamless_train_version=2)
+    sync = GreedySync(TRAIN_AT_1, seamless_train_version=2)
     assert sync.should_pull(stub(), latest=latest) is pulls
 
 
@@ -93,7 +107,7 @@ def test_build_sync_reads_the_config_section():
     )
     cfg = SimpleNamespace(psrl=SimpleNamespace(sync_and_mig_strategy=sm, staleness=2))
     s = build_sync(cfg, TRAIN_AT_1)
-    assert (s.indicator, s.threshold, s.check_req, s.seamless, s.staleness) == ("throughput", 7.0, False, 1, 2)
+    assert (s.indicator, s.threshold, s.check_req, s.seamless, s.versions) == ("throughput", 7.0, False, 1, TRAIN_AT_1)
     sm.method = "greedy"
     assert isinstance(build_sync(cfg, TRAIN_AT_1), GreedySync)
 
@@ -127,7 +141,7 @@ def test_throughput_sync_on_a_real_instance_waits_for_its_rate_to_drop():
             0,
             NoCacheEngine(FakeEngine(token_cost=0.025)),
             store,
-            StatusBasedSync("throughput", 5.0, 5, TRAIN_AT_1),
+            StatusBasedSync("throughput", 5.0, TRAIN_AT_1),
             partial_rollout=True,
         )
         inst.start()

@@ -102,3 +102,29 @@ def test_positive_staleness_generates_while_training_and_is_faster(tmp_path):
         overlap = _overlaps(times, coord.trainer.intervals)
         assert (overlap > 0) is (eta > 0)
     assert seconds[2] < 0.75 * seconds[0]
+
+
+def test_the_adaptive_controller_raises_the_bound_while_the_trainer_waits_and_the_bound_holds(tmp_path):
+    """psrl.adaptive_staleness on fakes (the trainer idles, no divergence measured): the bound starts at min and
+    rises one per window to the ceiling; every step trains data reserved under a bound already in force."""
+    cfg = config(
+        psrl__staleness=3,
+        psrl__adaptive_staleness__enable=True,
+        psrl__adaptive_staleness__min=0,
+        psrl__adaptive_staleness__every=2,
+        psrl__adaptive_staleness__idle_frac=0.05,
+    )
+    coord, rows, trajs, metrics = run_to_dir(tmp_path, cfg, 12)
+    bounds = [m["staleness/bound"] for m in metrics]
+    assert bounds[0] == 0 and bounds[-1] == 3
+    assert all(b - a in (0, 1) for a, b in zip(bounds, bounds[1:]))
+    assert [i + 1 for i in range(len(bounds) - 1) if bounds[i + 1] != bounds[i]] == [2, 4, 6]  # one move per window
+    for i, m in enumerate(metrics):  # step i+1 trains data reserved before it ended: under a bound of rows < i
+        assert m["staleness/max"] <= max([0] + bounds[:i])
+    assert check_bound(trajs, 3) == 12 * 2 * 2
+    assert coord.state_dict()["adaptive"]["bound"] == 3 == coord.manager.staleness
+
+
+def test_without_the_controller_the_bound_is_psrl_staleness_in_every_row(tmp_path):
+    coord, rows, trajs, metrics = run_to_dir(tmp_path, config(psrl__staleness=2), 4)
+    assert [m["staleness/bound"] for m in metrics] == [2] * 4 and "adaptive" not in coord.state_dict()

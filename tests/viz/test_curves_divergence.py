@@ -36,6 +36,7 @@ def test_curves_of_a_short_run_name_the_divergence_metrics(tmp_path):
     try:
         texts = _texts(fig)
         assert {"divergence/ess", "divergence/m2", "divergence/kl", "divergence/ess@s<k>, mean over steps"} <= texts
+        assert "staleness/bound" in texts  # the bound in force (psrl.staleness, or the adaptive controller's)
         by_level = next(ax for ax in fig.axes if ax.get_title() == "ESS per staleness level")
         assert by_level.get_xlabel().startswith("staleness") and by_level.lines
         assert sorted({x for line in by_level.lines for x in line.get_xdata()}) == sorted(levels)

@@ -62,9 +62,17 @@ PSRL_DEFAULT_DIFFERS = {
     ),
 }
 """Schema defaults that are not PSRL's, and why (every other ``psrl.*`` default is PSRL's)."""
+_ADAPTIVE = "psrl's controller of the staleness bound (docs/staleness.md); PSRL's bound is fixed"
 PSRL_OWN = {
     "psrl.proactive_filter_strategy.scope": "PSRL's filter has no choice of scope; head (act only on "
     "the buffer the trainer waits for) is psrl's, and window, the default, is what the filter did before",
     "psrl.proactive_filter_strategy.grace": "read by scope head only",
+    "psrl.adaptive_staleness.enable": _ADAPTIVE,
+    "psrl.adaptive_staleness.min": _ADAPTIVE,
+    "psrl.adaptive_staleness.every": _ADAPTIVE,
+    "psrl.adaptive_staleness.idle_frac": _ADAPTIVE,
+    "psrl.adaptive_staleness.ess_min": _ADAPTIVE,
+    "psrl.adaptive_staleness.m2_max": _ADAPTIVE,
+    "psrl.adaptive_staleness.kl_max": _ADAPTIVE,
 }
 """``psrl.*`` keys that are psrl's own, not PSRL's: the fate table says so instead of "PSRL's meaning"."""

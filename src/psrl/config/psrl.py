@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from psrl.config.adaptive import AdaptiveStalenessConfig
 from psrl.config.deployment import CheckpointConfig, DeploymentConfig
 from psrl.config.fields import _f, _sub
 from psrl.config.rules import require
@@ -339,6 +340,9 @@ class PsrlConfig:
     proactive_filter_strategy: ProactiveFilterConfig = _sub(ProactiveFilterConfig, "Filter on RESERVED entries.")
     group_post_process: GroupPostProcessConfig = _sub(GroupPostProcessConfig, "Filter on OCCUPIED entries.")
     deployment: DeploymentConfig = _sub(DeploymentConfig, "Resource shape.")
+    adaptive_staleness: AdaptiveStalenessConfig = _sub(
+        AdaptiveStalenessConfig, "psrl's own: the bound of new reservations moved within psrl.staleness."
+    )
     checkpoint: CheckpointConfig = _sub(CheckpointConfig, "Checkpoint format.")
 
     def check(self, engine: str, filter_metric: str | None) -> None:
@@ -371,6 +375,7 @@ class PsrlConfig:
         self.sync_and_mig_strategy.check(engine, self.partial_rollout.enable)
         self.proactive_filter_strategy.check()
         self.group_post_process.check(filter_metric)
+        self.adaptive_staleness.check(self.staleness)
 
     # Derived values (B, B', N, N') -- computed, never written back.
     @property

@@ -38,6 +38,10 @@ class VersionProvider(Protocol):
     def train_version(self) -> int:
         """The version the next consumed batch trains (``T``)."""
 
+    @property
+    def staleness(self) -> int:
+        """The bound new reservations use (``psrl.staleness``, or the adaptive controller's within it)."""
+
 
 class TrainerWaiting(NamedTuple):
     """The trainer is idle, waiting for buffer ``buffer`` (``T``) since loop time ``since``."""

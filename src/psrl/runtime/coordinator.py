@@ -33,6 +33,7 @@ from psrl.errors import RunError
 from psrl.rollout.build import build_rollout
 from psrl.rollout.engines.base import TokenModel
 from psrl.rollout.types import RolloutStatus, TrainerWaiting
+from psrl.runtime.adaptive import StalenessController
 from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import Batch, Event, StalenessManager
 from psrl.tasks.base import Task
@@ -60,6 +61,7 @@ def build_staleness_manager(
         group_filter=build_group_filter(p, cfg.algorithm),
         on_event=on_event,
         train_version=train_version,
+        max_staleness=p.staleness,  # the ceiling; psrl.adaptive_staleness may run below it
     )
 
 
@@ -122,6 +124,11 @@ class Coordinator:
         self.store = ParameterStore(keep=cfg.psrl.staleness + 2)
         self.store.publish(int(policy.version), policy.export_state())
         self.manager = manager or build_staleness_manager(cfg, int(policy.version))
+        adaptive = cfg.psrl.adaptive_staleness
+        self.controller = (
+            StalenessController(adaptive, cfg.psrl.staleness, self.manager.set_staleness) if adaptive.enable else None
+        )
+        """``psrl.adaptive_staleness``: moves the bound of new reservations after the steps (None: off)."""
         self.idle = TrainerWait()
         """Which buffer the trainer waits on and since when (the proactive filter's head scope reads it)."""
         self.pool, self.agents = build_rollout(
@@ -141,7 +148,17 @@ class Coordinator:
     def state_dict(self) -> dict:
         """What a checkpoint needs besides the trainer's own state: the version, the staleness manager's
         snapshot and the agent manager's state (a consistent cut only between steps: ``not in_step``)."""
-        return {"version": self.version, "staleness": self.manager.snapshot(), "agents": self.agents.state_dict()}
+        state = {"version": self.version, "staleness": self.manager.snapshot(), "agents": self.agents.state_dict()}
+        if self.controller is not None:
+            state["adaptive"] = self.controller.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue a checkpoint's agent manager and adaptive controller (the staleness manager is restored by
+        :func:`psrl.runtime.checkpoint.resume` and given to the constructor)."""
+        self.agents.load_state_dict(state["agents"])
+        if self.controller is not None and "adaptive" in state:
+            self.controller.load_state_dict(state["adaptive"])
 
     def status(self) -> RolloutStatus:
         """What the rollout side is doing now: its instances and the trajectories in flight (the stall report)."""
@@ -238,6 +255,13 @@ class Coordinator:
             self.store.publish(version, policy.export_state())
         self.pool.notify_published()
         row = self._row(batch, metrics, loop.time() - started)
+        if self.controller is not None:
+            move = self.controller.observe(row)
+            if move is not None:
+                self.log(
+                    f"staleness bound {move.old} -> {move.new} for new reservations after step {move.step}: "
+                    f"{move.reason} (psrl.adaptive_staleness)"
+                )
         self.rows.append(row)
         if self.sink is not None:
             self.sink.metric(row)
@@ -286,6 +310,7 @@ class Coordinator:
             "time/step_s": round(now - self._last, 6),
             "time/train_s": round(train_s, 6),
             **batch_metrics(int(batch.version), trajs),
+            "staleness/bound": self.manager.staleness,
             "buffers": {str(b): str(s) for b, s in self.manager.buffer_states().items()},
             "instance_versions": self.pool.versions(),
             "throughput/trajectories_per_s": self.agents.counts.generated / elapsed,

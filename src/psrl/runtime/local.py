@@ -187,7 +187,7 @@ def _build(
         cfg, task, trainer, engines, sink=sink if sink is not None else recorder, manager=manager, log=log
     )
     if ck is not None:
-        coord.agents.load_state_dict(ck["agents"])
+        coord.load_state_dict(ck)
     return coord
 
 

@@ -114,7 +114,7 @@ def curves_figure(run_dir: Path):
     ax.set_title("staleness per step", fontsize=9)
     _legend(ax)
     ax = axes[1, 1]
-    for key in ("staleness/mean", "staleness/max"):
+    for key in ("staleness/mean", "staleness/max", "staleness/bound"):  # bound: psrl.staleness or the controller's
         pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
         if pts:
             ax.plot(*zip(*pts), label=key)

@@ -102,9 +102,7 @@ class AgentManager(ProactiveRemedies):
                 "psrl.redundant_rollout.redundant_rollout_n)"
             )
         pf = p.proactive_filter_strategy
-        self.proactive = ProactiveFilter(
-            self, pf.method, pf.threshold, p.staleness, scope=pf.scope, grace=pf.grace, trainer=trainer
-        )
+        self.proactive = ProactiveFilter(self, pf.method, pf.threshold, scope=pf.scope, grace=pf.grace, trainer=trainer)
         self.sink = sink
         self.rng = random.Random(cfg.trainer.seed)
         self.counts = Counts()

@@ -44,7 +44,6 @@ class ProactiveFilter:
         agents: the agent manager (its staleness manager, and ``retry`` / ``truncate`` of a group).
         method: ``retry`` | ``truncate`` | None (off): ``psrl.proactive_filter_strategy.method``.
         threshold: reserved entries a STUCK buffer may have left for the filter to act (``.threshold``).
-        staleness: eta (buffers ``T .. T + eta`` are watched with scope ``window``).
         scope: ``window`` | ``head`` (``.scope``).
         grace: head scope: seconds the trainer must have waited for buffer ``T`` first (``.grace``).
         trainer: the trainer loop's idle state (the coordinator's); head scope needs it.
@@ -55,7 +54,6 @@ class ProactiveFilter:
         agents: AgentManager,
         method: str | None,
         threshold: int,
-        staleness: int,
         *,
         scope: str = "window",
         grace: float = 0.0,
@@ -68,7 +66,6 @@ class ProactiveFilter:
         self.agents = agents
         self.method = method
         self.threshold = int(threshold)
-        self.eta = int(staleness)
         self.scope = scope
         self.grace = float(grace)
         self.trainer = trainer
@@ -88,8 +85,8 @@ class ProactiveFilter:
 
     def _buffers(self, T: int) -> range:
         """The buffers this check may act on: ``T .. T + eta`` (window), ``T`` or none (head)."""
-        if self.scope == "window":
-            return range(T, T + self.eta + 1)
+        if self.scope == "window":  # the bound in force (the adaptive controller may have moved it)
+            return range(T, T + self.agents.manager.staleness + 1)
         assert self.trainer is not None, "checked in __init__"
         waiting = self.trainer.waiting()
         if waiting is None or waiting.buffer != T:

@@ -52,19 +52,19 @@ class _Sync:
 
     def __init__(
         self,
-        staleness: int = 0,
         versions: VersionProvider | None = None,
         check_req_before_sync: bool = False,
         seamless_train_version: int = 0,
     ):
-        self.staleness = int(staleness)
         self.versions = versions
-        """Where the trainer is (``train_version``: the staleness manager); None: never too stale."""
+        """Where the trainer is (``train_version``, and ``staleness``, the bound in force: the staleness manager);
+        None: never too stale."""
         self.check_req = bool(check_req_before_sync)
         self.seamless = int(seamless_train_version)
 
     def too_stale(self, inst: RolloutInstance) -> bool:
-        return self.versions is not None and inst.version + self.staleness < self.versions.train_version
+        v = self.versions
+        return v is not None and inst.version + v.staleness < v.train_version
 
     def should_pull(self, inst: RolloutInstance, latest: int) -> bool:
         if self.too_stale(inst):
@@ -97,12 +97,11 @@ class StatusBasedSync(_Sync):
         self,
         indicator_name: str,
         threshold: float,
-        staleness: int = 0,
         versions: VersionProvider | None = None,
         check_req_before_sync: bool = False,
         seamless_train_version: int = 0,
     ):
-        super().__init__(staleness, versions, check_req_before_sync, seamless_train_version)
+        super().__init__(versions, check_req_before_sync, seamless_train_version)
         self.indicator = indicator_name
         self.threshold = float(threshold)
 
@@ -112,13 +111,13 @@ class StatusBasedSync(_Sync):
 
 def build_sync(cfg: Config, versions: VersionProvider) -> _Sync:
     """The sync strategy ``psrl.sync_and_mig_strategy`` names (``versions``: the staleness manager)."""
-    sm, staleness = cfg.psrl.sync_and_mig_strategy, cfg.psrl.staleness
+    sm = cfg.psrl.sync_and_mig_strategy
     check, seamless = sm.sync.check_req_before_sync, sm.sync.seamless_train_version
     if sm.method == "greedy":
-        return GreedySync(staleness, versions, check, seamless)
+        return GreedySync(versions, check, seamless)
     if sm.method == "status_based":
         threshold = _required(sm.sync.threshold, "sync.threshold", "method is status_based", "e.g. 2 for request_num")
-        return StatusBasedSync(sm.sync.indicator, threshold, staleness, versions, check, seamless)
+        return StatusBasedSync(sm.sync.indicator, threshold, versions, check, seamless)
     raise ConfigError(
         "psrl.sync_and_mig_strategy.method", f"unknown sync strategy {sm.method!r}", "use greedy or status_based"
     )
