@@ -14,6 +14,7 @@ RANK = {
     "types": 0,
     "errors": 0,
     "metrics": 0,
+    "heap": 0,
     "models": 2,
     "algo": 2,
     "tasks": 3,

@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     resumable run)."""
     ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     cfg, run_dir = prepare(ns.args)
+    from psrl.heap import return_freed_memory
+
+    return_freed_memory()  # a CPU trainer's heap otherwise grows with every step (psrl/heap.py)
     import torch
 
     torch.set_num_threads(1)

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from psrl.heap import return_freed_memory
 from psrl.train.worker import RankWorker, WorkerSpec
 
 __all__ = [
@@ -263,7 +264,9 @@ def redirect_output(log: str | None) -> None:
 def join_group(spec: WorkerSpec, rank: int, world_size: int, init_method: str, cuda_index: int) -> None:
     """What every rank process does before building its :class:`~psrl.train.worker.RankWorker`, whichever launcher
     started it: one thread for torch, then (world size > 1) the process group -- NCCL on CUDA (``cuda_index``: this
-    rank's GPU as the process sees it), gloo on CPU -- with ``spec.collective_timeout_s`` on every collective."""
+    rank's GPU as the process sees it), gloo on CPU -- with ``spec.collective_timeout_s`` on every collective; its
+    heap returns what it frees (:mod:`psrl.heap`)."""
+    return_freed_memory()
     torch.set_num_threads(1)
     backend = "nccl" if spec.device.startswith("cuda") else "gloo"
     if world_size > 1:
