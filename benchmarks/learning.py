@@ -55,6 +55,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning_report import draw, print_table, summarise, summarise_run, within_one_std  # noqa: E402
 from psrl.config import load_config  # noqa: E402
+from psrl.heap import return_freed_memory  # noqa: E402
 from psrl.runtime.local import build  # noqa: E402
 from psrl.runtime.recorder import RunRecorder  # noqa: E402
 from psrl.runtime.validate import validate  # noqa: E402
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--figure", type=Path, default=None, help="where to draw the figure (default: OUT/learning.png)")
     ap.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
     args = ap.parse_args(argv)
+    return_freed_memory()  # as psrl train does: SmolLM2's runs otherwise grow past 20 GB (psrl/heap.py)
     torch.set_num_threads(1)
     root = args.out or Path(tempfile.mkdtemp(prefix="learning-"))
     root.mkdir(parents=True, exist_ok=True)
