@@ -73,6 +73,19 @@ def test_train_on_vllm_keeps_the_bound_and_weights_in_sync(tmp_path, vllm_urls, 
     assert metrics[-1]["rollout/loads"] >= 2  # each instance pulled new weights (greedy sync) at least once
 
 
+def test_at_two_trainer_ranks_vllm_loads_the_versions_the_ranks_published(tmp_path, vllm_urls):
+    """World size 2: each server reloads ``RUN_DIR/weights/v{N}`` as the ranks wrote it (sharded safetensors and
+    their index), the store writes no copy of its own, and the tokens generated at the trainer's version match its
+    log-probs (the reloads took effect)."""
+    metrics, trajs = _train(tmp_path, vllm_urls, ["psrl.deployment.train_ngpus_per_node=2"], steps=3)
+    assert check_bound(trajs, 1) > 0
+    run_dir = tmp_path / "run"
+    assert sorted(p.name for p in (run_dir / "weights").glob("v*")) and metrics[-1]["rollout/loads"] >= 2
+    assert not [p for p in (run_dir / "vllm" / "weights").glob("v*") if p.name != "v0"]  # no store copies
+    measured = [m for m in metrics if m["engine/mismatch_tokens"] > 0]
+    assert measured and max(m["engine/logprob_mismatch_max"] for m in measured) < 1e-3
+
+
 def test_a_skipped_weight_update_makes_the_mismatch_jump(tmp_path, vllm_servers, monkeypatch):
     """Servers put back to the untrained model's weights, and engines that take psrl's version numbers but never
     load its (warm-started) weights: the mismatch jumps above 1e-2."""

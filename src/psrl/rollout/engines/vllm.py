@@ -54,6 +54,7 @@ from psrl.rollout.engines.vllm_http import (
     span_versions,
 )
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
+from psrl.train.publish import MANIFEST
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ class VLLMEngine:
         server: a :class:`VLLMServer` psrl starts and owns.
         weights_root: where the store writes the safetensors of each version (shared by all servers).
         config_dir: a model directory whose ``config.json`` goes beside each version's weights.
+        published_root: where a sharded trainer's ranks publish each version (``RUN_DIR/weights``, see
+            :mod:`psrl.train.publish`): a version found there, complete (its manifest written last), is loaded from
+            that directory and the store writes no copy; None (one trainer process): always the store's files.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class VLLMEngine:
         *,
         weights_root: Path,
         config_dir: Path | None = None,
+        published_root: Path | None = None,
         sampling: Sampling = Sampling(),
         request_timeout_s: float = 300.0,
         model_name: str = "psrl",
@@ -100,6 +105,7 @@ class VLLMEngine:
         self.url = url.rstrip("/") if url else None
         self.server = server
         self.weights_root = Path(weights_root)
+        self.published_root = Path(published_root) if published_root is not None else None
         self.config_dir = config_dir
         self.sampling = sampling
         self.request_timeout_s = float(request_timeout_s)
@@ -336,7 +342,11 @@ class VLLMEngine:
     async def update_weights(self, version: int, store: WeightSource) -> None:
         if not isinstance(store, WeightFiles):
             raise TypeError(f"vLLM loads weights from files: {type(store).__name__} does not write them (path)")
-        path = await asyncio.to_thread(store.path, int(version), self.weights_root, self.config_dir)
+        published = self.published_root / f"v{int(version)}" if self.published_root is not None else None
+        if published is not None and (published / MANIFEST).exists():
+            path = published  # the ranks' own files: Hugging Face's sharded layout with its index
+        else:
+            path = await asyncio.to_thread(store.path, int(version), self.weights_root, self.config_dir)
         out = await self._post(
             "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
         )
@@ -407,6 +417,9 @@ def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Path | None, sampli
         VLLMEngine,
         weights_root=root / "weights",
         config_dir=model_dir,
+        published_root=Path(run_dir) / "weights"
+        if run_dir is not None and cfg.psrl.deployment.train_world_size > 1
+        else None,
         request_timeout_s=r.request_timeout_s,
         sampling=sampling,
     )
