@@ -53,6 +53,7 @@ def coordinator(
     record: bool = False,
     log: Any = None,
     on_event: Any = None,
+    on_bound: Any = None,
 ) -> Coordinator:
     """The real Coordinator, built by psrl train's builder, with FakeEngine instances, a FakeTask and a FakeTrainer."""
     task = task if task is not None else FakeTask()
@@ -68,6 +69,7 @@ def coordinator(
         engines=engines,
         sink=sink if sink is not None else MemorySink(),
         on_event=on_event,
+        on_bound=on_bound,
     )
 
 

@@ -114,9 +114,11 @@ def test_the_adaptive_controller_raises_the_bound_while_the_trainer_waits_and_th
         psrl__adaptive_staleness__every=2,
         psrl__adaptive_staleness__idle_frac=0.05,
     )
-    coord, rows, trajs, metrics = run_to_dir(tmp_path, cfg, 12)
+    moves: list = []
+    coord, rows, trajs, metrics = run_to_dir(tmp_path, cfg, 12, on_bound=moves.append)
     bounds = [m["staleness/bound"] for m in metrics]
     assert bounds[0] == 0 and bounds[-1] == 3
+    assert [(m.step, m.old, m.new) for m in moves] == [(2, 0, 1), (4, 1, 2), (6, 2, 3)]  # what events.jsonl hears
     assert all(b - a in (0, 1) for a, b in zip(bounds, bounds[1:]))
     assert [i + 1 for i in range(len(bounds) - 1) if bounds[i + 1] != bounds[i]] == [2, 4, 6]  # one move per window
     for i, m in enumerate(metrics):  # step i+1 trains data reserved before it ended: under a bound of rows < i

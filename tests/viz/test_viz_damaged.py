@@ -112,7 +112,7 @@ def test_damaged_files_load_what_is_intact(spec):
     d = _damaged_copy(spec)
     warnings: list[str] = []
     try:
-        timeline, stale = load_run(d, warn=warnings.append)
+        timeline, stale, _ = load_run(d, warn=warnings.append)
     except tuple(ALLOWED) as e:
         assert "\n" not in str(e) and all(spec[f][0] == "missing" for f in FILES), str(e)
     else:
@@ -190,3 +190,25 @@ def test_an_unwritable_out_path_is_one_line(tmp_path, monkeypatch, capsys):
     assert viz_main([str(TEMPLATE), "--out", "/proc/nope/t.png"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("psrl viz: --out /proc/nope/t.png: cannot write the PNG") and "\n" not in err
+
+
+def test_moves_of_the_adaptive_bound_are_read_as_moves_not_damage(tmp_path, capsys):
+    """``EventLog.bound`` lines (psrl.adaptive_staleness) sit among the core's events: viz returns them as
+    moves, draws them, leaves the buffer timeline as it was and reports nothing damaged."""
+    from psrl.runtime.adaptive import Move
+
+    d = _damaged_copy({"events.jsonl": ("keep", 1.0, []), "trajectories.jsonl": ("keep", 1.0, [])})
+    before, _, no_moves = load_run(d, warn=pytest.fail)
+    log = EventLog(d / "events.jsonl", clock=iter(range(10**6, 2 * 10**6)).__next__)
+    log.bound(Move(step=4, old=1, new=2, reason="ess 0.97 >= 0.9"))
+    log.bound(Move(step=6, old=2, new=1, reason="kl 0.2 > 0.1"))
+    log.close()
+    after, _, moves = load_run(d, warn=pytest.fail)
+    assert no_moves == [] and after == before
+    assert [(m["kind"], m["step"], m["old"], m["new"]) for m in moves] == [
+        ("staleness_bound", 4, 1, 2),
+        ("staleness_bound", 6, 2, 1),
+    ]
+    assert moves[0]["t"] < moves[1]["t"] and moves[1]["reason"] == "kl 0.2 > 0.1"
+    assert viz_main([str(d), "--out", str(tmp_path / "t.png")]) == 0
+    assert capsys.readouterr().err == ""

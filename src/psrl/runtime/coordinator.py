@@ -33,7 +33,7 @@ from psrl.errors import RunError
 from psrl.rollout.build import build_rollout
 from psrl.rollout.engines.base import TokenModel
 from psrl.rollout.types import RolloutStatus, TrainerWaiting
-from psrl.runtime.adaptive import StalenessController
+from psrl.runtime.adaptive import Move, StalenessController
 from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import Batch, Event, StalenessManager
 from psrl.tasks.base import Task
@@ -98,6 +98,8 @@ class Coordinator:
         sink: ``trajectory(record)`` / ``metric(row)`` (a RunRecorder or a MemorySink).
         manager: a (restored) staleness manager; default: a fresh one at the trainer's version.
         log: where to say that a cancelled run is finishing its training step (default: print).
+        on_bound: hears each move of ``psrl.adaptive_staleness``'s bound (``psrl train``: a line of
+            ``events.jsonl``, :meth:`psrl.runtime.recorder.EventLog.bound`).
 
     Cancelling :meth:`run` (Ctrl-C) while a training step runs lets that step finish and be
     published and recorded before ``CancelledError`` propagates: the step cannot be interrupted
@@ -115,8 +117,10 @@ class Coordinator:
         sink: Sink | None = None,
         manager: StalenessManager | None = None,
         log: Callable[[str], None] | None = None,
+        on_bound: Callable[[Move], Any] | None = None,
     ):
         self.cfg = cfg
+        self.on_bound = on_bound
         self.log = log or print
         self.trainer = trainer
         self.sink = sink
@@ -262,6 +266,8 @@ class Coordinator:
                     f"staleness bound {move.old} -> {move.new} for new reservations after step {move.step}: "
                     f"{move.reason} (psrl.adaptive_staleness)"
                 )
+                if self.on_bound is not None:
+                    self.on_bound(move)
         self.rows.append(row)
         if self.sink is not None:
             self.sink.metric(row)

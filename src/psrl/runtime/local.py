@@ -23,6 +23,7 @@ import torch
 from psrl.algo.filters import build_group_filter
 from psrl.models import Policy
 from psrl.rollout.engines.base import TokenModel
+from psrl.runtime.adaptive import Move
 from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.runtime.coordinator import Coordinator, build_staleness_manager
 from psrl.runtime.engines import build_engines
@@ -106,6 +107,7 @@ def build(
     sink: Sink | None = None,
     manager: StalenessManager | None = None,
     on_event: Callable[[Event], Any] | None = None,
+    on_bound: Callable[[Move], Any] | None = None,
 ) -> Coordinator:
     """The one builder of a run: task, trainer, rollout engines, staleness manager and coordinator for ``cfg``.
 
@@ -114,7 +116,8 @@ def build(
     built from ``cfg``. Where the run starts: ``recorder.run_dir/checkpoint`` when ``trainer.resume`` finds one,
     else ``weights`` (a state dict, e.g. one shared warm start across benchmark runs), else the warm start of a
     real :class:`~psrl.train.Trainer`. ``on_event`` hears every transition of the staleness manager built or
-    restored here (``events.jsonl``; a ``manager`` given keeps its own listener).
+    restored here (``events.jsonl``; a ``manager`` given keeps its own listener), ``on_bound`` every move of
+    the adaptive controller's bound (:class:`~psrl.runtime.coordinator.Coordinator`).
     """
     if engines is None and cfg.rollout.engine == "vllm" and not cfg.rollout.vllm.urls:
         from psrl.rollout.engines.vllm_server import find_vllm_python
@@ -127,7 +130,7 @@ def build(
         trainer = trainer if trainer is not None else _trainer(cfg, policy, recorder)
     assert trainer is not None
     try:
-        return _build(cfg, recorder, log, task, trainer, engines, weights, sink, manager, on_event)
+        return _build(cfg, recorder, log, task, trainer, engines, weights, sink, manager, on_event, on_bound)
     except BaseException:
         if isinstance(trainer, ShardedTrainer):
             trainer.close()  # no rank outlives a run that could not be built
@@ -162,6 +165,7 @@ def _build(
     sink: Sink | None,
     manager: StalenessManager | None,
     on_event: Callable[[Event], Any] | None,
+    on_bound: Callable[[Move], Any] | None = None,
 ) -> Coordinator:
     """:func:`build` once the task and the trainer exist."""
     ck = None
@@ -183,9 +187,8 @@ def _build(
         engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
     if manager is None:
         manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)
-    coord = Coordinator(
-        cfg, task, trainer, engines, sink=sink if sink is not None else recorder, manager=manager, log=log
-    )
+    sink = sink if sink is not None else recorder
+    coord = Coordinator(cfg, task, trainer, engines, sink=sink, manager=manager, log=log, on_bound=on_bound)
     if ck is not None:
         coord.load_state_dict(ck)
     return coord
@@ -200,7 +203,7 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
     recorder.write_config(cfg)
     events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)  # the timeline of `psrl viz`
     try:
-        coord = build(cfg, recorder, log, on_event=events, **parts)
+        coord = build(cfg, recorder, log, on_event=events, on_bound=events.bound, **parts)
     except BaseException:
         events.close()
         raise

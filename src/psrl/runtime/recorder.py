@@ -13,11 +13,14 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psrl.metrics import checked
 
-__all__ = ["RunRecorder", "EventLog", "RUN_FILES", "default_run_dir", "read_jsonl", "jsonl_lines"]
+if TYPE_CHECKING:
+    from psrl.runtime.adaptive import Move
+
+__all__ = ["RunRecorder", "EventLog", "BOUND_EVENT", "RUN_FILES", "default_run_dir", "read_jsonl", "jsonl_lines"]
 
 RUN_FILES = ("metrics.jsonl", "trajectories.jsonl")
 """The JSONL files a :class:`RunRecorder` appends to (a checkpoint stores their lengths, a resume cuts them back)."""
@@ -128,6 +131,10 @@ def jsonl_lines(path: str | Path) -> Iterator[tuple[int, Any, str | None]]:
             yield n, value, None
 
 
+BOUND_EVENT = "staleness_bound"
+"""The ``kind`` of an ``events.jsonl`` line saying the adaptive controller moved the bound (not a core event)."""
+
+
 class EventLog:
     """``events.jsonl``: an ``on_event`` callback for :class:`psrl.staleness.StalenessManager` appending each
     transition (:class:`psrl.staleness.Event`) as a JSON line ``{"t", "kind", "entry", "buffer", ...}``, ``t`` in
@@ -147,14 +154,23 @@ class EventLog:
         self._flush_every = flush_every
 
     def __call__(self, ev: Any) -> None:
+        self._write(ev._asdict())
+
+    def _write(self, fields: dict) -> None:
         now = self._clock()
         if self._t0 is None:
             self._t0 = now
-        rec = {"t": round(now - self._t0, 6), **ev._asdict()}
+        rec = {"t": round(now - self._t0, 6), **fields}
         self._fh.write(json.dumps(rec, default=str) + "\n")
         self._n += 1
         if self._n % self._flush_every == 0:
             self._fh.flush()
+
+    def bound(self, move: Move) -> None:
+        """A move of ``psrl.adaptive_staleness``'s bound (:class:`psrl.runtime.adaptive.Move`) as a line
+        ``{"t", "kind": "staleness_bound", "step", "old", "new", "reason"}``: it applies to reservations made
+        after ``t`` (``psrl viz`` marks it on the buffer timeline)."""
+        self._write({"kind": BOUND_EVENT, "step": move.step, "old": move.old, "new": move.new, "reason": move.reason})
 
     def flush(self) -> None:
         self._fh.flush()

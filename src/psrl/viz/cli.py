@@ -18,11 +18,14 @@ from collections import Counter
 from pathlib import Path
 
 from psrl.errors import RunError, one_line_errors
+from psrl.runtime.recorder import BOUND_EVENT
 from psrl.viz.events import buffer_timeline, read_valid
 
 _NUM = (int, float)
 EVENT_FIELDS = {"t": _NUM, "kind": (str,), "buffer": (int,)}
 """What an events.jsonl line must hold to be drawn; other lines are reported as damaged and skipped."""
+BOUND_FIELDS = {"t": _NUM, "kind": (str,), "new": (int,)}
+"""What a move of the adaptive bound (``kind`` ``staleness_bound``) must hold to be marked on the timeline."""
 TRAJ_FIELDS = {"v_traj": (int,)}
 
 
@@ -36,9 +39,10 @@ def staleness_counts(records: list[dict]) -> Counter:
     return counts
 
 
-def load_run(run_dir: Path, warn=print) -> tuple[dict, Counter]:
-    """``(buffer timeline, staleness counts)`` of a run directory. Damaged lines (a run killed mid-write,
-    a truncated copy) are skipped and counted in one warning; a directory with neither file is an error."""
+def load_run(run_dir: Path, warn=print) -> tuple[dict, Counter, list[dict]]:
+    """``(buffer timeline, staleness counts, moves of the adaptive bound)`` of a run directory. Damaged lines
+    (a run killed mid-write, a truncated copy) are skipped and counted in one warning; a directory with neither
+    file is an error."""
     events_path, traj_path = run_dir / "events.jsonl", run_dir / "trajectories.jsonl"
     if not events_path.is_file() and not traj_path.is_file():
         raise RunError(
@@ -46,12 +50,17 @@ def load_run(run_dir: Path, warn=print) -> tuple[dict, Counter]:
             "holds neither events.jsonl nor trajectories.jsonl",
             "give the run directory psrl train wrote (trainer.run_dir, or runs/<time>)",
         )
-    events, bad_e = read_valid(events_path, EVENT_FIELDS)
+    events, bad_e = read_valid(events_path, EVENT_FIELDS, skip=_is_bound)
+    bounds, bad_b = read_valid(events_path, BOUND_FIELDS, skip=lambda rec: not _is_bound(rec))
     trajs, bad_t = read_valid(traj_path, TRAJ_FIELDS)
-    bad = bad_e + bad_t
+    bad = list(dict.fromkeys(bad_e + bad_b)) + bad_t  # a line that is not JSON is reported by both reads
     if bad:
         warn(f"psrl viz: skipped {len(bad)} damaged line(s), first: {bad[0]}")
-    return buffer_timeline(events), staleness_counts(trajs)
+    return buffer_timeline(events), staleness_counts(trajs), bounds
+
+
+def _is_bound(rec: object) -> bool:
+    return isinstance(rec, dict) and rec.get("kind") == BOUND_EVENT
 
 
 def draw(run_dir: Path, out: Path, max_buffers: int = 12, warn=print) -> Path:
@@ -60,7 +69,7 @@ def draw(run_dir: Path, out: Path, max_buffers: int = 12, warn=print) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    timeline, stale = load_run(run_dir, warn)
+    timeline, stale, bounds = load_run(run_dir, warn)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), gridspec_kw={"height_ratios": [3, 1]})
     versions = sorted(timeline)[:max_buffers]
     for i, b in enumerate(versions):
@@ -71,6 +80,10 @@ def draw(run_dir: Path, out: Path, max_buffers: int = 12, warn=print) -> Path:
         res = [i + 0.9 * (p[1] + p[2]) / peak for p in pts]
         ax1.fill_between(ts, i, res, step="post", color="tab:orange", alpha=0.35, label="reserved" if i == 0 else None)
         ax1.fill_between(ts, i, occ, step="post", color="tab:blue", alpha=0.8, label="occupied" if i == 0 else None)
+    for i, move in enumerate(bounds):  # psrl.adaptive_staleness moved the bound of new reservations here
+        label = "staleness/bound moves" if i == 0 else None
+        ax1.axvline(move["t"], color="tab:red", linestyle="--", linewidth=0.8, label=label)
+        ax1.annotate(f"{move['new']}", (move["t"], len(versions)), color="tab:red", fontsize=8)
     ax1.set_yticks([i + 0.45 for i in range(len(versions))], [f"V{b}" for b in versions])
     ax1.set_xlabel("time (s)")
     ax1.set_ylabel("buffer version")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from psrl.runtime.recorder import jsonl_lines
@@ -23,10 +23,12 @@ def read_events(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def read_valid(path: str | Path, fields: Mapping[str, tuple[type, ...]]) -> tuple[list[dict], list[str]]:
+def read_valid(
+    path: str | Path, fields: Mapping[str, tuple[type, ...]], skip: Callable[[object], bool] | None = None
+) -> tuple[list[dict], list[str]]:
     """``(records, damaged)`` of a JSONL file a run may have left damaged (killed mid-line, disk full, edited):
     the records that parse and hold ``fields`` with those types, and one ``file:line: why`` per line that
-    does not. A missing file reads as empty."""
+    does not; records for which ``skip`` is true are neither. A missing file reads as empty."""
     p = Path(path)
     good: list[dict] = []
     bad: list[str] = []
@@ -35,6 +37,8 @@ def read_valid(path: str | Path, fields: Mapping[str, tuple[type, ...]]) -> tupl
     for n, rec, why in jsonl_lines(p):
         if why is not None:
             bad.append(f"{p}:{n}: not JSON ({why})")
+            continue
+        if skip is not None and skip(rec):
             continue
         missing = [k for k, tps in fields.items() if not isinstance(rec, dict) or not valid(rec.get(k), tps)]
         if missing:
