@@ -94,6 +94,8 @@ class Recommendation:
     frontier: list[Point]
     pick: Point
     constraints: dict[str, float]
+    rejected: list[str]
+    """Why ``load_config`` rejected the grid points it rejected (one message each)."""
 
     @property
     def speedup(self) -> float:
@@ -197,12 +199,13 @@ def recommend(
     trace = base_wl.trace
     assert trace is not None
     baseline = simulate(base_wl, "psrl")
-    points = []
+    points, rejected = [], []
     for settings in grid(cfg, k):
         try:
             wl = replay_workload(run_dir, steps, overrides=_overrides(settings), trace=trace)
-        except ConfigError:
-            continue  # a combination the config rejects (e.g. an adaptive minimum above this staleness)
+        except ConfigError as e:  # a combination the config rejects (e.g. an adaptive minimum above this staleness)
+            rejected.append(str(e))
+            continue
         changes = {key: v for key, v in settings.items() if v != own[key]}
         points.append(Point(settings, changes, simulate(wl, "psrl"), wl.redundant_batch_size, wl.redundant_group_size))
     feasible = [
@@ -219,7 +222,7 @@ def recommend(
     fastest = max(p.result.steps_per_hour for p in front)
     near = [p for p in front if p.result.steps_per_hour >= (1.0 - TIE) * fastest]
     pick = min(near, key=lambda p: (p.staleness, -p.result.length_bias, p.result.discarded_fraction, len(p.changes)))
-    return Recommendation(run_dir, steps, measured, baseline, points, feasible, front, pick, constraints)
+    return Recommendation(run_dir, steps, measured, baseline, points, feasible, front, pick, constraints, rejected)
 
 
 def frontier(points: list[Point]) -> list[Point]:
@@ -306,6 +309,11 @@ def format_recommendation(rec: Recommendation, out: Path | None = None, max_rows
         f"{b.length_bias:.3f}, discarded {b.discarded_fraction:.3f}",
         f"constraints: staleness <= {c['max_staleness']:g}, length_bias >= {c['min_length_bias']:g}, "
         f"discarded <= {c['max_discard']:g}: {len(rec.feasible)} of {len(rec.points)} configurations simulated meet them",
+        *(
+            [f"({len(rec.rejected)} combinations rejected by the config, e.g. {rec.rejected[0]})"]
+            if rec.rejected
+            else []
+        ),
         "frontier (feasible; none of the others is at least as good in steps/h, length bias, discarded and staleness):",
         f"{'eta':>3}  {'proactive filter':<18} {'Bp':>3} {'Np':>3}  {'s/step':>7}  {'steps/h':>8}  "
         f"{'speedup':>7}  {'len_bias':>8}  {'discarded':>9}",

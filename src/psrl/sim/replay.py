@@ -9,7 +9,9 @@ the run's own config (or another config, e.g. a recommended one, over the same r
 * the training step time: the mean ``time/train_s`` of its ``metrics.jsonl``;
 * ``sim.slots`` = ``psrl.deployment.n_rollout_instances x psrl.routing_strategy.max_concurrent_seqs_per_instance``
   (the agent workers of the config replayed);
-* ``sim.steps`` = the steps the run recorded.
+* ``sim.steps`` = the steps the run recorded;
+* with ``psrl.group_post_process.enable``: ``sim.filter_drop_rate`` = the fraction of the run's resolved groups
+  its filter dropped (groups with a ``filtered`` record over those with a ``filtered`` or ``trained`` one).
 
 :func:`replay_trace` turns the recorded times into the stream every simulated configuration draws from:
 
@@ -37,7 +39,14 @@ from psrl.config import Config, load_config
 from psrl.sim.metrics import warmup_steps
 from psrl.sim.workload import Workload, launch_key, load_trace_records
 
-__all__ = ["EXTENSION", "measured_seconds_per_step", "replay_overrides", "replay_trace", "replay_workload"]
+__all__ = [
+    "EXTENSION",
+    "filter_drop_rate",
+    "measured_seconds_per_step",
+    "replay_overrides",
+    "replay_trace",
+    "replay_workload",
+]
 
 EXTENSION = 4
 """Seeded draws appended after the run's own times, as a multiple of their number."""
@@ -60,12 +69,26 @@ def replay_overrides(cfg: Config, run_dir: Path, steps: int) -> list[str]:
     """The ``sim.*`` overrides that replay ``run_dir``'s timings under ``cfg``'s deployment."""
     p = cfg.psrl
     slots = p.deployment.n_rollout_instances * p.routing_strategy.max_concurrent_seqs_per_instance
-    return [
+    out = [
         "sim.gen_time.dist=trace",
         f"sim.gen_time.trace={run_dir / 'trajectories.jsonl'}",
         f"sim.slots={slots}",
         f"sim.steps={steps}",
     ]
+    if p.group_post_process.enable:
+        out.append(f"sim.filter_drop_rate={filter_drop_rate(run_dir)}")
+    return out
+
+
+def filter_drop_rate(run_dir: Path) -> float:
+    """Groups with a ``filtered`` record over groups with a ``filtered`` or ``trained`` one (0 if none)."""
+    filtered, resolved = set(), set()
+    for r in load_trace_records(run_dir / "trajectories.jsonl"):
+        if r.get("status") in ("filtered", "trained"):
+            resolved.add(r.get("group"))
+            if r.get("status") == "filtered":
+                filtered.add(r.get("group"))
+    return min(len(filtered) / len(resolved), 0.99) if resolved else 0.0
 
 
 def replay_trace(run_dir: Path, run_cfg: Config, seed: int) -> tuple[float, ...]:
