@@ -185,6 +185,8 @@ def _describe(wl: Workload) -> str:
 
 def prepare(ns: argparse.Namespace) -> tuple[list[str], list[Workload], list[Workload]]:
     """``(policies, workloads, plot workloads)``: everything ``psrl simulate`` checks before it runs."""
+    if ns.min_length_bias is None:  # --recommend reads None as its own default (0.95)
+        ns.min_length_bias = 0.0
     path, overrides = _split_args(ns.args)
     policies = _policies(ns.policies)
     if not 0.0 <= ns.min_length_bias <= 1.0:
@@ -213,8 +215,6 @@ def main(argv: list[str]) -> int:
         return _recommend(ns)
     if ns.out is not None or ns.max_staleness is not None:
         raise ConfigError("--out", "--out and --max-staleness go with --recommend RUN_DIR", "add --recommend RUN_DIR")
-    if ns.min_length_bias is None:
-        ns.min_length_bias = 0.0
     policies, workloads, plot_workloads = prepare(ns)
     t0 = time.perf_counter()
     results = sweep(workloads, policies)
