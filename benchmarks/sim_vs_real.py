@@ -10,6 +10,9 @@ the run's own config with
 * ``sim.slots`` = ``psrl.deployment.n_rollout_instances x psrl.routing_strategy.max_concurrent_seqs_per_instance`` (agent workers),
 * ``sim.steps`` = the steps the run recorded,
 
+(:mod:`psrl.sim.replay`, shared with ``psrl simulate --recommend``, which also says how cut-short and
+missing generation times are replayed)
+
 and the psrl policy is simulated (``--policy coordinator``: psrl train's real coordinator in virtual
 time, one instance with that many workers). Measured seconds per step use the same window as the simulator
 (end of warm-up to the last step, from the ``time`` column). Exit status 1 if any run is off by
@@ -23,34 +26,8 @@ import json
 import sys
 from pathlib import Path
 
-from psrl.config import load_config
-from psrl.sim import Workload, simulate
-from psrl.sim.metrics import warmup_steps
-
-
-def measured_seconds_per_step(run_dir: Path) -> tuple[float, int]:
-    """(seconds per step after warm-up, steps) from the run's ``metrics.jsonl`` ``time`` column."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    times = [float(r["time"]) for r in rows if "time" in r]
-    if not times:
-        raise SystemExit(f"{run_dir}/metrics.jsonl has no 'time' column")
-    w = warmup_steps(len(times))
-    if len(times) <= w:
-        return times[-1] / len(times), len(times)
-    return (times[-1] - times[w - 1]) / (len(times) - w), len(times)
-
-
-def replay_workload(run_dir: Path, steps: int) -> Workload:
-    """The run's own config, with its timings as the trace and its agent workers as slots."""
-    cfg = load_config(run_dir / "config.yaml")
-    slots = cfg.psrl.deployment.n_rollout_instances * cfg.psrl.routing_strategy.max_concurrent_seqs_per_instance
-    overrides = [
-        "sim.gen_time.dist=trace",
-        f"sim.gen_time.trace={run_dir / 'trajectories.jsonl'}",
-        f"sim.slots={slots}",
-        f"sim.steps={steps}",
-    ]
-    return Workload.from_config(load_config(run_dir / "config.yaml", overrides))
+from psrl.sim import simulate
+from psrl.sim.replay import measured_seconds_per_step, replay_workload
 
 
 def compare_run(run_dir: Path, policy: str = "psrl") -> dict:

@@ -1,5 +1,6 @@
 """``psrl simulate [CONFIG] [key=value ...] [--policies a,b] [--json] [--sweep KEY=v1,v2] [--plot FILE]
-[--frontier] [--min-length-bias X]``.
+[--frontier] [--min-length-bias X]``, and ``psrl simulate --recommend RUN_DIR --out FILE [--max-staleness K]
+[--min-length-bias X] [--max-discard Y]`` (:mod:`psrl.sim.recommend`).
 
 Prints a comparison table (one row per policy and sweep value) and the staleness frontier; with
 ``--json`` prints one JSON object per row instead, with exactly the keys of
@@ -68,11 +69,64 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--min-length-bias",
         type=float,
-        default=0.0,
+        default=None,
         metavar="X",
-        help="frontier over runs with length_bias >= X only, for every policy alike (e.g. 0.95)",
+        help="frontier over runs with length_bias >= X only, for every policy alike (e.g. 0.95; default 0, "
+        "with --recommend 0.95)",
     )
+    _add_recommend_arguments(ap)
     return ap
+
+
+def _add_recommend_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--recommend RUN_DIR --out FILE [--max-staleness K] [--max-discard Y]`` (:mod:`psrl.sim.recommend`)."""
+    ap.add_argument(
+        "--recommend",
+        default=None,
+        metavar="RUN_DIR",
+        help="replay a psrl train run directory over staleness, truncation and redundancy, print the frontier and "
+        "the configuration picked, and write it (the run's config.yaml, those keys changed) to --out",
+    )
+    ap.add_argument("--out", default=None, metavar="FILE.yaml", help="with --recommend: the config file to write")
+    ap.add_argument(
+        "--max-staleness",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --recommend: try psrl.staleness 0..K (default: the run's own)",
+    )
+    ap.add_argument(
+        "--max-discard",
+        type=float,
+        default=0.10,
+        metavar="Y",
+        help="with --recommend: keep configurations with discarded_fraction <= Y (default 0.1)",
+    )
+
+
+def _recommend(ns: argparse.Namespace) -> int:
+    """``psrl simulate --recommend``: print the frontier and the pick, write ``--out``."""
+    from pathlib import Path
+
+    from psrl.sim.recommend import format_recommendation, recommend, write_config
+
+    if ns.args or ns.sweep or ns.plot or ns.frontier:
+        raise ConfigError(
+            "--recommend",
+            "takes no config, overrides, --sweep, --plot or --frontier",
+            "run psrl simulate --recommend RUN_DIR --out FILE [--max-staleness K] [--min-length-bias X] "
+            "[--max-discard Y]",
+        )
+    if ns.out is None:
+        raise ConfigError("--out", "--recommend needs a file to write", "add --out next.yaml")
+    mlb = 0.95 if ns.min_length_bias is None else ns.min_length_bias
+    rec = recommend(Path(ns.recommend), ns.max_staleness, mlb, ns.max_discard)
+    out = write_config(rec, ns.out)
+    if ns.json:
+        print(json.dumps({**rec.to_json(), "out": str(out)}))
+    else:
+        print(format_recommendation(rec, out))
+    return 0
 
 
 def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -131,6 +185,8 @@ def _describe(wl: Workload) -> str:
 
 def prepare(ns: argparse.Namespace) -> tuple[list[str], list[Workload], list[Workload]]:
     """``(policies, workloads, plot workloads)``: everything ``psrl simulate`` checks before it runs."""
+    if ns.min_length_bias is None:  # --recommend reads None as its own default (0.95)
+        ns.min_length_bias = 0.0
     path, overrides = _split_args(ns.args)
     policies = _policies(ns.policies)
     if not 0.0 <= ns.min_length_bias <= 1.0:
@@ -155,6 +211,10 @@ def prepare(ns: argparse.Namespace) -> tuple[list[str], list[Workload], list[Wor
 def main(argv: list[str]) -> int:
     """Entry point of ``psrl simulate``; returns the exit status (2 for a configuration error)."""
     ns = build_parser().parse_args(argv)
+    if ns.recommend is not None:
+        return _recommend(ns)
+    if ns.out is not None or ns.max_staleness is not None:
+        raise ConfigError("--out", "--out and --max-staleness go with --recommend RUN_DIR", "add --recommend RUN_DIR")
     policies, workloads, plot_workloads = prepare(ns)
     t0 = time.perf_counter()
     results = sweep(workloads, policies)

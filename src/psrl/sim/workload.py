@@ -22,7 +22,15 @@ import numpy as np
 from psrl.config import Config, ConfigError
 from psrl.runtime.recorder import jsonl_lines
 
-__all__ = ["Workload", "GenTimeStream", "UniformStream", "load_trace", "trace_train_time"]
+__all__ = [
+    "Workload",
+    "GenTimeStream",
+    "UniformStream",
+    "load_trace",
+    "load_trace_records",
+    "launch_key",
+    "trace_train_time",
+]
 
 _CHUNK = 1 << 16
 
@@ -323,6 +331,11 @@ def load_trace(path: str | Path) -> list[float]:
     would start the slow ones late. Its ids (group ``g<k>``, uid ``g<k>-<member>``) give the launch
     order, so records are sorted by them when every record has them; otherwise file order is kept.
     """
+    return [float(r["gen_seconds"]) for r in load_trace_records(path)]
+
+
+def load_trace_records(path: str | Path) -> list[dict]:
+    """The records behind :func:`load_trace` (finished, with ``gen_seconds``), in launch order."""
     p = Path(path)
     if not p.exists():
         raise ConfigError("sim.gen_time.trace", f"file not found: {p}", "give a run's trajectories.jsonl")
@@ -339,10 +352,10 @@ def load_trace(path: str | Path) -> list[float]:
             recs.append(rec)
     if not recs:
         raise ConfigError("sim.gen_time.trace", f"no 'gen_seconds' field in {p}")
-    keys = [k for k in map(_launch_key, recs) if k is not None]
+    keys = [k for k in map(launch_key, recs) if k is not None]
     if len(keys) == len(recs):
         recs = [r for _, r in sorted(zip(keys, recs), key=lambda kr: kr[0])]
-    return [float(r["gen_seconds"]) for r in recs]
+    return recs
 
 
 def _speeds(value: Any) -> tuple:
@@ -380,7 +393,7 @@ def _seconds(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
-def _launch_key(rec: dict) -> tuple[int, int] | None:
+def launch_key(rec: dict) -> tuple[int, int] | None:
     """(group number, member number) from ids like group 'g12', uid 'g12-3'; None if not that shape."""
     group, uid = str(rec.get("group", "")), str(rec.get("uid", ""))
     head, _, member = uid.rpartition("-")
