@@ -110,3 +110,21 @@ def test_staleness_audit_stays_clean_with_the_controller_moving_the_bound():
     res = sim.run()
     assert sim.checked == res.trained_trajectories > 0
     assert res.extra["staleness/bound_moves"] > 4 and res.violations == 0
+
+
+def test_simulate_adaptive_prints_the_controller_beside_the_fixed_bounds(capsys):
+    from psrl.sim.cli import main
+
+    args = ["sim.slots=32", "sim.steps=40", "sim.train_time=0.05", "psrl.staleness_buffer_entries=4"]
+    assert main([*args, "--policies", "psrl", "--sweep", "psrl.staleness=1,3", "--adaptive"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln.split() for ln in out.splitlines()]
+    assert [ln[:2] for ln in lines if ln and ln[0].startswith("psrl")][:4] == [
+        ["psrl", "1"],
+        ["psrl+adaptive", "1"],
+        ["psrl", "3"],
+        ["psrl+adaptive", "3"],
+    ]
+    assert "divergence (sim.divergence; limits of psrl.adaptive_staleness" in out
+    assert main([*args, "--policies", "sync", "--adaptive"]) == 2
+    assert "--adaptive" in capsys.readouterr().err

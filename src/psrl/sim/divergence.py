@@ -70,3 +70,31 @@ class StepLog:
             out["staleness/bound_final"] = self.rows[-1]["staleness/bound"]
         out["staleness/bound_moves"] = float(self.moves)
         return out
+
+
+def inside_limits(extra: dict, limits) -> bool:
+    """Whether a run's mean divergence (``extra`` of its result) is inside ``psrl.adaptive_staleness``'s limits."""
+    return (
+        extra.get("divergence/ess", 1.0) >= limits.ess_min
+        and extra.get("divergence/m2", 0.0) <= limits.m2_max
+        and extra.get("divergence/kl", 0.0) <= limits.kl_max
+    )
+
+
+def format_divergence(results, limits) -> str:
+    """Per run: the ceiling, steps/h, the mean bound in force, the model's mean divergence, inside the limits."""
+    lines = [
+        f"divergence (sim.divergence; limits of psrl.adaptive_staleness: ess >= {limits.ess_min}, "
+        f"m2 <= {limits.m2_max}, kl <= {limits.kl_max})",
+        f"{'policy':<22} {'eta':>3} {'steps/h':>8} {'bound':>5} {'ess':>6} {'m2':>6} {'kl':>6}  inside",
+    ]
+    for r in results:
+        e = r.extra
+        if "divergence/ess" not in e:
+            continue
+        lines.append(
+            f"{r.policy:<22} {r.staleness:>3} {r.steps_per_hour:>8.1f} {e.get('staleness/bound', r.staleness):>5.2f} "
+            f"{e['divergence/ess']:>6.3f} {e['divergence/m2']:>6.3f} {e['divergence/kl']:>6.3f}  "
+            f"{'yes' if inside_limits(e, limits) else 'no'}"
+        )
+    return "\n".join(lines)
