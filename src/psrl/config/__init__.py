@@ -46,6 +46,7 @@ from psrl.config.sim import (
     GenTimeConfig,
     SimConfig,
     SimDecodeConfig,
+    SimDivergenceConfig,
     TinkerSimConfig,
     VerlSimConfig,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "VllmConfig",
     "RuntimeConfig",
     "SimConfig",
+    "SimDivergenceConfig",
     "GenTimeConfig",
     "SimDecodeConfig",
     "ArealSimConfig",

@@ -112,6 +112,21 @@ class SimDecodeConfig:
 
 
 @dataclass(frozen=True)
+class SimDivergenceConfig:
+    lr_scale: float = _f(
+        1.0,
+        "Learning-rate-like factor of the divergence model: the drift per version of lag relative to the tiny "
+        "model's (docs/learning.md); every divergence/* grows with (lr_scale x lag)^2. SmolLM2-135M is about 1.6.",
+        ge=0,
+    )
+    kl_coef: float = _f(0.005, "divergence/kl = kl_coef x mean over the batch of (lr_scale x lag)^2.", ge=0)
+    m2_coef: float = _f(0.023, "divergence/m2 = m2_coef x mean over the batch of (lr_scale x lag)^2.", ge=0)
+    ess_coef: float = _f(
+        0.009, "divergence/ess = 1 / (1 + ess_coef x mean over the batch of (lr_scale x lag)^2).", ge=0
+    )
+
+
+@dataclass(frozen=True)
 class SimConfig:
     slots: int = _f(64, "Generation slots (trajectories generated at once).", ge=1)
     steps: int = _f(100, "Training steps to simulate.", ge=1)
@@ -135,6 +150,11 @@ class SimConfig:
     )
     decode: SimDecodeConfig = _sub(
         SimDecodeConfig, "Batching-dependent decode speed per instance (coordinator policy)."
+    )
+    divergence: SimDivergenceConfig = _sub(
+        SimDivergenceConfig,
+        "The divergence model: each trained batch's lag -> divergence/ess, /m2, /kl in the simulated step rows "
+        "(what psrl.adaptive_staleness reads; docs/simulate.md). Defaults fitted to docs/learning.md's tiny model.",
     )
     areal: ArealSimConfig = _sub(ArealSimConfig, "The areal policy: AReaL's own knobs (defaults: AReaL's).")
     tinker: TinkerSimConfig = _sub(TinkerSimConfig, "The discard_requeue policy: the Tinker cookbook's knobs.")

@@ -1,6 +1,6 @@
 """``psrl simulate [CONFIG] [key=value ...] [--policies a,b] [--json] [--sweep KEY=v1,v2] [--plot FILE]
-[--frontier] [--min-length-bias X]``, and ``psrl simulate --recommend RUN_DIR --out FILE [--max-staleness K]
-[--min-length-bias X] [--max-discard Y]`` (:mod:`psrl.sim.recommend`).
+[--frontier] [--min-length-bias X] [--adaptive]``, and ``psrl simulate --recommend RUN_DIR --out FILE
+[--max-staleness K] [--min-length-bias X] [--max-discard Y]`` (:mod:`psrl.sim.recommend`).
 
 Prints a comparison table (one row per policy and sweep value) and the staleness frontier; with
 ``--json`` prints one JSON object per row instead, with exactly the keys of
@@ -14,6 +14,7 @@ every policy alike, only runs whose length bias reaches it. Without ``--sweep``,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -21,6 +22,7 @@ import time
 from psrl.config import ConfigError, load_config
 from psrl.errors import one_line_errors
 from psrl.sim import DEFAULT_POLICIES, JSON_KEYS, POLICIES
+from psrl.sim.divergence import format_divergence
 from psrl.sim.report import format_frontier, format_table, frontier_json, plot, sweep
 from psrl.sim.workload import Workload
 
@@ -73,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="frontier over runs with length_bias >= X only, for every policy alike (e.g. 0.95; default 0, "
         "with --recommend 0.95)",
+    )
+    ap.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="also run the psrl and coordinator policies with psrl.adaptive_staleness.enable=true (psrl.staleness "
+        "the ceiling) beside the fixed bounds, and print each run's mean bound and modelled divergence",
     )
     _add_recommend_arguments(ap)
     return ap
@@ -218,6 +226,8 @@ def main(argv: list[str]) -> int:
     policies, workloads, plot_workloads = prepare(ns)
     t0 = time.perf_counter()
     results = sweep(workloads, policies)
+    if ns.adaptive:
+        results = _with_adaptive(results, workloads, policies)
     mlb = ns.min_length_bias
     if ns.frontier and ns.json:
         for point in frontier_json(results, mlb):
@@ -231,6 +241,9 @@ def main(argv: list[str]) -> int:
     else:
         print(_describe(workloads[0]))
         print(format_table(results))
+        if ns.adaptive or workloads[0].adaptive.enable:
+            print()
+            print(format_divergence(results, workloads[0].adaptive))
         if len(workloads) > 1:
             print()
             print(format_frontier(results, mlb))
@@ -240,6 +253,24 @@ def main(argv: list[str]) -> int:
         out = plot(plot_results, ns.plot, title=_describe(plot_workloads[0]), min_length_bias=mlb)
         print(f"plot written to {out}", file=sys.stderr if ns.json else sys.stdout)
     return 0
+
+
+def _with_adaptive(results: list, workloads: list[Workload], policies: list[str]) -> list:
+    """``--adaptive``: after each workload's runs, its psrl-family policies again with the controller on."""
+    from psrl.sim import simulate
+
+    family = [p for p in policies if p in ("psrl", "coordinator")]
+    if not family:
+        raise ConfigError("--adaptive", "needs the psrl or coordinator policy", "add psrl to --policies")
+    per = len(results) // len(workloads)
+    out = []
+    for i, wl in enumerate(workloads):
+        out.extend(results[i * per : (i + 1) * per])
+        if not wl.adaptive.enable:
+            on = wl.replace(adaptive=dataclasses.replace(wl.adaptive, enable=True))
+            on.adaptive.check(on.staleness)
+            out.extend(simulate(on, p) for p in family)
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -32,7 +32,8 @@ import asyncio
 import random
 from typing import Any
 
-from psrl.sim.metrics import Recorder, Result
+from psrl.sim.divergence import StepLog
+from psrl.sim.metrics import Recorder, Result, warmup_steps
 from psrl.sim.workload import Workload
 from psrl.tasks.base import Demo, Episode, GenerateFn, Prompt, Task
 from psrl.types import TrainedPolicy
@@ -58,6 +59,22 @@ def coordinator_config(wl: Workload) -> Any:
         "psrl.proactive_filter_strategy.scope": wl.proactive_scope,
         "trainer.seed": wl.seed,
     }
+    if wl.adaptive.enable:  # psrl train's controller, fed the sim.divergence figures of the step rows
+        a = wl.adaptive
+        items.update(
+            {
+                f"psrl.adaptive_staleness.{k}": str(v).lower() if isinstance(v, bool) else v
+                for k, v in (
+                    ("enable", True),
+                    ("min", a.min),
+                    ("every", a.every),
+                    ("idle_frac", a.idle_frac),
+                    ("ess_min", a.ess_min),
+                    ("m2_max", a.m2_max),
+                    ("kl_max", a.kl_max),
+                )
+            }
+        )
     if wl.proactive_scope == "head":  # grace is head scope's (the config rejects it with window, where it is moot)
         items["psrl.proactive_filter_strategy.grace"] = wl.proactive_grace
     if wl.decode:
@@ -84,6 +101,7 @@ class _Meter:
         self.busy = 0.0  # integral of running generations over time
         self.last = 0.0
         self.finished = False
+        self.log = StepLog()
 
     def tick(self, now: float, delta: int) -> None:
         self.busy += self.running * (now - self.last)
@@ -153,6 +171,7 @@ class _SimTrainer:
         meter, wl = self.meter, self.meter.wl
         rec = meter.rec
         tokens = 0.0
+        lags = [int(batch.version) - int(t.v_traj) for members in batch.groups for t in members]
         for members in batch.groups:
             for t in members:
                 slot = t.gen_seconds if t.truncated else meter.drawn[t.uid]
@@ -166,7 +185,7 @@ class _SimTrainer:
         rec.step_done(loop.time(), dur, meter.busy)
         if int(batch.version) + 1 >= wl.steps:
             meter.finished = True  # what shutdown cancels next is not the policy's doing
-        return {}
+        return dict(wl.divergence.batch(lags))  # sim.divergence: the row's divergence/*, as the trainer reports
 
 
 class _Sink:
@@ -187,7 +206,10 @@ class _Sink:
         meter.rec.discarded(meter.drawn[uid], slot)
 
     def metric(self, row: dict) -> None:
-        pass
+        log = self.meter.log
+        if log.rows and row.get("staleness/bound") != log.rows[-1].get("staleness/bound"):
+            log.moves += 1
+        log.add(row)
 
 
 def _engines(wl: Workload) -> list:
@@ -258,4 +280,7 @@ class CoordinatorPolicy:
             if uid not in meter.recorded:  # cancelled mid-generation (a truncated one was recorded)
                 meter.rec.cancelled(meter.drawn[uid], ran)
         self.t_drawn = list(meter.drawn.values())
-        return meter.rec.result(self.name, wl.ideal_steps_per_hour(), len(meter.drawn))
+        name = f"{self.name}+adaptive" if wl.adaptive.enable else self.name
+        res = meter.rec.result(name, wl.ideal_steps_per_hour(), len(meter.drawn))
+        res.extra.update(meter.log.extra(warmup_steps(len(meter.log.rows))))
+        return res

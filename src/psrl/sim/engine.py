@@ -262,6 +262,7 @@ class Engine:
         self.trainer_busy = False
         self.trainer_version += 1
         self.rec.step_done(self.now, duration, self._busy_integral)
+        self.on_step_done(duration)
         v = self.trainer_version
         if v >= self.wl.steps:
             return  # the run ends here: start nothing more
@@ -299,6 +300,9 @@ class Engine:
     def on_trainer_free(self) -> None:
         """The trainer finished a step; start the next one if data is ready."""
         raise NotImplementedError
+
+    def on_step_done(self, duration: float) -> None:
+        """Training step ``trainer_version`` ended after ``duration`` seconds of training (before its publish)."""
 
     def publishes(self, version: int) -> bool:
         """Whether generators receive weights ``version`` (every version by default)."""

@@ -24,7 +24,9 @@ Nothing of the protocol is re-implemented here. The engine only decides *when* t
 
 from __future__ import annotations
 
+from psrl.sim.divergence import StepLog
 from psrl.sim.engine import Engine, Group
+from psrl.sim.metrics import Result, warmup_steps
 from psrl.sim.workload import Workload
 from psrl.staleness import BufferState, StalenessManager, StaleVersionError
 
@@ -56,6 +58,37 @@ class PsrlPolicy(Engine):
         # head scope: when the trainer began waiting for buffer T (T = 0: from the start, as psrl train's trainer)
         self._waiting_since: dict[int, float] = {0: 0.0}
         self._grace_armed: set[int] = set()
+        # psrl.adaptive_staleness: psrl train's controller, fed the simulated step rows (sim.divergence)
+        self.log = StepLog()
+        self._div: dict[str, float] = {}
+        self._last_end = 0.0
+        self.controller = None
+        if wl.adaptive.enable:
+            from psrl.runtime.adaptive import StalenessController
+
+            self.controller = StalenessController(wl.adaptive, wl.staleness, self.m.set_staleness)
+            self.name = "psrl+adaptive"
+
+    def run(self) -> Result:
+        res = super().run()
+        res.extra.update(self.log.extra(warmup_steps(self.trainer_version)))
+        return res
+
+    def on_step_done(self, duration: float) -> None:
+        """The step row psrl train would write (the figures the controller reads); a move applies to the next
+        reservation."""
+        row = {
+            "step": self.trainer_version,
+            "time/step_s": self.now - self._last_end,
+            "time/train_s": duration,
+            **self._div,
+            "staleness/bound": self.m.staleness,
+        }
+        self._last_end = self.now
+        self.log.add(row)
+        if self.controller is not None and self.controller.observe(row) is not None:
+            self.log.moves += 1
+            self.blocked = False
 
     # ------------------------------------------------------------------ reserve
 
@@ -132,6 +165,7 @@ class PsrlPolicy(Engine):
             by_entry.pop(g.key, None)
         self.blocked = False
         self._drain()
+        self._div = self.wl.divergence.batch(batch.version - self.t_ver[i] for i in trajs)
         self.start_training(trajs, batch.version)
         self._proactive()
 
@@ -155,7 +189,7 @@ class PsrlPolicy(Engine):
         m = self.m
         T = m.train_version
         changed = False
-        last = T + self.eta
+        last = T + self.m.staleness  # the bound in force (psrl.adaptive_staleness may hold it under the ceiling)
         if self.wl.proactive_scope == "head":
             if self.trainer_busy:
                 return False

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from psrl.config import Config, ConfigError
+from psrl.config import AdaptiveStalenessConfig, Config, ConfigError
 from psrl.runtime.recorder import jsonl_lines
+from psrl.sim.divergence import DivergenceModel
 
 __all__ = [
     "Workload",
@@ -106,6 +107,11 @@ class Workload:
     decode_row_time: float = 0.002
     decode_speeds: tuple = ()
     decode_max_running: int | None = None
+    divergence: DivergenceModel = DivergenceModel()
+    """``sim.divergence``: each trained batch's lag -> ``divergence/*`` in the step rows."""
+    adaptive: AdaptiveStalenessConfig = AdaptiveStalenessConfig()
+    """``psrl.adaptive_staleness``: the psrl and coordinator policies move the bound under ``staleness`` (the
+    ceiling) with psrl train's controller when ``adaptive.enable``."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> Workload:
@@ -156,6 +162,13 @@ class Workload:
             decode_row_time=s.decode.row_time,
             decode_speeds=_speeds(s.decode.speeds),
             decode_max_running=s.decode.max_running,
+            divergence=DivergenceModel(
+                lr_scale=s.divergence.lr_scale,
+                kl_coef=s.divergence.kl_coef,
+                m2_coef=s.divergence.m2_coef,
+                ess_coef=s.divergence.ess_coef,
+            ),
+            adaptive=p.adaptive_staleness,
         )
         return wl.check()
 
