@@ -32,6 +32,7 @@ from psrl.runtime.watch import RunWatch
 from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
+from psrl.train.launch import Launcher, LocalRanks
 from psrl.train.sharded import ShardedTrainer
 from psrl.types import Engine, Sink, StepTrainer, WeightState
 
@@ -145,13 +146,14 @@ def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepT
     if world == 1:
         return Trainer(policy, cfg.algorithm, cfg.trainer)
     work = recorder.run_dir if recorder is not None else None
-    keep = cfg.psrl.staleness + 2
+    launch: Launcher = LocalRanks
     if cfg.runtime.backend == "ray":  # rank actors in a placement group (runtime/ray_ranks.py)
         from psrl.runtime.ray_ranks import ray_launcher
 
         launch = ray_launcher(cfg.runtime.ray_address)
-        return ShardedTrainer(policy, cfg.algorithm, cfg.trainer, world, work, cfg.model.dtype, keep, launch)
-    return ShardedTrainer(policy, cfg.algorithm, cfg.trainer, world, work, cfg.model.dtype, keep)
+    return ShardedTrainer(
+        policy, cfg.algorithm, cfg.trainer, world, work, cfg.model.dtype, cfg.psrl.staleness + 2, launch
+    )
 
 
 def _build(

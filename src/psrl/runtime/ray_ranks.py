@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
-import tempfile
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any, NoReturn
 
 from psrl.errors import ConfigError
 from psrl.runtime.ray_runtime import ensure_ray
-from psrl.train.launch import LOG_TAIL, Launcher, RankFailure, join_group, leave_group, redirect_output
+from psrl.train.launch import Launcher, RankFailure, RankGroup, join_group, leave_group, redirect_output
 from psrl.train.worker import RankWorker, WorkerSpec
 
 __all__ = ["RayRanks", "RankActor", "rank_bundles", "ray_launcher"]
@@ -97,7 +96,7 @@ class RankActor:
         leave_group()
 
 
-class RayRanks:
+class RayRanks(RankGroup):
     """``world_size`` trainer ranks as Ray actors in one placement group (see the module docstring).
 
     Args:
@@ -121,12 +120,7 @@ class RayRanks:
 
         import ray
 
-        if world_size < 2:
-            raise ValueError(f"RayRanks needs world_size >= 2 (1 runs InProcess), got {world_size}")
-        self.world_size = world_size
-        self.reply_timeout_s = reply_timeout_s
-        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="psrl-ranks-"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(world_size, reply_timeout_s, log_dir)
         ensure_ray(address)
         bundles = rank_bundles(world_size, spec.device)
         self.pg: Any = placement_group(bundles, strategy="PACK")
@@ -149,10 +143,6 @@ class RayRanks:
             self.actors.append(remote.options(**opts).remote(spec, rank, world_size, log))
         host, port = self._run(lambda: [self.actors[0].rendezvous.remote()])[0]
         self._run(lambda: [a.start.remote(host, port) for a in self.actors])
-
-    def log_path(self, rank: int) -> Path:
-        """Where rank ``rank``'s stdout and stderr go (on its node)."""
-        return self.log_dir / f"rank{rank}.log"
 
     @property
     def pids(self) -> list[int]:
@@ -220,13 +210,6 @@ class RayRanks:
         self.kill()
         raise RankFailure(rank, what, tail if tail is not None else self._tail(rank))
 
-    def _tail(self, rank: int) -> str:
-        try:
-            lines = self.log_path(rank).read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-LOG_TAIL:])
-
     def close(self, timeout_s: float = 30.0) -> None:
         """Ask every rank to leave the group, then end the actors and free the placement group."""
         import ray
@@ -247,12 +230,6 @@ class RayRanks:
         if self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None
-
-    def __enter__(self) -> RayRanks:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 async def _outcome(ref: Any) -> tuple[str, Any]:

@@ -19,6 +19,7 @@ between 1 and 1.25 periods after the last progress.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -127,18 +128,7 @@ def stall_report(coord: Coordinator, idle: float, events: int = 50) -> dict:
                 "in": "model turn" if t.in_model_turn else "tool call or reward",
             }
         )
-    instances = [
-        {
-            "index": i.index,
-            "version": i.version,
-            "dead": i.dead,
-            "syncing": i.syncing,
-            "active": i.active,
-            "queued": i.queued,
-            "in_flight": flight.get(i.index, []),
-        }
-        for i in status.instances
-    ]
+    instances = [{**dataclasses.asdict(i), "in_flight": flight.get(i.index, [])} for i in status.instances]
     n_flight = sum(len(v) for v in flight.values())
     oldest = max((t["age_s"] for v in flight.values() for t in v), default=0.0)
     states = " ".join(f"{b}:{v['state']}" for b, v in buffers.items())

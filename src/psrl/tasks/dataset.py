@@ -147,18 +147,9 @@ class DatasetTask(Task):
     def _row(self, f: str, i: int, raw: dict) -> Row | None:
         d = self.data
         where = f"{f} row {i}"
-        try:
-            prompt = dig(raw, d.prompt_key)
-        except KeyError:
-            raise DataError(
-                f"{where}: no prompt at data.prompt_key={d.prompt_key!r} (columns: {sorted(raw)})"
-            ) from None
-        try:
-            answer = dig(raw, d.answer_key)
-        except KeyError:
-            raise DataError(
-                f"{where}: no answer at data.answer_key={d.answer_key!r} (columns: {sorted(raw)})"
-            ) from None
+        prompt, answer = (
+            self._column(raw, where, n, k) for n, k in (("prompt", d.prompt_key), ("answer", d.answer_key))
+        )
         text = self.render(prompt, where)
         bad: list[str] = getattr(self.tokenizer, "unknown", lambda _t: [])(text)
         if bad:
@@ -178,6 +169,14 @@ class DatasetTask(Task):
             )
         extra = raw.get("extra_info")
         return Row(f, i, text, ids, answer, str(raw.get("data_source") or ""), extra if extra is not None else {})
+
+    @staticmethod
+    def _column(raw: dict, where: str, name: str, key: str) -> Any:
+        """The row's value at ``data.<name>_key`` (a dotted path), or a DataError naming the key and the columns."""
+        try:
+            return dig(raw, key)
+        except KeyError:
+            raise DataError(f"{where}: no {name} at data.{name}_key={key!r} (columns: {sorted(raw)})") from None
 
     def render(self, prompt: Any, where: str) -> str:
         """The prompt text: a string as is; chat messages through the chat template (else their contents)."""

@@ -28,7 +28,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,7 @@ __all__ = [
     "Ranks",
     "Launcher",
     "LocalRanks",
+    "RankGroup",
     "InProcess",
     "free_port",
     "serve",
@@ -107,7 +108,40 @@ class InProcess:
         """Nothing to stop."""
 
 
-class LocalRanks:
+class RankGroup:
+    """What both multi-rank launchers share (:class:`LocalRanks`, :class:`psrl.runtime.ray_ranks.RayRanks`): the
+    rank count, the bound on every reply, one log file per rank (quoted in a :class:`RankFailure`)."""
+
+    def __init__(self, world_size: int, reply_timeout_s: float, log_dir: str | Path | None):
+        if world_size < 2:
+            raise ValueError(f"{type(self).__name__} needs world_size >= 2 (1 runs InProcess), got {world_size}")
+        self.world_size = world_size
+        self.reply_timeout_s = reply_timeout_s
+        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="psrl-ranks-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def log_path(self, rank: int) -> Path:
+        """Where rank ``rank``'s stdout and stderr go (on its node)."""
+        return self.log_dir / f"rank{rank}.log"
+
+    def _tail(self, rank: int) -> str:
+        try:
+            lines = self.log_path(rank).read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-LOG_TAIL:])
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalRanks(RankGroup):
     """``world_size`` rank processes on this machine (spawned, so nothing of the driver's state is inherited)."""
 
     def __init__(
@@ -117,12 +151,7 @@ class LocalRanks:
         reply_timeout_s: float = 300.0,
         log_dir: str | Path | None = None,
     ):
-        if world_size < 2:
-            raise ValueError(f"LocalRanks needs world_size >= 2 (1 runs InProcess), got {world_size}")
-        self.world_size = world_size
-        self.reply_timeout_s = reply_timeout_s
-        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="psrl-ranks-"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(world_size, reply_timeout_s, log_dir)
         ctx = mp.get_context("spawn")
         port = free_port()
         self.conns: list[Connection] = []
@@ -138,10 +167,6 @@ class LocalRanks:
             self.conns.append(ours)
             self.procs.append(p)
         self._gather()  # each rank answers "ready" once its model is built and loaded
-
-    def log_path(self, rank: int) -> Path:
-        """Where rank ``rank``'s stdout and stderr go."""
-        return self.log_dir / f"rank{rank}.log"
 
     @property
     def pids(self) -> list[int | None]:
@@ -198,13 +223,6 @@ class LocalRanks:
         self.kill()
         raise RankFailure(rank, what, tail if tail is not None else self._tail(rank))
 
-    def _tail(self, rank: int) -> str:
-        try:
-            lines = self.log_path(rank).read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-LOG_TAIL:])
-
     def close(self, timeout_s: float = 30.0) -> None:
         """Ask every rank to stop; kill those that have not within ``timeout_s``."""
         for c in self.conns:
@@ -225,12 +243,6 @@ class LocalRanks:
             p.join(timeout=10)
         for c in self.conns:
             c.close()
-
-    def __enter__(self) -> LocalRanks:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def serve(conn: Connection, spec: WorkerSpec, rank: int, world_size: int, port: int, log: str | None) -> None:

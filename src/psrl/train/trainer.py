@@ -298,12 +298,11 @@ def logprob_mismatch(
     width = min(recomputed.shape[1], behav.shape[1], versions.shape[1])
     same = (mask[:, :width] > 0) & (versions[:, :width] == int(version))
     diff = (recomputed[:, :width] - behav[:, :width]).abs()[same]
-    if diff.numel() == 0:
-        return {"engine/logprob_mismatch_mean": 0.0, "engine/logprob_mismatch_max": 0.0, "engine/mismatch_tokens": 0.0}
+    n = diff.numel()
     return {
-        "engine/logprob_mismatch_mean": float(diff.mean()),
-        "engine/logprob_mismatch_max": float(diff.max()),
-        "engine/mismatch_tokens": float(diff.numel()),
+        "engine/logprob_mismatch_mean": float(diff.mean()) if n else 0.0,
+        "engine/logprob_mismatch_max": float(diff.max()) if n else 0.0,
+        "engine/mismatch_tokens": float(n),
     }
 
 

@@ -162,24 +162,14 @@ class RankWorker:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
 
     def handle(self, cmd: str, arg: Any) -> Any:
-        """Run one command (a name of :data:`COMMANDS`)."""
-        if cmd == "logprobs":
-            return self.logprobs(arg)
-        if cmd == "train_step":
-            return self.train_step(arg)
-        if cmd == "digest":
-            return self.digest()
-        if cmd == "state":
-            return self.state()
-        if cmd == "save":  # a directory, or (directory, with the optimiser state)
-            return self.save(*arg) if isinstance(arg, tuple) else self.save(arg)
-        if cmd == "load":
-            return self.load(arg)
-        if cmd == "publish":
-            return self.publish(*arg)
-        if cmd == "usage":
-            return self.usage()
-        raise ValueError(f"unknown trainer command {cmd!r}, use one of {COMMANDS}")
+        """Run one command (a name of :data:`COMMANDS`): the method of that name, with ``arg`` (a tuple: its
+        arguments; ``save`` takes a directory, or (directory, with the optimiser state)), or none."""
+        if cmd not in COMMANDS:
+            raise ValueError(f"unknown trainer command {cmd!r}, use one of {COMMANDS}")
+        method = getattr(self, cmd)
+        if cmd in ("digest", "state", "usage"):
+            return method()
+        return method(*arg) if isinstance(arg, tuple) else method(arg)
 
     def _forward(self, inp: StepInput, rows: tuple[int, ...]) -> Tensor:
         """``[b, T]`` log-probs of the rows' response tokens, one right-padded forward (as
@@ -350,12 +340,8 @@ class RankWorker:
         params = sum(local(p) for p in self.model.parameters())
         optim = sum(local(v) for st in self.optimizer.state.values() for v in st.values() if isinstance(v, Tensor))
         status = Path("/proc/self/status")
-        hwm = (
-            [ln.split()[1] for ln in status.read_text().splitlines() if ln.startswith("VmHWM:")]
-            if status.exists()
-            else []
-        )
-        rss = int(hwm[0]) * 1024 if hwm else 0  # kB
+        lines = status.read_text().splitlines() if status.exists() else []
+        rss = next((int(ln.split()[1]) * 1024 for ln in lines if ln.startswith("VmHWM:")), 0)  # kB
         return {"param_bytes": params, "optim_bytes": optim, "peak_rss_bytes": rss}
 
     def state(self) -> dict[str, np.ndarray] | None:

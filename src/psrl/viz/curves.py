@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 from psrl.viz.events import read_valid, valid
 
@@ -84,20 +85,12 @@ def curves_figure(run_dir: Path):
             [r[x_key] for r in steps], [r["reward/mean"] for r in steps], color="tab:blue", label="reward/mean (batch)"
         )
         if vals:
-            ax.plot(
-                [r[vx_key] for r in vals],
-                [r["val/accuracy"] for r in vals],
-                "o-",
-                color="tab:red",
-                label="val/accuracy",
-            )
-            ax.plot(
-                [r[vx_key] for r in vals],
-                [r["val/pass@k"] for r in vals],
-                "s--",
-                color="tab:orange",
-                label=f"val/pass@{int(vals[-1].get('val/k', 1))}",
-            )
+            pass_k = f"val/pass@{int(vals[-1].get('val/k', 1))}"
+            for key, style, color, name in (
+                ("val/accuracy", "o-", "tab:red", "val/accuracy"),
+                ("val/pass@k", "s--", "tab:orange", pass_k),
+            ):
+                ax.plot([r[vx_key] for r in vals], [r[key] for r in vals], style, color=color, label=name)
         ax.set_xlabel(label)
         ax.set_ylabel("reward / accuracy")
         _legend(ax, loc="lower right")
@@ -115,9 +108,7 @@ def curves_figure(run_dir: Path):
     _legend(ax)
     ax = axes[1, 1]
     for key in ("staleness/mean", "staleness/max", "staleness/bound"):  # bound: psrl.staleness or the controller's
-        pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
-        if pts:
-            ax.plot(*zip(*pts), label=key)
+        _plot_key(ax, steps, key)
     ax.set_xlabel("step")
     _legend(ax)
     panels = (
@@ -130,9 +121,7 @@ def curves_figure(run_dir: Path):
     )
     for ax, ylabel, keys in panels:
         for key in keys:
-            pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
-            if pts:
-                ax.plot(*zip(*pts), label=key)
+            _plot_key(ax, steps, key)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         _legend(ax)
@@ -140,6 +129,13 @@ def curves_figure(run_dir: Path):
     fig.suptitle(f"learning curves of {run_dir.name}")
     fig.tight_layout()
     return fig
+
+
+def _plot_key(ax, steps: list[dict], key: str, *style: str, **kw: Any) -> None:
+    """``key`` against step, over the rows that hold a number for it (none: nothing drawn)."""
+    pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
+    if pts:
+        ax.plot(*zip(*pts), *style, label=key, **kw)
 
 
 def _divergence_panels(by_step, by_level, steps: list[dict]) -> None:
@@ -151,9 +147,7 @@ def _divergence_panels(by_step, by_level, steps: list[dict]) -> None:
         (right, "divergence/m2", "--"),
         (right, "divergence/kl", ":"),
     ):
-        pts = [(r["step"], r[key]) for r in steps if _num(r.get(key))]
-        if pts:
-            ax.plot(*zip(*pts), style, label=key, color={"-": "tab:blue", "--": "tab:red", ":": "tab:purple"}[style])
+        _plot_key(ax, steps, key, style, color={"-": "tab:blue", "--": "tab:red", ":": "tab:purple"}[style])
     by_step.set_xlabel("step")
     by_step.set_ylabel("ESS (normalised)")
     right.set_ylabel("M2 (nats^2), KL (nats)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from psrl.metrics import checked
@@ -128,20 +128,18 @@ class MemorySink:
         self.metrics.append(checked(row))
 
 
+@dataclass(eq=False, slots=True)
 class Member:
     """One launched trajectory of a group (one agent worker)."""
 
-    __slots__ = ("idx", "uid", "task", "session", "started", "cancelled", "done", "keep_slot")
-
-    def __init__(self, idx: int, uid: str):
-        self.idx = idx
-        self.uid = uid
-        self.task: asyncio.Task | None = None
-        self.session: Session | None = None
-        self.started = 0.0
-        self.cancelled = False
-        self.done = False
-        self.keep_slot = False
+    idx: int
+    uid: str
+    task: asyncio.Task | None = None
+    session: Session | None = None
+    started: float = 0.0
+    cancelled: bool = False
+    done: bool = False
+    keep_slot: bool = False
 
     def cancel(self) -> None:
         """Stop it: marked cancelled (filters and remedies pass it by), its task cancelled."""
@@ -150,21 +148,19 @@ class Member:
             self.task.cancel()
 
 
+@dataclass(eq=False, slots=True)
 class Group:
     """A reserved group entry and the members generating for it. What the entry holds (its completed
     trajectories) and whether it occupies a buffer is the staleness manager's: ``entry_members``,
     ``entry_buffer``, ``drain_aborted_groups``."""
 
-    __slots__ = ("eid", "uid", "prompt", "version", "members", "next_idx", "proactive")
-
-    def __init__(self, eid: Hashable, uid: str, prompt: Prompt, version: int):
-        self.eid = eid
-        self.uid = uid
-        self.prompt = prompt
-        self.version = version
-        self.members: dict[int, Member] = {}
-        self.next_idx = 0
-        self.proactive = False
+    eid: Hashable
+    uid: str
+    prompt: Prompt
+    version: int
+    members: dict[int, Member] = field(default_factory=dict)
+    next_idx: int = 0
+    proactive: bool = False
 
     def live(self) -> list[Member]:
         """Members still generating (not finished, not being cancelled), in launch order."""

@@ -65,10 +65,13 @@ class ProactiveRemedies:
                 break  # the group resolved (occupied / ended) on an earlier member
             m.cancel()
             episode = m.session.partial_episode() if m.session is not None else Episode(truncated=True)
-            if self.reward_is_async:
-                self.complete_truncated_later(g, m, episode)
+            if self.reward.is_async:  # complete it once its reward is in
+                t = asyncio.get_running_loop().create_task(self._complete_truncated(g, m, episode))
+                self._deferred.add(t)
+                t.add_done_callback(self._deferred.discard)
                 continue
-            reward = self.reward_now(g, m, episode)
+            # a synchronous reward: _reward's coroutine (the same retries) never suspends, so it runs to its end here
+            reward = run_to_end(self._reward(g, m, episode), f"reward_now: the reward of {type(self.task).__name__}")
             if reward is not None:
                 self._complete_as_truncated(g, m, episode, reward)
         return True
@@ -80,22 +83,6 @@ class ProactiveRemedies:
             return None
         g.proactive = True
         return g
-
-    def reward_now(self, g: Group, m: Member, episode: Episode) -> dict | None:
-        """:meth:`_reward` (the same retries) run to its end here, for a task whose reward is synchronous, so the
-        proactive filter acts at once: with a synchronous reward that coroutine never suspends."""
-        return run_to_end(self._reward(g, m, episode), f"reward_now: the reward of {type(self.task).__name__}")
-
-    @property
-    def reward_is_async(self) -> bool:
-        return self.reward.is_async
-
-    def complete_truncated_later(self, g: Group, m: Member, episode: Episode) -> None:
-        """Force-complete ``m`` with ``episode`` once its (async) reward is in; the proactive filter's path
-        for tasks whose reward must be awaited."""
-        t = asyncio.get_running_loop().create_task(self._complete_truncated(g, m, episode))
-        self._deferred.add(t)
-        t.add_done_callback(self._deferred.discard)
 
     async def _complete_truncated(self, g: Group, m: Member, episode: Episode) -> None:
         reward = await self._reward(g, m, episode)

@@ -167,17 +167,13 @@ class InstancePool:
     async def ready(self) -> None:
         """Return once every instance's engine is started and holds the newest published version; an instance
         whose loop ends first (its engine cannot start) raises its error here."""
-        ready = asyncio.ensure_future(self._all_ready())
+        ready = asyncio.gather(*(inst.ready.wait() for inst in self.instances))
         done, _ = await asyncio.wait([ready, *self._loops], return_when=asyncio.FIRST_COMPLETED)
         if ready not in done:
             ready.cancel()
             for fut in done:
                 fut.result()  # raises the engine's start-up error
             raise RuntimeError("a rollout instance stopped before its engine was ready")
-
-    async def _all_ready(self) -> None:
-        for inst in self.instances:
-            await inst.ready.wait()
 
     async def stop(self) -> None:
         for inst in self.instances:
