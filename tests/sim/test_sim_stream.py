@@ -8,7 +8,8 @@ import pytest
 
 from psrl.config import ConfigError, load_config
 from psrl.sim import POLICIES, Workload
-from psrl.sim.workload import _CHUNK, load_trace
+from psrl.sim.trace import load_trace
+from psrl.sim.workload import _CHUNK
 
 WL = Workload(
     slots=16,

@@ -5,7 +5,7 @@ A run directory holds ``config.yaml``, ``trajectories.jsonl`` and ``metrics.json
 the run's own config (or another config, e.g. a recommended one, over the same run's timings) with
 
 * ``sim.gen_time.dist=trace`` on the run's ``trajectories.jsonl``: the measured ``gen_seconds`` in launch
-  order (:func:`psrl.sim.workload.load_trace_records`), corrected by :func:`replay_trace`;
+  order (:func:`psrl.sim.trace.load_trace_records`), corrected by :func:`replay_trace`;
 * the training step time: the mean ``time/train_s`` of its ``metrics.jsonl``;
 * ``sim.slots`` = ``psrl.deployment.n_rollout_instances x psrl.routing_strategy.max_concurrent_seqs_per_instance``
   (the agent workers of the config replayed);
@@ -37,7 +37,8 @@ import numpy as np
 
 from psrl.config import Config, load_config
 from psrl.sim.metrics import warmup_steps
-from psrl.sim.workload import Workload, launch_key, load_trace_records
+from psrl.sim.trace import launch_key, load_trace_records
+from psrl.sim.workload import Workload
 
 __all__ = [
     "EXTENSION",
