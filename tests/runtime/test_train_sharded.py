@@ -64,6 +64,7 @@ def test_psrl_train_at_two_ranks_completes_audited_and_resumes(tmp_path, monkeyp
         return ranks
 
     monkeypatch.setattr(ShardedTrainer, "start", start_and_look)
+    before = set(multiprocessing.active_children())  # a session's 2-rank fixture (tests/train) may be running
     run_dir = tmp_path / "run"
     args = TINY + [f"trainer.run_dir={run_dir}", "psrl.staleness=0", TWO]
     assert main(args + ["trainer.total_steps=3"]) == 0
@@ -78,7 +79,7 @@ def test_psrl_train_at_two_ranks_completes_audited_and_resumes(tmp_path, monkeyp
     final = build_policy_from(run_dir / "final")
     assert version == 3 and all(torch.equal(published[k], v) for k, v in final.items())
     assert (run_dir / "checkpoint" / "ranks").is_dir()
-    assert multiprocessing.active_children() == []  # the ranks were closed at the end
+    assert set(multiprocessing.active_children()) <= before  # the ranks were closed at the end
 
     families = {f"{m.name[:-1]}{x}" for m in METRICS for x in m.members}
     assert families | set(INDEX) <= set(rows[-1])  # every listed metric is written, as at 1 rank
@@ -88,7 +89,7 @@ def test_psrl_train_at_two_ranks_completes_audited_and_resumes(tmp_path, monkeyp
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
     saved = dcp.FileSystemReader(str(run_dir / "checkpoint" / "ranks")).read_metadata().state_dict_metadata
     assert saved and not any(k.startswith("optim.") for k in saved)  # trainer.save_optimizer=false honoured
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) <= before
 
 
 def build_policy_from(directory: Path) -> dict[str, torch.Tensor]:
@@ -232,6 +233,7 @@ def test_a_run_saved_at_one_world_size_resumes_at_the_other(tmp_path):
 @pytest.mark.slow
 def test_psrl_train_continues_a_run_at_another_world_size(tmp_path):
     """The same run directory at 1 rank, then 2, then 1 again: each resumes the checkpoint the other wrote."""
+    before = set(multiprocessing.active_children())  # a session's 2-rank fixture (tests/train) may be running
     run_dir = tmp_path / "run"
     args = TINY + [f"trainer.run_dir={run_dir}"]
     assert main(args + ["trainer.total_steps=1"]) == 0
@@ -240,7 +242,7 @@ def test_psrl_train_continues_a_run_at_another_world_size(tmp_path):
     assert main(args + ["trainer.total_steps=3"]) == 0
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 2) == 3 * 2 * 2
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) <= before
 
 
 @pytest.mark.slow
