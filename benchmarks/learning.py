@@ -5,7 +5,8 @@ starts from those weights; the real coordinator (the code of ``psrl train``) tra
 steps on the same prompt stream at each ``--staleness`` (``psrl.staleness``; 0, synchronous, always
 runs) with the preset's own corrections (``default``), and at each ``--correction-staleness`` for
 every other ``--corrections`` variant (``m2po``: ``algorithm.rollout_correction.m2po=true``;
-``ess_lr``: ``algorithm.rollout_correction.ess_lr=true``). Every ``--val-every`` steps the
+``ess_lr``: ``algorithm.rollout_correction.ess_lr=true``; ``adaptive``: ``psrl.adaptive_staleness.enable=true``,
+the controller choosing the bound below the ceiling ``psrl.staleness``). Every ``--val-every`` steps the
 trainer's weights are copied aside, and after the run each copy is validated
 (:func:`psrl.runtime.validate.validate`: greedy ``val/accuracy``, ``val/pass@k``) outside the
 timed loop, so validating does not slow the run it measures.
@@ -125,6 +126,7 @@ CORRECTIONS = {
     "default": [],  # the preset's own corrections
     "m2po": ["algorithm.rollout_correction.m2po=true"],
     "ess_lr": ["algorithm.rollout_correction.ess_lr=true"],
+    "adaptive": ["psrl.adaptive_staleness.enable=true"],  # psrl.staleness is the controller's ceiling
 }
 
 
@@ -178,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{corr} staleness {eta} seed {seed}: {run['s_per_step']:.3f} s/step, val/accuracy "
                 f"{run['vals'][0]['val/accuracy']:.3f} -> {run['vals'][-1]['val/accuracy']:.3f}, realised max "
-                f"staleness {run['realised_max']} ({run['steps_at_bound']} steps at it), ess/m2/kl "
+                f"staleness {run['realised_max']} ({run['steps_at_bound']} steps at it), mean bound "
+                f"{run.get('bound_mean') or eta:.2f}, ess/m2/kl "
                 + "/".join(f"{v:.4g}" if v is not None else "-" for v in run["divergence"].values()),
                 flush=True,
             )

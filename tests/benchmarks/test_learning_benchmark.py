@@ -20,6 +20,7 @@ def test_learning_benchmark_runs_and_ends_with_one_json_line(tmp_path):
         "--corrections",
         "default",
         "m2po",
+        "adaptive",
         "--correction-staleness",
         "2",
         "--val-every",
@@ -33,11 +34,13 @@ def test_learning_benchmark_runs_and_ends_with_one_json_line(tmp_path):
         "model.n_head=2",
     )
     assert last["seeds"] == [1, 2]
-    assert set(last["per_correction"]) == {"default", "m2po"}
+    assert set(last["per_correction"]) == {"default", "m2po", "adaptive"}
     assert set(last["per_correction"]["default"]) == {"0", "2"} and set(last["per_correction"]["m2po"]) == {"2"}
     sync = last["per_correction"]["default"]["0"]
     assert sync["counted"] == "2/2" and sync["val_accuracy"]["n"] == 2 and sync["seconds_per_step"]["mean"] > 0
     assert 0 < sync["ess"]["mean"] <= 1 and sync["m2"]["mean"] >= 0
+    adaptive = last["per_correction"]["adaptive"]["2"]  # the ceiling 2; counted whatever bound the controller set
+    assert adaptive["counted"] == "2/2" and 0 <= adaptive["bound_mean"]["mean"] <= 2
     # a run counts only if it reached its staleness over >= 4 x eta steps: 2 steps cannot reach staleness 2
     assert last["per_correction"]["m2po"]["2"]["counted"] == "0/2"
     assert {(c, s) for c, _, s, _ in last["not_counted"]} == {("default", 2), ("m2po", 2)}
