@@ -44,5 +44,5 @@ def test_learning_benchmark_runs_and_ends_with_one_json_line(tmp_path):
     # a run counts only if it reached its staleness over >= 4 x eta steps: 2 steps cannot reach staleness 2
     assert last["per_correction"]["m2po"]["2"]["counted"] == "0/2"
     assert {(c, s) for c, _, s, _ in last["not_counted"]} == {("default", 2), ("m2po", 2)}
-    assert set(last["max_staleness_within_one_std_of_sync"]) == {"default", "m2po"}
+    assert set(last["max_staleness_within_one_std_of_sync"]) == {"default", "m2po", "adaptive"}
     assert (tmp_path / "learning.png").exists()
