@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from psrl.runtime.recorder import read_jsonl  # noqa: E402
 from sim_vs_real import compare_run  # noqa: E402
 
 HEAD = [
@@ -45,7 +46,7 @@ HEAD = [
 def audit(run_dir: Path) -> dict:
     """Trained trajectories, violations of the bound (uids), truncated ones, statuses."""
     eta = int(yaml.safe_load((run_dir / "config.yaml").read_text())["psrl"]["staleness"])
-    recs = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines() if line.strip()]
+    recs = read_jsonl(run_dir / "trajectories.jsonl")
     trained = [r for r in recs if r.get("status") == "trained"]
     bad = [
         r["uid"]
@@ -125,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         xs = [r[key] for r in rows]
         return {"mean": statistics.fmean(xs), "std": statistics.pstdev(xs), "min": min(xs), "max": max(xs)}
 
+    err, cerr = spread("error"), spread("coordinator_error")
     worst = max(max(abs(r["error"]), abs(r["coordinator_error"])) for r in rows)
     clean = all(r["violations"] == 0 and r["max_staleness"] <= r["eta"] for r in rows)
     print(
         f"{len(rows)} runs ({time.perf_counter() - started:.0f}s): error of the psrl model "
-        f"{spread('error')['mean']:+.1%} +- {spread('error')['std']:.1%}, of the real coordinator "
-        f"{spread('coordinator_error')['mean']:+.1%} +- {spread('coordinator_error')['std']:.1%}; worst {worst:.1%} "
+        f"{err['mean']:+.1%} +- {err['std']:.1%}, of the real coordinator "
+        f"{cerr['mean']:+.1%} +- {cerr['std']:.1%}; worst {worst:.1%} "
         f"(tolerance {ns.tolerance:.0%}); audit {'clean' if clean else 'NOT clean'}  (runs: {root})"
     )
     print(
@@ -140,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                 "steps": ns.steps,
                 "config": HEAD + ns.overrides,
                 "runs": rows,
-                "error": spread("error"),
-                "coordinator_error": spread("coordinator_error"),
+                "error": err,
+                "coordinator_error": cerr,
                 "worst_abs_error": worst,
                 "tolerance": ns.tolerance,
                 "audit_clean": clean,

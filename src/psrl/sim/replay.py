@@ -104,17 +104,17 @@ def replay_trace(run_dir: Path, run_cfg: Config, seed: int) -> tuple[float, ...]
     n_launch = run_cfg.psrl.redundant_group_size
     keys = [launch_key(r) for r in recs]
     ordered = all(k is not None for k in keys)
+    cancels = ordered and n_launch > run_cfg.psrl.group_size  # N' > N: the slowest members were cancelled
     group_max: dict[int, float] = {}
-    if ordered and n_launch > run_cfg.psrl.group_size:
-        for k, r in zip(keys, recs):
-            assert k is not None
-            group_max[k[0]] = max(group_max.get(k[0], 0.0), float(r["gen_seconds"]))
     seen: set[tuple[int, int]] = set()
     for k, r in zip(keys, recs):
-        times.append(float(r["gen_seconds"]))
+        t = float(r["gen_seconds"])
+        times.append(t)
         censored.append(truncating and bool(r.get("truncated")))
         if k is not None:
             seen.add(k)
+            if cancels:
+                group_max[k[0]] = max(group_max.get(k[0], 0.0), t)
     if group_max:  # members the run launched but cancelled (N' > N): at least the group's slowest finished one
         missing = [(g, m) for g in group_max for m in range(n_launch) if (g, m) not in seen]
         for g, m in missing:

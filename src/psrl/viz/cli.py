@@ -50,10 +50,11 @@ def load_run(run_dir: Path, warn=print) -> tuple[dict, Counter, list[dict]]:
             "holds neither events.jsonl nor trajectories.jsonl",
             "give the run directory psrl train wrote (trainer.run_dir, or runs/<time>)",
         )
-    events, bad_e = read_valid(events_path, EVENT_FIELDS, skip=_is_bound)
-    bounds, bad_b = read_valid(events_path, BOUND_FIELDS, skip=lambda rec: not _is_bound(rec))
+    records, bad_e = read_valid(events_path, lambda rec: BOUND_FIELDS if _is_bound(rec) else EVENT_FIELDS)
+    events = [r for r in records if not _is_bound(r)]
+    bounds = [r for r in records if _is_bound(r)]
     trajs, bad_t = read_valid(traj_path, TRAJ_FIELDS)
-    bad = list(dict.fromkeys(bad_e + bad_b)) + bad_t  # a line that is not JSON is reported by both reads
+    bad = bad_e + bad_t
     if bad:
         warn(f"psrl viz: skipped {len(bad)} damaged line(s), first: {bad[0]}")
     return buffer_timeline(events), staleness_counts(trajs), bounds

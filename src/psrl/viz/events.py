@@ -23,12 +23,13 @@ def read_events(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def read_valid(
-    path: str | Path, fields: Mapping[str, tuple[type, ...]], skip: Callable[[object], bool] | None = None
-) -> tuple[list[dict], list[str]]:
+Fields = Mapping[str, tuple[type, ...]]
+
+
+def read_valid(path: str | Path, fields: Fields | Callable[[object], Fields]) -> tuple[list[dict], list[str]]:
     """``(records, damaged)`` of a JSONL file a run may have left damaged (killed mid-line, disk full, edited):
-    the records that parse and hold ``fields`` with those types, and one ``file:line: why`` per line that
-    does not; records for which ``skip`` is true are neither. A missing file reads as empty."""
+    the records that parse and hold ``fields`` with those types (``fields(record)`` when the fields depend on
+    the record's kind), and one ``file:line: why`` per line that does not. A missing file reads as empty."""
     p = Path(path)
     good: list[dict] = []
     bad: list[str] = []
@@ -38,9 +39,8 @@ def read_valid(
         if why is not None:
             bad.append(f"{p}:{n}: not JSON ({why})")
             continue
-        if skip is not None and skip(rec):
-            continue
-        missing = [k for k, tps in fields.items() if not isinstance(rec, dict) or not valid(rec.get(k), tps)]
+        want = fields(rec) if callable(fields) else fields
+        missing = [k for k, tps in want.items() if not isinstance(rec, dict) or not valid(rec.get(k), tps)]
         if missing:
             bad.append(f"{p}:{n}: no valid {missing[0]!r}")
             continue
