@@ -1,17 +1,24 @@
 """The adaptive staleness controller (``psrl.adaptive_staleness``): the bound of new reservations, from measurements.
 
 ``psrl.staleness`` is the ceiling; :meth:`psrl.staleness.StalenessManager.set_staleness` is the operation.
-Every ``every`` steps the controller reads the mean of the window's step rows and moves the bound by at most one:
+The controller judges windows of ``every`` step rows (their mean) and moves the bound by at most one:
 
 * **down** (not below ``min``) when the divergence of the trained batches left its limits: ``divergence/ess``
   below ``ess_min``, or ``divergence/m2`` above ``m2_max``, or ``divergence/kl`` above ``kl_max``;
 * **up** (not above the ceiling) when the divergence is inside its limits and the trainer spent at least
   ``idle_frac`` of the window waiting for its buffer: ``(time/step_s - time/train_s - time/publish_s) /
-  time/step_s`` summed over the window;
+  time/step_s`` summed over the window -- in as many windows in a row as the next bound's *hold*;
 * otherwise it stays.
 
-A move applies to reservations made after it (the core's rule, ``docs/staleness.md``): the window after a
-move still trains data reserved under the old bound, so the controller waits a whole window between moves.
+Two rules keep it from chasing its own tail (``docs/staleness.md``):
+
+* **Settle.** A move applies to reservations made after it, so the ``old`` steps after a move from bound
+  ``old`` may still train data reserved under it: the controller skips those rows, and judges the new bound
+  only on data reserved under it.
+* **Hold.** A bound the divergence sent it down from is one it should not retry at once: each time that
+  happens, that bound's hold doubles (1, 2, 4, ... windows in a row that justify a raise). Without it the
+  controller alternates between the last bound inside the limits and the first outside, and the run's mean
+  divergence sits above the limit (``docs/simulate.md``).
 """
 
 from __future__ import annotations
@@ -45,9 +52,18 @@ class StalenessController:
         self.bound = min(cfg.min, ceiling)
         self._set_bound(self.bound)
         self._window: list[Mapping[str, object]] = []
+        self._settle = 0
+        """Rows still to skip: steps that may train data reserved before the last move."""
+        self._hold: dict[int, int] = {}
+        """Per bound the divergence sent the controller down from: windows in a row needed to rise to it again."""
+        self._ready = 0
+        """Windows in a row, at the current bound, that justified a raise."""
 
     def observe(self, row: Mapping[str, object]) -> Move | None:
         """Take one step row; at the end of a window, the move it justifies (applied already), or None."""
+        if self._settle > 0:
+            self._settle -= 1
+            return None
         self._window.append(row)
         if len(self._window) < self.cfg.every:
             return None
@@ -55,11 +71,25 @@ class StalenessController:
         step = int(_num(window[-1], "step") or 0)
         down = self._divergence_out(window)
         if down is not None:
-            return self._move(step, self.bound - 1, down) if self.bound > self.cfg.min else None
+            self._ready = 0
+            if self.bound <= self.cfg.min:
+                return None
+            self._hold[self.bound] = 2 * self.hold(self.bound)
+            return self._move(step, self.bound - 1, down)
         idle = idle_fraction(window)
-        if idle >= self.cfg.idle_frac and self.bound < self.ceiling:
-            return self._move(step, self.bound + 1, f"trainer idle {idle:.2f} >= idle_frac {self.cfg.idle_frac}")
-        return None
+        if idle < self.cfg.idle_frac or self.bound >= self.ceiling:
+            self._ready = 0
+            return None
+        self._ready += 1
+        need = self.hold(self.bound + 1)
+        if self._ready < need:
+            return None
+        why = f"trainer idle {idle:.2f} >= idle_frac {self.cfg.idle_frac}"
+        return self._move(step, self.bound + 1, why + (f" in {need} windows in a row" if need > 1 else ""))
+
+    def hold(self, bound: int) -> int:
+        """Windows in a row that must justify a raise before the controller rises to ``bound``."""
+        return self._hold.get(bound, 1)
 
     def _divergence_out(self, window: list[Mapping[str, object]]) -> str | None:
         """Why the window's divergence is outside its limits, or None when it is inside (or not measured)."""
@@ -76,16 +106,28 @@ class StalenessController:
     def _move(self, step: int, new: int, reason: str) -> Move:
         old = self._set_bound(new)
         self.bound = new
+        self._settle = old
+        self._ready = 0
         return Move(step, old, new, reason)
 
     def state_dict(self) -> dict:
-        """The bound and the window so far (a resumed run continues the same judgement)."""
-        return {"bound": self.bound, "window": [dict(r) for r in self._window]}
+        """The bound, the window so far, the rows still to skip and the holds (a resumed run continues the same
+        judgement)."""
+        return {
+            "bound": self.bound,
+            "window": [dict(r) for r in self._window],
+            "settle": self._settle,
+            "hold": {str(b): n for b, n in self._hold.items()},
+            "ready": self._ready,
+        }
 
     def load_state_dict(self, state: Mapping) -> None:
         self.bound = max(self.cfg.min, min(int(state["bound"]), self.ceiling))
         self._set_bound(self.bound)
         self._window = [dict(r) for r in state.get("window", [])]
+        self._settle = int(state.get("settle", 0))
+        self._hold = {int(b): int(n) for b, n in state.get("hold", {}).items()}
+        self._ready = int(state.get("ready", 0))
 
 
 def idle_fraction(window: list[Mapping[str, object]]) -> float:
