@@ -167,7 +167,7 @@ def _build(
     sink: Sink | None,
     manager: StalenessManager | None,
     on_event: Callable[[Event], Any] | None,
-    on_bound: Callable[[Move], Any] | None = None,
+    on_bound: Callable[[Move], Any] | None,
 ) -> Coordinator:
     """:func:`build` once the task and the trainer exist."""
     ck = None
