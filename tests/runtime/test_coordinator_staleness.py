@@ -106,8 +106,8 @@ def test_positive_staleness_generates_while_training_and_is_faster(tmp_path):
 
 def test_the_adaptive_controller_raises_the_bound_while_the_trainer_waits_and_the_bound_holds(tmp_path):
     """psrl.adaptive_staleness on fakes (the trainer idles, no divergence measured): the bound starts at min and
-    rises one per window to the ceiling, skipping after each move from b the b rows that may still train data
-    reserved under b; every step trains data reserved under a bound already in force."""
+    rises one per window to the ceiling, not from a window holding one of the b rows after a move from b (they may
+    still train data reserved under b); every step trains data reserved under a bound already in force."""
     cfg = config(
         psrl__staleness=3,
         psrl__adaptive_staleness__enable=True,
@@ -119,10 +119,10 @@ def test_the_adaptive_controller_raises_the_bound_while_the_trainer_waits_and_th
     coord, rows, trajs, metrics = run_to_dir(tmp_path, cfg, 12, on_bound=moves.append)
     bounds = [m["staleness/bound"] for m in metrics]
     assert bounds[0] == 0 and bounds[-1] == 3
-    # what events.jsonl hears: windows 1-2, 3-4, then (step 5 skipped after the move from 1) 6-7
-    assert [(m.step, m.old, m.new) for m in moves] == [(2, 0, 1), (4, 1, 2), (7, 2, 3)]
+    # what events.jsonl hears: windows 1-2, 3-4, then 7-8 (5-6 holds step 5, after the move from 1)
+    assert [(m.step, m.old, m.new) for m in moves] == [(2, 0, 1), (4, 1, 2), (8, 2, 3)]
     assert all(b - a in (0, 1) for a, b in zip(bounds, bounds[1:]))
-    assert [i + 1 for i in range(len(bounds) - 1) if bounds[i + 1] != bounds[i]] == [2, 4, 7]  # one move per window
+    assert [i + 1 for i in range(len(bounds) - 1) if bounds[i + 1] != bounds[i]] == [2, 4, 8]  # one move per window
     for i, m in enumerate(metrics):  # step i+1 trains data reserved before it ended: under a bound of rows < i
         assert m["staleness/max"] <= max([0] + bounds[:i])
     assert check_bound(trajs, 3) == 12 * 2 * 2

@@ -1,11 +1,13 @@
 """The adaptive staleness controller (``psrl.adaptive_staleness``): the bound of new reservations, from measurements.
 
 ``psrl.staleness`` is the ceiling; :meth:`psrl.staleness.StalenessManager.set_staleness` is the operation.
-The controller judges windows of ``every`` step rows (their mean) and moves the bound by at most one:
+The controller judges windows of ``every`` step rows (their mean):
 
 * **down** (not below ``min``) when the divergence of the trained batches left its limits: ``divergence/ess``
-  below ``ess_min``, or ``divergence/m2`` above ``m2_max``, or ``divergence/kl`` above ``kl_max``;
-* **up** (not above the ceiling) when the divergence is inside its limits and the trainer spent at least
+  below ``ess_min``, or ``divergence/m2`` above ``m2_max``, or ``divergence/kl`` above ``kl_max``. The bound
+  about halves (:func:`lowered`: 8 -> 4, 4 -> 2, 2 -> 1): on the agentic task of ``docs/learning.md`` the
+  divergence shows a too-large bound only a few steps before learning breaks, so the way down is fast;
+* **up by one** (not above the ceiling) when the divergence is inside its limits and the trainer spent at least
   ``idle_frac`` of the window waiting for its buffer: ``(time/step_s - time/train_s - time/publish_s) /
   time/step_s`` summed over the window -- in as many windows in a row as the next bound's *hold*;
 * otherwise it stays.
@@ -13,8 +15,8 @@ The controller judges windows of ``every`` step rows (their mean) and moves the 
 Two rules keep it from chasing its own tail (``docs/staleness.md``):
 
 * **Settle.** A move applies to reservations made after it, so the ``old`` steps after a move from bound
-  ``old`` may still train data reserved under it: the controller skips those rows, and judges the new bound
-  only on data reserved under it.
+  ``old`` may still train data reserved under it: a window holding one of those rows can lower the bound but
+  not raise it, so a raise is judged only on data reserved under the bound in force.
 * **Hold.** A bound the divergence sent it down from is one it should not retry at once: each time that
   happens, that bound's hold doubles (1, 2, 4, ... windows in a row that justify a raise). Without it the
   controller alternates between the last bound inside the limits and the first outside, and the run's mean
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 from psrl.config import AdaptiveStalenessConfig
 
-__all__ = ["Move", "StalenessController"]
+__all__ = ["Move", "StalenessController", "lowered"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,10 @@ class StalenessController:
         self._set_bound(self.bound)
         self._window: list[Mapping[str, object]] = []
         self._settle = 0
-        """Rows still to skip: steps that may train data reserved before the last move."""
+        """Rows still to come that may train data reserved before the last move (a window holding one cannot
+        justify a raise)."""
+        self._mixed = False
+        """Whether the window so far holds such a row."""
         self._hold: dict[int, int] = {}
         """Per bound the divergence sent the controller down from: windows in a row needed to rise to it again."""
         self._ready = 0
@@ -61,13 +66,14 @@ class StalenessController:
 
     def observe(self, row: Mapping[str, object]) -> Move | None:
         """Take one step row; at the end of a window, the move it justifies (applied already), or None."""
+        self._window.append(row)
         if self._settle > 0:
             self._settle -= 1
-            return None
-        self._window.append(row)
+            self._mixed = True
         if len(self._window) < self.cfg.every:
             return None
         window, self._window = self._window, []
+        mixed, self._mixed = self._mixed, False
         step = int(_num(window[-1], "step") or 0)
         down = self._divergence_out(window)
         if down is not None:
@@ -75,7 +81,9 @@ class StalenessController:
             if self.bound <= self.cfg.min:
                 return None
             self._hold[self.bound] = 2 * self.hold(self.bound)
-            return self._move(step, self.bound - 1, down)
+            return self._move(step, max(self.cfg.min, lowered(self.bound)), down)
+        if mixed:  # it may hold data reserved under the previous bound: it can lower the bound, not raise it
+            return None
         idle = idle_fraction(window)
         if idle < self.cfg.idle_frac or self.bound >= self.ceiling:
             self._ready = 0
@@ -117,6 +125,7 @@ class StalenessController:
             "bound": self.bound,
             "window": [dict(r) for r in self._window],
             "settle": self._settle,
+            "mixed": self._mixed,
             "hold": {str(b): n for b, n in self._hold.items()},
             "ready": self._ready,
         }
@@ -126,8 +135,16 @@ class StalenessController:
         self._set_bound(self.bound)
         self._window = [dict(r) for r in state.get("window", [])]
         self._settle = int(state.get("settle", 0))
+        self._mixed = bool(state.get("mixed", False))
         self._hold = {int(b): int(n) for b, n in state.get("hold", {}).items()}
         self._ready = int(state.get("ready", 0))
+
+
+def lowered(bound: int) -> int:
+    """The bound after the divergence left its limits at ``bound``: about half (8 -> 4, 4 -> 2, 3 -> 2, 1 -> 0).
+    Additive increase, multiplicative decrease: the damage of a too-stale batch shows a few steps late, so the
+    way down is fast."""
+    return min(bound - 1, (bound + 1) // 2)
 
 
 def idle_fraction(window: list[Mapping[str, object]]) -> float:
