@@ -1,5 +1,6 @@
 """``psrl train`` end to end with the real tiny model and the agentic task (a few seconds)."""
 
+import pytest
 import yaml
 
 from psrl.metrics import INDEX, METRICS, checked
@@ -97,6 +98,19 @@ def _signal_during_step(monkeypatch, sig, at):
     return lambda: monkeypatch.setattr(Trainer, "step", real_step)
 
 
+@pytest.fixture
+def ctrl_c_as_in_a_terminal():
+    """SIGINT raises KeyboardInterrupt, as in a terminal. A job a non-interactive shell starts with `&` inherits
+    SIGINT ignored; Python then installs no KeyboardInterrupt handler and asyncio.run none of its own, so Ctrl-C
+    would do nothing (as for any program started that way) and this test would measure its launcher."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
 def test_ctrl_c_during_a_training_step_finishes_it_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
     """SIGINT while step 2 trains: psrl train finishes and records step 2, checkpoints at version 2 and
     exits 130; the same command then continues at step 3."""
