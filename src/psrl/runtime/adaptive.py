@@ -119,8 +119,8 @@ class StalenessController:
         return Move(step, old, new, reason)
 
     def state_dict(self) -> dict:
-        """The bound, the window so far, the rows still to skip and the holds (a resumed run continues the same
-        judgement)."""
+        """The bound, the window so far, the rows still to settle (and whether the window holds one), the holds
+        and the count towards a raise (a resumed run continues the same judgement)."""
         return {
             "bound": self.bound,
             "window": [dict(r) for r in self._window],
