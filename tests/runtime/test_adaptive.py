@@ -142,16 +142,25 @@ def reference_bound(cfg, ceiling, rows):
     return bound
 
 
-rows_st = st.lists(
-    st.builds(
+def rows_of(ess, m2, kl, train_s=st.floats(0.0, 1.5)):
+    return st.builds(
         row,
         step=st.just(0),
         step_s=st.floats(0.1, 2.0),
-        train_s=st.floats(0.0, 1.5),
+        train_s=train_s,
         publish_s=st.floats(0.0, 0.5),
-        ess=st.floats(0.5, 1.0),
-        m2=st.floats(0.0, 0.3),
-        kl=st.floats(0.0, 0.08),
+        ess=ess,
+        m2=m2,
+        kl=kl,
+    )
+
+
+# calm rows (inside the default limits, the trainer mostly waiting) as often as rows anywhere: raises, settles, holds
+# and halvings from 4 and above get exercised
+rows_st = st.lists(
+    st.one_of(
+        rows_of(st.floats(0.95, 1.0), st.floats(0.0, 0.08), st.floats(0.0, 0.025), st.floats(0.0, 0.05)),
+        rows_of(st.floats(0.5, 1.0), st.floats(0.0, 0.3), st.floats(0.0, 0.08)),
     ),
     max_size=40,
 )
@@ -167,7 +176,7 @@ def test_the_controller_follows_the_rule_and_stays_within_min_and_the_ceiling(ro
         c.observe(r)
         seen.append(m.staleness)
     assert all(low <= b <= ceiling for b in seen)
-    assert all(abs(a - b) <= 1 for a, b in zip(seen, seen[1:]))
+    assert all(b in (a, a + 1, max(low, lowered(a))) for a, b in zip(seen, seen[1:]))  # up one, or about halved
     assert c.bound == m.staleness == reference_bound(cfg, ceiling, rows)
 
 

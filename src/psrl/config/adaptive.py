@@ -27,7 +27,7 @@ class AdaptiveStalenessConfig:
     min: int = _f(0, "The lowest bound the controller sets; it starts there.", ge=0)
     every: int = _f(
         4,
-        "Steps between moves: the controller judges the mean of this many step rows, then moves by at most one.",
+        "Steps between moves: the controller judges this many step rows, then moves up one or down about half.",
         ge=1,
     )
     idle_frac: float = _f(
