@@ -116,13 +116,13 @@ class SimDivergenceConfig:
     lr_scale: float = _f(
         1.0,
         "Learning-rate-like factor of the divergence model: the drift per version of lag relative to the tiny "
-        "model's (docs/learning.md); every divergence/* grows with (lr_scale x lag)^2. SmolLM2-135M is about 1.6.",
+        "model's (docs/learning.md); every divergence/* grows with (lr_scale x lag)^2. SmolLM2-135M is about 2.",
         ge=0,
     )
-    kl_coef: float = _f(0.005, "divergence/kl = kl_coef x mean over the batch of (lr_scale x lag)^2.", ge=0)
-    m2_coef: float = _f(0.023, "divergence/m2 = m2_coef x mean over the batch of (lr_scale x lag)^2.", ge=0)
+    kl_coef: float = _f(0.0036, "divergence/kl = kl_coef x mean over the batch of (lr_scale x lag)^2.", ge=0)
+    m2_coef: float = _f(0.015, "divergence/m2 = m2_coef x mean over the batch of (lr_scale x lag)^2.", ge=0)
     ess_coef: float = _f(
-        0.009, "divergence/ess = 1 / (1 + ess_coef x mean over the batch of (lr_scale x lag)^2).", ge=0
+        0.006, "divergence/ess = 1 / (1 + ess_coef x mean over the batch of (lr_scale x lag)^2).", ge=0
     )
 
 

@@ -10,15 +10,19 @@ distance ~ ``lr_scale * d`` and their log-ratio statistics grow with its square.
 * ``divergence/ess = 1 / (1 + ess_coef * x)``  (1 at lag 0, falling with the lag)
 
 Deterministic: the same batch gives the same figures (the seed fixes the batches). The default coefficients
-are fitted to the tiny model's agentic runs in ``docs/learning.md`` (default corrections; run means at bounds
-1, 2, 4: ess 0.992 / 0.964 / 0.876, m2 0.0097 / 0.055 / 0.374, kl 0.0036 / 0.017 / 0.079; their realised
-lag is taken as the bound): ``kl_coef`` 0.005, ``m2_coef`` 0.023, ``ess_coef`` 0.009 reproduce bound 2 as
-0.965 / 0.092 / 0.020 and bound 4 as 0.874 / 0.37 / 0.080. At 8 the measured ess saturates (0.75, the
-model says 0.64). SmolLM2-135M at bound 2 (ess 0.905, m2 0.21, kl 0.057) is ``lr_scale`` about 1.6.
+are fitted per lag to the tiny model's agentic runs in ``docs/learning.md`` (fixed bounds 2 and 8, 5 seeds, default
+corrections): every step row carries ``divergence/*@s{d}``, the figures of its trajectories of lag ``d``; their
+means at lags 1..8 fitted through the origin in ``d^2`` (ess on ``1/ess - 1``, lags 1-5, where the limits bind)
+give ``kl_coef`` 0.0036, ``m2_coef`` 0.015, ``ess_coef`` 0.006. Measured / modelled at lag 2: ess 0.972 / 0.977,
+m2 0.045 / 0.060, kl 0.014 / 0.014; at lag 4: 0.914 / 0.912, 0.30 / 0.24, 0.068 / 0.058; at 8 the measured ess
+saturates (0.79, the model says 0.72). (The first fit took whole runs' means and each run's bound as its lag:
+0.005 / 0.023 / 0.009, pessimistic, since a run at bound 2 trains most of its data at lag 2 or less.) SmolLM2-135M
+at bound 2 (ess 0.905, m2 0.21, kl 0.057, lag taken as 2) is ``lr_scale`` about 2.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -28,21 +32,28 @@ __all__ = ["DivergenceModel"]
 @dataclass(frozen=True)
 class DivergenceModel:
     lr_scale: float = 1.0
-    kl_coef: float = 0.005
-    m2_coef: float = 0.023
-    ess_coef: float = 0.009
+    kl_coef: float = 0.0036
+    m2_coef: float = 0.015
+    ess_coef: float = 0.006
 
     def batch(self, lags: Iterable[int]) -> dict[str, float]:
-        """``divergence/ess``, ``/m2``, ``/kl`` of a batch whose trajectories have these lags."""
-        n, total = 0, 0.0
-        for d in lags:
-            n += 1
-            total += (self.lr_scale * d) ** 2
-        x = total / n if n else 0.0
+        """``divergence/ess``, ``/m2``, ``/kl`` of a batch whose trajectories have these lags, and per lag ``k`` the
+        same as ``...@s<k>`` with ``staleness/tokens@s<k>`` (the trajectories' share: one token each), as the
+        trainer reports them (:func:`psrl.algo.divergence.divergence_row`)."""
+        count = Counter(int(d) for d in lags)
+        n = sum(count.values())
+        x = sum(c * (self.lr_scale * d) ** 2 for d, c in count.items()) / n if n else 0.0
+        row = self._figures(x, "")
+        for d in sorted(count):
+            row.update(self._figures((self.lr_scale * d) ** 2, f"@s{d}"))
+            row[f"staleness/tokens@s{d}"] = count[d] / n
+        return row
+
+    def _figures(self, x: float, suffix: str) -> dict[str, float]:
         return {
-            "divergence/ess": 1.0 / (1.0 + self.ess_coef * x),
-            "divergence/m2": self.m2_coef * x,
-            "divergence/kl": self.kl_coef * x,
+            f"divergence/ess{suffix}": 1.0 / (1.0 + self.ess_coef * x),
+            f"divergence/m2{suffix}": self.m2_coef * x,
+            f"divergence/kl{suffix}": self.kl_coef * x,
         }
 
 
