@@ -5,10 +5,11 @@ import dataclasses
 import json
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import given, settings
 
 from psrl.config import AdaptiveStalenessConfig
-from psrl.runtime.adaptive import StalenessController, idle_fraction, lowered
+from psrl.runtime.adaptive import StalenessController, idle_fraction, lowered, within_bound
 from psrl.staleness import StalenessManager
 
 CFG = AdaptiveStalenessConfig(enable=True, min=1, every=2)
@@ -70,6 +71,39 @@ def test_divergence_outside_a_limit_lowers_the_bound_at_once_naming_the_figure_n
     d.load_state_dict({"bound": 3})
     d.observe(row(1, m2=1.0))
     assert d.observe(row(2, m2=1.0)).new == 2 == m.staleness  # halving stops at min
+
+
+def lagged(step, levels, **kw):
+    """A step row whose batch holds ``levels``: ``{lag: (token fraction, m2)}`` (kl = m2 / 4, ess 0.99), with the
+    batch's figures the token means, as :func:`psrl.algo.divergence.divergence_row` writes them."""
+    r = row(step, **kw)
+    for k, (f, m2) in levels.items():
+        r.update({f"staleness/tokens@s{k}": f, f"divergence/m2@s{k}": m2, f"divergence/kl@s{k}": m2 / 4})
+        r[f"divergence/ess@s{k}"] = 0.99
+    r["divergence/m2"] = sum(f * m2 for f, m2 in levels.values())
+    r["divergence/kl"] = r["divergence/m2"] / 4
+    return r
+
+
+def test_within_bound_keeps_the_tokens_of_lag_up_to_the_bound():
+    r = lagged(1, {1: (0.25, 0.02), 2: (0.25, 0.06), 3: (0.5, 0.5)})
+    assert within_bound(r, 3) is r and within_bound(row(1), 0) is not None  # nothing above it / no per-lag figures
+    assert within_bound(r, 2)["divergence/m2"] == pytest.approx(0.04)  # (0.25 x 0.02 + 0.25 x 0.06) / 0.5
+    assert within_bound(r, 2)["divergence/kl"] == pytest.approx(0.01) and within_bound(r, 2)["divergence/ess"] == 0.99
+    assert within_bound(lagged(1, {3: (1.0, 0.5)}), 2) is None  # it trained nothing of lag <= 2
+
+
+def test_data_reserved_under_the_old_bound_does_not_lower_the_bound_again():
+    c, m = controller(dataclasses.replace(CFG, min=0), ceiling=8)
+    c.load_state_dict({"bound": 3})
+    busy = {"train_s": 0.95, "publish_s": 0.0}  # no raise: only the way down is looked at
+    c.observe(lagged(1, {3: (1.0, 0.3)}, **busy))
+    assert c.observe(lagged(2, {3: (1.0, 0.3)}, **busy)).new == 2  # lag 3 is out of the limits: 3 -> 2
+    # the next rows still train lag-3 data (out), and lag-2 data (in): judged on the latter, the bound stays
+    c.observe(lagged(3, {2: (0.5, 0.04), 3: (0.5, 0.3)}, **busy))
+    assert c.observe(lagged(4, {1: (0.2, 0.01), 2: (0.3, 0.04), 3: (0.5, 0.3)}, **busy)) is None
+    c.observe(lagged(5, {2: (1.0, 0.2)}, **busy))  # its own data out: down
+    assert c.observe(lagged(6, {2: (0.6, 0.2), 3: (0.4, 0.3)}, **busy)).new == 1 == m.staleness
 
 
 def test_a_bound_left_for_divergence_is_retried_after_twice_as_many_windows_each_time():
@@ -142,7 +176,7 @@ def reference_bound(cfg, ceiling, rows):
     return bound
 
 
-def rows_of(ess, m2, kl, train_s=st.floats(0.0, 1.5)):
+def rows_of(ess, m2, kl, train_s):
     return st.builds(
         row,
         step=st.just(0),
@@ -160,7 +194,7 @@ def rows_of(ess, m2, kl, train_s=st.floats(0.0, 1.5)):
 rows_st = st.lists(
     st.one_of(
         rows_of(st.floats(0.95, 1.0), st.floats(0.0, 0.08), st.floats(0.0, 0.025), st.floats(0.0, 0.05)),
-        rows_of(st.floats(0.5, 1.0), st.floats(0.0, 0.3), st.floats(0.0, 0.08)),
+        rows_of(st.floats(0.5, 1.0), st.floats(0.0, 0.3), st.floats(0.0, 0.08), st.floats(0.0, 1.5)),
     ),
     max_size=40,
 )

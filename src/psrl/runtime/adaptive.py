@@ -4,19 +4,22 @@
 The controller judges windows of ``every`` step rows (their mean):
 
 * **down** (not below ``min``) when the divergence of the trained batches left its limits: ``divergence/ess``
-  below ``ess_min``, or ``divergence/m2`` above ``m2_max``, or ``divergence/kl`` above ``kl_max``. The bound
-  about halves (:func:`lowered`: 8 -> 4, 4 -> 2, 2 -> 1): on the agentic task of ``docs/learning.md`` the
-  divergence shows a too-large bound only a few steps before learning breaks, so the way down is fast;
+  below ``ess_min``, or ``divergence/m2`` above ``m2_max``, or ``divergence/kl`` above ``kl_max`` (over the
+  tokens of lag at most the bound in force: "own data" below). The bound about halves (:func:`lowered`: 8 -> 4,
+  4 -> 2, 2 -> 1): on the agentic task of ``docs/learning.md`` the divergence shows a too-large bound only a few
+  steps before learning breaks, so the way down is fast;
 * **up by one** (not above the ceiling) when the divergence is inside its limits and the trainer spent at least
   ``idle_frac`` of the window waiting for its buffer: ``(time/step_s - time/train_s - time/publish_s) /
   time/step_s`` summed over the window -- in as many windows in a row as the next bound's *hold*;
 * otherwise it stays.
 
-Two rules keep it from chasing its own tail (``docs/staleness.md``):
+Three rules keep it from chasing its own tail (``docs/staleness.md``):
 
 * **Settle.** A move applies to reservations made after it, so the ``old`` steps after a move from bound
   ``old`` may still train data reserved under it: a window holding one of those rows can lower the bound but
   not raise it, so a raise is judged only on data reserved under the bound in force.
+* **Own data.** The way down is judged on the tokens of lag at most the bound in force (:func:`within_bound`),
+  so data reserved under a bound already left does not send it down a second time.
 * **Hold.** A bound the divergence sent it down from is one it should not retry at once: each time that
   happens, that bound's hold doubles (1, 2, 4, ... windows in a row that justify a raise). Without it the
   controller alternates between the last bound inside the limits and the first outside, and the run's mean
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 
 from psrl.config import AdaptiveStalenessConfig
 
-__all__ = ["Move", "StalenessController", "lowered"]
+__all__ = ["Move", "StalenessController", "lowered", "within_bound"]
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ class StalenessController:
     def _divergence_out(self, window: list[Mapping[str, object]]) -> str | None:
         """Why the window's divergence is outside its limits, or None when it is inside (or not measured)."""
         c = self.cfg
-        ess, m2, kl = (_mean(window, f"divergence/{k}") for k in ("ess", "m2", "kl"))
+        own = [r for r in (within_bound(row, self.bound) for row in window) if r is not None]
+        ess, m2, kl = (_mean(own, f"divergence/{k}") for k in ("ess", "m2", "kl"))
         if ess is not None and ess < c.ess_min:
             return f"divergence/ess {ess:.3f} < ess_min {c.ess_min}"
         if m2 is not None and m2 > c.m2_max:
@@ -145,6 +149,29 @@ def lowered(bound: int) -> int:
     Additive increase, multiplicative decrease: the damage of a too-stale batch shows a few steps late, so the
     way down is fast."""
     return min(bound - 1, (bound + 1) // 2)
+
+
+def within_bound(row: Mapping[str, object], bound: int) -> Mapping[str, object] | None:
+    """The row's ``divergence/*`` over its tokens of lag ``<= bound`` -- the data the bound in force is responsible
+    for -- or None when it trained none. A row holds lags above the bound only after the bound came down (data
+    reserved under the old one); without this, those rows would send the bound down a second time for what the
+    first move already answered. From the per-lag figures (``divergence/*@s<k>``, ``staleness/tokens@s<k>``):
+    ``m2`` and ``kl`` are token means, so exact; ``ess`` does not add across levels, and the token-weighted mean
+    of the levels' is used. A row without per-lag figures, or with none above the bound, is taken as it is."""
+    levels: dict[int, float] = {}
+    for key, value in row.items():
+        if key.startswith("staleness/tokens@s") and isinstance(value, (int, float)):
+            levels[int(key.rsplit("@s", 1)[1])] = float(value)
+    if not levels or max(levels) <= bound:
+        return row
+    own = {k: f for k, f in levels.items() if k <= bound and f > 0}
+    total = sum(own.values())
+    if total <= 0:
+        return None
+    return {
+        f"divergence/{name}": sum(f * (_num(row, f"divergence/{name}@s{k}") or 0.0) for k, f in own.items()) / total
+        for name in ("ess", "m2", "kl")
+    }
 
 
 def idle_fraction(window: list[Mapping[str, object]]) -> float:
