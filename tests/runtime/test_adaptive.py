@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from psrl.config import AdaptiveStalenessConfig
+from psrl.config import AdaptiveStalenessConfig, ConfigError, load_config
 from psrl.runtime.adaptive import StalenessController, idle_fraction, lowered, within_bound
 from psrl.staleness import StalenessManager
 
@@ -32,13 +32,23 @@ def controller(cfg=CFG, ceiling=3):
     return StalenessController(cfg, ceiling, m.set_staleness), m
 
 
-def test_it_starts_at_min_and_rises_one_per_window_while_the_trainer_idles_up_to_the_ceiling():
+def test_it_rises_one_per_window_while_the_trainer_idles_up_to_the_ceiling():
     c, m = controller()
     assert c.bound == m.staleness == 1
     moves = [c.observe(row(s)) for s in range(1, 9)]  # idle 0.4 of every step, divergence inside
     # after the move from 1 the next row (step 3) may train data reserved under 1: its window (3-4) cannot raise
     assert [(mv.step, mv.old, mv.new) for mv in moves if mv] == [(2, 1, 2), (6, 2, 3)]
     assert moves[0] is None and m.staleness == 3 and "idle 0.40 >= idle_frac 0.2" in moves[1].reason
+
+
+def test_it_starts_at_start_taken_into_min_and_the_ceiling():
+    assert controller(dataclasses.replace(CFG, min=0, start=0))[0].bound == 0
+    assert controller(dataclasses.replace(CFG, min=2, start=1))[0].bound == 2  # not below min
+    c, m = controller(dataclasses.replace(CFG, min=0, start=5), ceiling=3)
+    assert c.bound == m.staleness == 3  # not above the ceiling
+    assert load_config(None, ["psrl.adaptive_staleness.enable=true"]).psrl.adaptive_staleness.start == 1
+    with pytest.raises(ConfigError, match="psrl.adaptive_staleness.start"):
+        load_config(None, ["psrl.adaptive_staleness.start=-1"])
 
 
 def test_a_busy_trainer_keeps_the_bound():
@@ -146,11 +156,11 @@ def test_the_state_continues_the_same_judgement():
 
 
 def reference_bound(cfg, ceiling, rows):
-    """The rule in words: per window of `every` rows, down to about half (not below min) if the mean ess < ess_min or
+    """The rule in words: from start (taken into [min, ceiling]), per window of `every` rows, down to about half (not below min) if the mean ess < ess_min or
     m2 > m2_max or kl > kl_max, and each such move from b doubles b's hold; else up by one (to the ceiling) if the
     waited fraction >= idle_frac in as many windows in a row as the next bound's hold, counting only windows none
     of whose rows is among the b rows after a move from b."""
-    bound, hold, ready, first_clean = cfg.min, {}, 0, 0
+    bound, hold, ready, first_clean = min(max(cfg.start, cfg.min), ceiling), {}, 0, 0
     for i in range(0, len(rows) - cfg.every + 1, cfg.every):
         w = rows[i : i + cfg.every]
         mean = {k: sum(r[f"divergence/{k}"] for r in w) / len(w) for k in ("ess", "m2", "kl")}
@@ -201,9 +211,9 @@ rows_st = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=rows_st, every=st.integers(1, 4), low=st.integers(0, 2), ceiling=st.integers(2, 5))
-def test_the_controller_follows_the_rule_and_stays_within_min_and_the_ceiling(rows, every, low, ceiling):
-    cfg = dataclasses.replace(CFG, every=every, min=low)
+@given(rows=rows_st, every=st.integers(1, 4), low=st.integers(0, 2), start=st.integers(0, 6), ceiling=st.integers(2, 5))
+def test_the_controller_follows_the_rule_and_stays_within_min_and_the_ceiling(rows, every, low, start, ceiling):
+    cfg = dataclasses.replace(CFG, every=every, min=low, start=start)
     c, m = controller(cfg, ceiling)
     seen = [m.staleness]
     for r in rows:

@@ -105,13 +105,14 @@ def test_positive_staleness_generates_while_training_and_is_faster(tmp_path):
 
 
 def test_the_adaptive_controller_raises_the_bound_while_the_trainer_waits_and_the_bound_holds(tmp_path):
-    """psrl.adaptive_staleness on fakes (the trainer idles, no divergence measured): the bound starts at min and
+    """psrl.adaptive_staleness on fakes (the trainer idles, no divergence measured): the bound starts at start (0) and
     rises one per window to the ceiling, not from a window holding one of the b rows after a move from b (they may
     still train data reserved under b); every step trains data reserved under a bound already in force."""
     cfg = config(
         psrl__staleness=3,
         psrl__adaptive_staleness__enable=True,
         psrl__adaptive_staleness__min=0,
+        psrl__adaptive_staleness__start=0,
         psrl__adaptive_staleness__every=2,
         psrl__adaptive_staleness__idle_frac=0.05,
     )

@@ -24,7 +24,13 @@ class AdaptiveStalenessConfig:
         "Let the controller set the bound of new reservations within [min, psrl.staleness] from the measured "
         "trainer idle time and divergence (docs/staleness.md); off: the bound is psrl.staleness throughout.",
     )
-    min: int = _f(0, "The lowest bound the controller sets; it starts there.", ge=0)
+    min: int = _f(0, "The lowest bound the controller sets.", ge=0)
+    start: int = _f(
+        1,
+        "The bound the controller starts at, taken into [min, psrl.staleness]. 1: a bound at parity with sync on "
+        "every task measured, so the first windows do not run at sync speed (docs/learning.md); 0 starts synchronous.",
+        ge=0,
+    )
     every: int = _f(
         4,
         "Steps between moves: the controller judges this many step rows, then moves up one or down about half.",

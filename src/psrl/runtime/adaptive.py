@@ -1,7 +1,8 @@
 """The adaptive staleness controller (``psrl.adaptive_staleness``): the bound of new reservations, from measurements.
 
 ``psrl.staleness`` is the ceiling; :meth:`psrl.staleness.StalenessManager.set_staleness` is the operation.
-The controller judges windows of ``every`` step rows (their mean):
+The controller starts at ``start`` (taken into ``[min, ceiling]``) and judges windows of ``every`` step rows (their
+mean):
 
 * **down** (not below ``min``) when the divergence of the trained batches left its limits: ``divergence/ess``
   below ``ess_min``, or ``divergence/m2`` above ``m2_max``, or ``divergence/kl`` above ``kl_max`` (over the
@@ -54,7 +55,7 @@ class StalenessController:
         self.cfg = cfg
         self.ceiling = ceiling
         self._set_bound = set_bound
-        self.bound = min(cfg.min, ceiling)
+        self.bound = min(max(cfg.start, cfg.min), ceiling)
         self._set_bound(self.bound)
         self._window: list[Mapping[str, object]] = []
         self._settle = 0

@@ -67,6 +67,7 @@ def coordinator_config(wl: Workload) -> Any:
                 for k, v in (
                     ("enable", True),
                     ("min", a.min),
+                    ("start", a.start),
                     ("every", a.every),
                     ("idle_frac", a.idle_frac),
                     ("ess_min", a.ess_min),
