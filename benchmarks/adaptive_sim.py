@@ -50,7 +50,7 @@ def main() -> None:
     rows = []
     print(
         f"limits: ess >= {limits.ess_min}, m2 <= {limits.m2_max}, kl <= {limits.kl_max}; every {limits.every}, "
-        f"idle_frac {limits.idle_frac}, min {limits.min}; divergence model {model}; ceiling {ns.ceiling}"
+        f"idle_frac {limits.idle_frac}, min {limits.min}, start {limits.start}; divergence model {model}; ceiling {ns.ceiling}"
     )
     head = (
         f"{'sigma':>5} {'setting':<13} {'seed':>4}  {'steps/h at fixed bound 0..' + str(ns.ceiling):<44}"
