@@ -155,15 +155,32 @@ def test_the_state_continues_the_same_judgement():
     assert [d.observe(row(s)) for s in range(6, 16)] == [c.observe(row(s)) for s in range(6, 16)]
 
 
+KEYS = ("ess", "m2", "kl")
+
+
+def own_figures(r, bound):
+    """The row's figures over its tokens of lag <= bound (all of them when it holds no larger lag or no per-lag
+    figures), None when it holds none that young."""
+    lags = {int(k.split("@s")[1]): f for k, f in r.items() if k.startswith("staleness/tokens@s")}
+    if not lags or max(lags) <= bound:
+        return {k: r[f"divergence/{k}"] for k in KEYS}
+    keep = {k: f for k, f in lags.items() if k <= bound and f > 0}
+    if not keep:
+        return None
+    return {name: sum(f * r[f"divergence/{name}@s{k}"] for k, f in keep.items()) / sum(keep.values()) for name in KEYS}
+
+
 def reference_bound(cfg, ceiling, rows):
-    """The rule in words: from start (taken into [min, ceiling]), per window of `every` rows, down to about half (not below min) if the mean ess < ess_min or
-    m2 > m2_max or kl > kl_max, and each such move from b doubles b's hold; else up by one (to the ceiling) if the
-    waited fraction >= idle_frac in as many windows in a row as the next bound's hold, counting only windows none
-    of whose rows is among the b rows after a move from b."""
+    """The rule in words: from start (taken into [min, ceiling]), per window of `every` rows, down to about half (not
+    below min) if the mean over the window's rows of their own figures (tokens of lag <= the bound) has ess < ess_min
+    or m2 > m2_max or kl > kl_max, and each such move from b doubles b's hold; else up by one (to the ceiling) if
+    the waited fraction >= idle_frac in as many windows in a row as the next bound's hold, counting only windows
+    none of whose rows is among the b rows after a move from b."""
     bound, hold, ready, first_clean = min(max(cfg.start, cfg.min), ceiling), {}, 0, 0
     for i in range(0, len(rows) - cfg.every + 1, cfg.every):
         w = rows[i : i + cfg.every]
-        mean = {k: sum(r[f"divergence/{k}"] for r in w) / len(w) for k in ("ess", "m2", "kl")}
+        own = [f for f in (own_figures(r, bound) for r in w) if f is not None]
+        mean = {k: sum(f[k] for f in own) / len(own) for k in KEYS} if own else {"ess": 1.0, "m2": 0.0, "kl": 0.0}
         total = sum(r["time/step_s"] for r in w)
         waited = total - sum(r["time/train_s"] + r["time/publish_s"] for r in w)
         old = bound
@@ -186,6 +203,19 @@ def reference_bound(cfg, ceiling, rows):
     return bound
 
 
+def per_lag_row(levels, step_s, train_s, publish_s):
+    """A row as :func:`psrl.algo.divergence.divergence_row` writes it: per lag k (token weight, ess, m2, kl), the
+    shares normalised; the batch's m2 and kl the token means, its ess the token-weighted mean."""
+    total = sum(v[0] for v in levels.values())
+    r = row(0, step_s, train_s, publish_s)
+    for k, (f, ess, m2, kl) in levels.items():
+        r[f"staleness/tokens@s{k}"] = f / total
+        r.update({f"divergence/ess@s{k}": ess, f"divergence/m2@s{k}": m2, f"divergence/kl@s{k}": kl})
+    for name, j in (("ess", 1), ("m2", 2), ("kl", 3)):
+        r[f"divergence/{name}"] = sum(v[0] * v[j] for v in levels.values()) / total
+    return r
+
+
 def rows_of(ess, m2, kl, train_s):
     return st.builds(
         row,
@@ -201,10 +231,21 @@ def rows_of(ess, m2, kl, train_s):
 
 # calm rows (inside the default limits, the trainer mostly waiting) as often as rows anywhere: raises, settles, holds
 # and halvings from 4 and above get exercised
+level = st.one_of(  # (token weight, ess, m2, kl) of one lag: calm or anywhere
+    st.tuples(st.floats(0.01, 1.0), st.floats(0.95, 1.0), st.floats(0.0, 0.08), st.floats(0.0, 0.025)),
+    st.tuples(st.floats(0.01, 1.0), st.floats(0.5, 1.0), st.floats(0.0, 0.3), st.floats(0.0, 0.08)),
+)
 rows_st = st.lists(
     st.one_of(
         rows_of(st.floats(0.95, 1.0), st.floats(0.0, 0.08), st.floats(0.0, 0.025), st.floats(0.0, 0.05)),
         rows_of(st.floats(0.5, 1.0), st.floats(0.0, 0.3), st.floats(0.0, 0.08), st.floats(0.0, 1.5)),
+        st.builds(  # with per-lag figures, lags up to 6: after a move down some lie above the bound
+            per_lag_row,
+            st.dictionaries(st.integers(0, 6), level, min_size=1, max_size=3),
+            st.floats(0.1, 2.0),
+            st.floats(0.0, 0.5),
+            st.floats(0.0, 0.1),
+        ),
     ),
     max_size=40,
 )
