@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from psrl.metrics import INDEX, METRICS, checked, known, markdown, unknown
+from psrl.metrics import INDEX, METRICS, checked, known, levels, markdown, unknown
 from psrl.rollout.client.records import Counts, MemorySink
 from psrl.runtime.recorder import RunRecorder, read_jsonl
 from psrl.staleness import Stats
@@ -62,3 +62,9 @@ def test_per_level_names_are_known_only_as_listed_patterns():
     assert not known("divergence/ess@s") and not known("divergence/ess@sx") and not known("divergence/ess@s-1")
     assert not known("divergence/nosuch@s1") and not known("staleness/reserves@s1")  # staleness/* is a family
     assert not known("divergence/ess@s<k>") and known("staleness/reserves") and known("val/pass@k")
+
+
+def test_levels_reads_one_per_level_metric_of_a_row():
+    row = {"divergence/ess": 0.9, "divergence/ess@s0": 1.0, "divergence/ess@s3": 0.8, "divergence/m2@s3": 0.1}
+    assert levels(row, "divergence/ess") == {0: 1.0, 3: 0.8}
+    assert levels({"divergence/ess@sx": 1.0}, "divergence/ess") == {} and levels(row, "staleness/tokens") == {}

@@ -16,10 +16,10 @@ Standard library only: the simulator and the viewer read these names too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "INDEX", "LEVEL", "known", "unknown", "checked", "markdown"]
+__all__ = ["Metric", "METRICS", "INDEX", "LEVEL", "known", "levels", "unknown", "checked", "markdown"]
 
 LEVEL = "@s<k>"
 """The suffix of a per-staleness-level name in the table; a key carries ``@s`` and the level's digits instead."""
@@ -252,6 +252,13 @@ def known(name: str) -> bool:
     head, _, tail = name.partition("/")
     family = _BY_NAME.get(f"{head}/*")
     return family is not None and tail in family.members
+
+
+def levels(row: Mapping[str, object], name: str) -> dict[int, object]:
+    """``{k: row[name@s<k>]}`` for every staleness level ``k`` the row holds of the per-level metric ``name``
+    (e.g. ``divergence/ess``)."""
+    head = f"{name}@s"
+    return {int(k[len(head) :]): v for k, v in row.items() if k.startswith(head) and k[len(head) :].isdigit()}
 
 
 def unknown(keys: Iterable[str]) -> list[str]:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from psrl.config import AdaptiveStalenessConfig
+from psrl.metrics import levels
 
 __all__ = ["Move", "StalenessController", "lowered", "within_bound"]
 
@@ -159,13 +160,10 @@ def within_bound(row: Mapping[str, object], bound: int) -> Mapping[str, object] 
     first move already answered. From the per-lag figures (``divergence/*@s<k>``, ``staleness/tokens@s<k>``):
     ``m2`` and ``kl`` are token means, so exact; ``ess`` does not add across levels, and the token-weighted mean
     of the levels' is used. A row without per-lag figures, or with none above the bound, is taken as it is."""
-    levels: dict[int, float] = {}
-    for key, value in row.items():
-        if key.startswith("staleness/tokens@s") and isinstance(value, (int, float)):
-            levels[int(key.rsplit("@s", 1)[1])] = float(value)
-    if not levels or max(levels) <= bound:
+    shares = levels(row, "staleness/tokens")
+    if not shares or max(shares) <= bound:
         return row
-    own = {k: f for k, f in levels.items() if k <= bound and f > 0}
+    own = {k: f for k, f in shares.items() if k <= bound and isinstance(f, (int, float)) and f > 0}
     total = sum(own.values())
     if total <= 0:
         return None

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from psrl.metrics import levels
 from psrl.viz.events import read_valid, valid
 
 __all__ = ["curves_figure", "draw_curves", "ess_by_level", "staleness_by_step"]
@@ -42,11 +43,10 @@ def staleness_by_step(traj_path: Path) -> dict[int, Counter]:
 def ess_by_level(rows: list[dict]) -> dict[int, list[float]]:
     """``{staleness level: [divergence/ess@s<level> of every step row that has it]}``."""
     out: dict[int, list[float]] = defaultdict(list)
-    head = "divergence/ess@s"
     for r in rows:
-        for k, v in r.items():
-            if k.startswith(head) and k[len(head) :].isdigit() and _num(v):
-                out[int(k[len(head) :])].append(float(v))
+        for k, v in levels(r, "divergence/ess").items():
+            if isinstance(v, (int, float)) and _num(v):  # isinstance for the type checker: _num is the test
+                out[k].append(float(v))
     return dict(out)
 
 
