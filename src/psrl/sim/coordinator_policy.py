@@ -29,6 +29,7 @@ the simulator's model and the real code. It costs about 0.1 ms of real time per 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from typing import Any
 
@@ -60,22 +61,10 @@ def coordinator_config(wl: Workload) -> Any:
         "trainer.seed": wl.seed,
     }
     if wl.adaptive.enable:  # psrl train's controller, fed the sim.divergence figures of the step rows
-        a = wl.adaptive
-        items.update(
-            {
-                f"psrl.adaptive_staleness.{k}": str(v).lower() if isinstance(v, bool) else v
-                for k, v in (
-                    ("enable", True),
-                    ("min", a.min),
-                    ("start", a.start),
-                    ("every", a.every),
-                    ("idle_frac", a.idle_frac),
-                    ("ess_min", a.ess_min),
-                    ("m2_max", a.m2_max),
-                    ("kl_max", a.kl_max),
-                )
-            }
-        )
+        a = wl.adaptive  # every key of the section, so that a new one reaches the coordinator too
+        for f in dataclasses.fields(a):
+            v = getattr(a, f.name)
+            items[f"psrl.adaptive_staleness.{f.name}"] = str(v).lower() if isinstance(v, bool) else v
     if wl.proactive_scope == "head":  # grace is head scope's (the config rejects it with window, where it is moot)
         items["psrl.proactive_filter_strategy.grace"] = wl.proactive_grace
     if wl.decode:
