@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE
-from psrl.config.fields import hints, yaml_key
+from psrl.config.fields import yaml_key
 from psrl.config.rules import INT_MAX, finite, show
 from psrl.config.schema import Config
 from psrl.errors import ConfigError
@@ -88,7 +88,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def _build(cls: type, data: dict, prefix: str = "") -> Any:
     """An instance of the section ``cls`` from its YAML mapping (``prefix``: the section's dotted key)."""
-    types_of = hints(cls)
+    types_of = typing.get_type_hints(cls)
     by_key = {yaml_key(f): f for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in data.items():
@@ -124,7 +124,7 @@ def leaf_keys(cls: type | None = None, prefix: str = "") -> dict[str, tuple[Any,
     and the unread-key test iterate, so a new key is covered the day it is added."""
     cls = Config if cls is None else cls
     out: dict[str, tuple[Any, dataclasses.Field]] = {}
-    types_of = hints(cls)
+    types_of = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{yaml_key(f)}" if prefix else yaml_key(f)
         if dataclasses.is_dataclass(types_of[f.name]):
