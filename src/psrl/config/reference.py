@@ -5,6 +5,7 @@ the fate of every key of PSRL's ``psrl:`` group. Regenerate with ``python -m psr
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from typing import Any
@@ -44,19 +45,10 @@ def _rows(cls: type, prefix: str) -> list[tuple[str, str, str, str, str]]:
             rows.extend(_rows(tp, key))
             continue
         default = getattr(inst, f.name)
-        shown = (
-            "null"
-            if default is None
-            else (
-                "true"
-                if default is True
-                else "false"
-                if default is False
-                else repr(default)
-                if isinstance(default, (dict, list))
-                else str(default)
-            )
-        )
+        if default is None or isinstance(default, bool):
+            shown = json.dumps(default)  # null, true, false
+        else:
+            shown = repr(default) if isinstance(default, (dict, list)) else str(default)
         rows.append((key, _type_name(tp), shown, allowed(f, tp), f.metadata.get("help", "")))
     return rows
 
