@@ -128,9 +128,6 @@ class AlgorithmConfig:
     )
     filter_groups: FilterGroupsConfig = _sub(FilterGroupsConfig, "Dynamic sampling filter settings.")
 
-    def check(self) -> None:
-        self.rollout_correction.check()
-
 
 # --------------------------------------------------------------------------- rollout.*
 
@@ -373,7 +370,7 @@ class Config:
         self.psrl.deployment.check(self.model.device, os.cpu_count(), self.runtime.backend)
         self.runtime.check()
         self.rollout.check(self.psrl.deployment.n_rollout_instances)
-        self.algorithm.check()
+        self.algorithm.rollout_correction.check()
         self.model.check()
         self.task.check(self.model, self.trainer.seed)
         self.sim.check()
