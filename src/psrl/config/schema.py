@@ -1,12 +1,5 @@
 """The whole job's schema: :class:`Config`, its sections outside ``psrl.*``, ``sim.*``, ``task.*`` and ``data.*``,
-and ``validate()``.
-
-Every key is a dataclass field with a ``help`` string in its metadata; ``docs/configuration.md`` is
-generated from these dataclasses (``python -m psrl.config``) and a test checks it is current, so the
-reference cannot drift from the code. Configs are frozen: a changed setting is a new config
-(``dataclasses.replace`` or ``load_config`` with overrides). Derived values (``B``, ``B'``, ``N``,
-``N'``) are properties, never written in.
-"""
+and ``validate()`` (what a key is, and why configs are frozen: the package's docstring)."""
 
 from __future__ import annotations
 
