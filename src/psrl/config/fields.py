@@ -44,12 +44,9 @@ class Rule:
             return
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             self._check_number(key, value)
-        if self.choices or self.target:
-            if value in self.choices:
-                return
-            if self.target and isinstance(value, str) and ":" in value:
-                resolve_target(key, value, self.target)
-                return
+        if self.target and value not in self.choices and isinstance(value, str) and ":" in value:
+            resolve_target(key, value, self.target)
+        elif self.choices or self.target:
             one_of(
                 key,
                 value,
