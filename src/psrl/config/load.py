@@ -27,12 +27,6 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         args = [t for t in typing.get_args(tp) if t is not type(None)]
         return None if value is None else _coerce(value, args[0], key)
-    if value is None and not dataclasses.is_dataclass(tp):
-        raise ConfigError(
-            key,
-            "is null, but this key needs a value",
-            f"set {key} (see docs/configuration.md), or remove it for the default",
-        )
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if value is None:  # an empty section ("trainer:" with nothing under it) means the defaults
             value = {}
@@ -43,6 +37,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 f"write it as '{key}: {{...}}' or set its keys one by one ({key}.KEY=VALUE)",
             )
         return _build(tp, value, key)
+    if value is None:
+        raise ConfigError(
+            key,
+            "is null, but this key needs a value",
+            f"set {key} (see docs/configuration.md), or remove it for the default",
+        )
     if tp is bool:
         if isinstance(value, bool):
             return value
