@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,12 +44,9 @@ class Rule:
             return
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             self._check_number(key, value)
-        if self.choices or self.target:
-            if value in self.choices:
-                return
-            if self.target and isinstance(value, str) and ":" in value:
-                resolve_target(key, value, self.target)
-                return
+        if self.target and value not in self.choices and isinstance(value, str) and ":" in value:
+            resolve_target(key, value, self.target)
+        elif self.choices or self.target:
             one_of(
                 key,
                 value,
@@ -126,11 +122,6 @@ def _sub(cls: type, help: str) -> Any:
 def yaml_key(f: dataclasses.Field) -> str:
     """A field's name in YAML (``is`` for the field ``is_``)."""
     return f.metadata.get("key", f.name)
-
-
-def hints(cls: type) -> dict[str, Any]:
-    """The annotated type of each field of the section ``cls`` (annotations are strings until resolved)."""
-    return typing.get_type_hints(cls)
 
 
 def check_rules(obj: Any, prefix: str = "", out_dirs: bool = False) -> None:

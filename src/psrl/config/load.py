@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE
-from psrl.config.fields import hints, yaml_key
+from psrl.config.fields import yaml_key
 from psrl.config.rules import INT_MAX, finite, show
 from psrl.config.schema import Config
 from psrl.errors import ConfigError
@@ -26,15 +26,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [t for t in typing.get_args(tp) if t is not type(None)]
-        if value is None:
-            return None
-        return _coerce(value, args[0], key)
-    if value is None and not dataclasses.is_dataclass(tp):
-        raise ConfigError(
-            key,
-            "is null, but this key needs a value",
-            f"set {key} (see docs/configuration.md), or remove it for the default",
-        )
+        return None if value is None else _coerce(value, args[0], key)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if value is None:  # an empty section ("trainer:" with nothing under it) means the defaults
             value = {}
@@ -45,6 +37,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 f"write it as '{key}: {{...}}' or set its keys one by one ({key}.KEY=VALUE)",
             )
         return _build(tp, value, key)
+    if value is None:
+        raise ConfigError(
+            key,
+            "is null, but this key needs a value",
+            f"set {key} (see docs/configuration.md), or remove it for the default",
+        )
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -88,7 +86,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def _build(cls: type, data: dict, prefix: str = "") -> Any:
     """An instance of the section ``cls`` from its YAML mapping (``prefix``: the section's dotted key)."""
-    types_of = hints(cls)
+    types_of = typing.get_type_hints(cls)
     by_key = {yaml_key(f): f for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in data.items():
@@ -119,12 +117,11 @@ def config_from_dict(data: dict) -> Config:
     return _build(Config, data)
 
 
-def leaf_keys(cls: type | None = None, prefix: str = "") -> dict[str, tuple[Any, dataclasses.Field]]:
+def leaf_keys(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, dataclasses.Field]]:
     """Every leaf key as ``{dotted YAML key: (annotated type, dataclass field)}``: what the bad-input fuzzer
     and the unread-key test iterate, so a new key is covered the day it is added."""
-    cls = Config if cls is None else cls
     out: dict[str, tuple[Any, dataclasses.Field]] = {}
-    types_of = hints(cls)
+    types_of = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{yaml_key(f)}" if prefix else yaml_key(f)
         if dataclasses.is_dataclass(types_of[f.name]):
@@ -145,17 +142,10 @@ def config_to_dict(obj: Any) -> Any:
     return obj
 
 
-def _parse_scalar(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``a.b.c=value`` overrides (values parsed as YAML) to a nested dict, in place."""
+    import yaml
+
     for item in overrides:
         if "=" not in item:
             raise ConfigError(item, "override is not key=value", f"write it as {item}=VALUE")
@@ -172,7 +162,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             if not isinstance(nxt, dict):
                 raise ConfigError(key, f"'{p}' is a value, not a section")
             node = nxt
-        node[parts[-1]] = _parse_scalar(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            node[parts[-1]] = raw
     return data
 
 
@@ -216,5 +209,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     Nothing is written or started: every error is a :class:`ConfigError` naming the key (or the file).
     """
     data = _read_yaml(path if path is not None else PRESET)
-    apply_overrides(data, list(overrides or []))
+    apply_overrides(data, overrides or [])
     return _build(Config, data).validate()

@@ -40,8 +40,7 @@ class RedundantRolloutConfig:
 
     def check(self) -> None:
         """The four sizes act only when ``enable`` is true, so setting one without it is a mistake."""
-        sizes = ("alg_global_batch_size", "redundant_global_batch_size", "alg_rollout_n", "redundant_rollout_n")
-        for name in sizes:
+        for name in ("alg_global_batch_size", "redundant_global_batch_size", "alg_rollout_n", "redundant_rollout_n"):
             require(
                 self.enable or getattr(self, name) is None,
                 f"psrl.redundant_rollout.{name}",

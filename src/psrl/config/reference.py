@@ -5,12 +5,13 @@ the fate of every key of PSRL's ``psrl:`` group. Regenerate with ``python -m psr
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from typing import Any
 
 from psrl.config.compat import MOVED, NOT_BUILT, OUT_OF_SCOPE, PSRL_DEFAULT_DIFFERS, PSRL_OWN
-from psrl.config.fields import hints, yaml_key
+from psrl.config.fields import yaml_key
 from psrl.config.load import PRESET, leaf_keys
 from psrl.config.schema import Config
 
@@ -35,7 +36,7 @@ def allowed(f: dataclasses.Field, tp: Any) -> str:
 
 def _rows(cls: type, prefix: str) -> list[tuple[str, str, str, str, str]]:
     rows = []
-    types_of = hints(cls)
+    types_of = typing.get_type_hints(cls)
     inst = cls()
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{yaml_key(f)}" if prefix else yaml_key(f)
@@ -44,19 +45,10 @@ def _rows(cls: type, prefix: str) -> list[tuple[str, str, str, str, str]]:
             rows.extend(_rows(tp, key))
             continue
         default = getattr(inst, f.name)
-        shown = (
-            "null"
-            if default is None
-            else (
-                "true"
-                if default is True
-                else "false"
-                if default is False
-                else repr(default)
-                if isinstance(default, (dict, list))
-                else str(default)
-            )
-        )
+        if default is None or isinstance(default, bool):
+            shown = json.dumps(default)  # null, true, false
+        else:
+            shown = repr(default) if isinstance(default, (dict, list)) else str(default)
         rows.append((key, _type_name(tp), shown, allowed(f, tp), f.metadata.get("help", "")))
     return rows
 
@@ -79,7 +71,7 @@ def reference_markdown() -> str:
             "| key | type | default | allowed | meaning |",
             "|---|---|---|---|---|",
         ]
-        for key, tp, default, ok, help in _rows(hints(Config)[f.name], sect):
+        for key, tp, default, ok, help in _rows(typing.get_type_hints(Config)[f.name], sect):
             cells = [f"`{key}`", tp, f"`{default}`", ok, help]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")  # '|' would split a cell
         lines.append("")

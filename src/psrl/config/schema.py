@@ -1,12 +1,5 @@
 """The whole job's schema: :class:`Config`, its sections outside ``psrl.*``, ``sim.*``, ``task.*`` and ``data.*``,
-and ``validate()``.
-
-Every key is a dataclass field with a ``help`` string in its metadata; ``docs/configuration.md`` is
-generated from these dataclasses (``python -m psrl.config``) and a test checks it is current, so the
-reference cannot drift from the code. Configs are frozen: a changed setting is a new config
-(``dataclasses.replace`` or ``load_config`` with overrides). Derived values (``B``, ``B'``, ``N``,
-``N'``) are properties, never written in.
-"""
+and ``validate()`` (what a key is, and why configs are frozen: the package's docstring)."""
 
 from __future__ import annotations
 
@@ -127,9 +120,6 @@ class AlgorithmConfig:
         RolloutCorrectionConfig, "Off-policy corrections against the behaviour log-probs (needed for staleness >= 3)."
     )
     filter_groups: FilterGroupsConfig = _sub(FilterGroupsConfig, "Dynamic sampling filter settings.")
-
-    def check(self) -> None:
-        self.rollout_correction.check()
 
 
 # --------------------------------------------------------------------------- rollout.*
@@ -373,7 +363,7 @@ class Config:
         self.psrl.deployment.check(self.model.device, os.cpu_count(), self.runtime.backend)
         self.runtime.check()
         self.rollout.check(self.psrl.deployment.n_rollout_instances)
-        self.algorithm.check()
+        self.algorithm.rollout_correction.check()
         self.model.check()
         self.task.check(self.model, self.trainer.seed)
         self.sim.check()

@@ -65,8 +65,8 @@ class TaskConfig:
             f"{model.n_positions} positions are fewer than the longest context of task {self.name} ({longest})",
             f"set model.n_positions >= {longest}",
         )
-        r = self.reward
-        if r not in ("math", "exact") and not r.startswith("regex:"):
+        r = self.reward  # regex:<pattern>, module:function and file.py:function all hold a ':'
+        if r not in ("math", "exact"):
             require(
                 ":" in r, "task.reward", f"unknown reward {r!r}", "use math, exact, regex:<pattern> or module:function"
             )
