@@ -1,3 +1,7 @@
+import dataclasses
+
+from psrl.config.adaptive import AdaptiveStalenessConfig
+
 MOVED = {
     "sim.trigger_parameter_sync_step": "sim.verl.trigger_parameter_sync_step",
     # head scope is in psrl train now: the simulator reads psrl's own keys (one name, one owner)
@@ -67,12 +71,6 @@ PSRL_OWN = {
     "psrl.proactive_filter_strategy.scope": "PSRL's filter has no choice of scope; head (act only on "
     "the buffer the trainer waits for) is psrl's, and window, the default, is what the filter did before",
     "psrl.proactive_filter_strategy.grace": "read by scope head only",
-    "psrl.adaptive_staleness.enable": _ADAPTIVE,
-    "psrl.adaptive_staleness.min": _ADAPTIVE,
-    "psrl.adaptive_staleness.every": _ADAPTIVE,
-    "psrl.adaptive_staleness.idle_frac": _ADAPTIVE,
-    "psrl.adaptive_staleness.ess_min": _ADAPTIVE,
-    "psrl.adaptive_staleness.m2_max": _ADAPTIVE,
-    "psrl.adaptive_staleness.kl_max": _ADAPTIVE,
+    **{f"psrl.adaptive_staleness.{f.name}": _ADAPTIVE for f in dataclasses.fields(AdaptiveStalenessConfig)},
 }
 """``psrl.*`` keys that are psrl's own, not PSRL's: the fate table says so instead of "PSRL's meaning"."""
