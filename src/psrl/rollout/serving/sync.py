@@ -48,8 +48,6 @@ def indicator(inst: RolloutInstance, name: str) -> float:
 class _Sync:
     """What every sync strategy shares: check_req_before_sync, seamless_train_version, the stale escape."""
 
-    name = "sync"
-
     def __init__(
         self,
         versions: VersionProvider | None = None,
@@ -82,16 +80,12 @@ class _Sync:
 class GreedySync(_Sync):
     """Pull the newest weights as soon as they are published."""
 
-    name = "greedy"
-
     def ready(self, inst: RolloutInstance) -> bool:
         return True
 
 
 class StatusBasedSync(_Sync):
     """Pull when the instance's ``indicator`` is below ``threshold``."""
-
-    name = "status_based"
 
     def __init__(
         self,
