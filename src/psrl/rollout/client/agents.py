@@ -90,10 +90,7 @@ class AgentManager(ProactiveRemedies):
         """N': members launched per group (psrl.redundant_rollout.redundant_rollout_n; N when unset)."""
         self.group_size = p.group_size
         self.retries = int(cfg.task.reward_retries)
-        self.reward_timeout = cfg.task.reward_timeout
-        """Seconds an awaitable reward may take (``task.reward_timeout``); None = unbounded. A synchronous
-        reward runs on the event loop and cannot be interrupted: dataset rewards run in a thread for this."""
-        self.reward = TaskReward(task, self.reward_timeout)
+        self.reward = TaskReward(task, cfg.task.reward_timeout)
         self.slots = WorkerSlots(workers)
         if self.redundant_group_size > workers:
             raise ValueError(
@@ -178,7 +175,7 @@ class AgentManager(ProactiveRemedies):
     async def _member(self, g: Group, m: Member, rng: random.Random) -> None:
         m.started = asyncio.get_running_loop().time()
         m.session = session = Session(self.pool, g.version, g.prompt.ids, group=g.uid)
-        episode = await self._episode(g, m, session, rng)
+        episode = await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, session.generate, rng))
         if episode is None:
             return
         reward = await self._reward(g, m, episode)
@@ -223,10 +220,6 @@ class AgentManager(ProactiveRemedies):
                 else:
                     self._fail(g, m, stage, err, episode)
         return None
-
-    async def _episode(self, g: Group, m: Member, session: Session, rng: random.Random) -> Episode | None:
-        """Run the episode on ``m``'s session, retrying a raising agent loop; None once reported as failed."""
-        return await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, session.generate, rng))
 
     async def _reward(self, g: Group, m: Member, episode: Episode) -> dict | None:
         """The task's reward (sync or async), retrying a raising, hanging or non-finite reward; None once
