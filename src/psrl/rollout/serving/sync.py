@@ -132,7 +132,6 @@ class Migration:
         self.threshold = float(threshold)
         self.stop_indicator = stop_indicator
         self.stop_threshold = float(threshold if stop_threshold is None else stop_threshold)
-        self.moved = 0
 
     def plan(self, instances: Sequence[RolloutInstance]) -> tuple[RolloutInstance | None, int]:
         """``(source instance, requests to move off it)``; ``(None, 0)`` when the load is balanced enough."""
