@@ -60,12 +60,9 @@ class _Sync:
         self.check_req = bool(check_req_before_sync)
         self.seamless = int(seamless_train_version)
 
-    def too_stale(self, inst: RolloutInstance) -> bool:
-        v = self.versions
-        return v is not None and inst.version + v.staleness < v.train_version
-
     def should_pull(self, inst: RolloutInstance, latest: int) -> bool:
-        if self.too_stale(inst):
+        v = self.versions
+        if v is not None and inst.version + v.staleness < v.train_version:  # too stale to be reserved at
             return True
         if latest <= self.seamless:
             return False
