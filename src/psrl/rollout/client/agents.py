@@ -273,11 +273,10 @@ class AgentManager(ProactiveRemedies):
             held = self.manager.entry_members(g.eid)
             if self.manager.abort(g.eid):
                 self.counts.aborted += 1
-        counter = {"surplus": "surplus", "filtered": "filtered"}.get(status)
         for traj in held:
             self._record(traj, status)
-            if counter:
-                setattr(self.counts, counter, getattr(self.counts, counter) + 1)
+            if status in ("surplus", "filtered"):
+                setattr(self.counts, status, getattr(self.counts, status) + 1)
         self._cancel_members(g, keep=keep)
 
     def _cancel_members(self, g: Group, keep: Member | None = None) -> None:
