@@ -228,14 +228,13 @@ class AgentManager(ProactiveRemedies):
 
     def _trajectory(self, g: Group, m: Member, episode: Episode, reward: dict) -> Trajectory:
         s = m.session
-        v_traj = s.v_traj if s is not None else g.version
         return episode_to_trajectory(
             g.prompt,
             episode,
             reward,
             uid=m.uid,
             group=g.uid,
-            v_traj=v_traj,
+            v_traj=s.v_traj if s is not None else g.version,
             instances=list(s.instances) if s is not None else [],
             gen_seconds=asyncio.get_running_loop().time() - m.started,
         )
