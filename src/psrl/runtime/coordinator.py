@@ -172,7 +172,6 @@ class Coordinator:
         """Train until the trainer holds version ``total_steps``; returns one metrics row per step. ``on_step`` is
         called with each step's row once the step is published (psrl train: show, validate, checkpoint)."""
         loop = asyncio.get_running_loop()
-        self._t0 = self._last = loop.time()
         self.pool.start()
         await self.pool.ready()
         self._t0 = self._last = loop.time()  # engine start-up (a vLLM server: tens of seconds) is not a step

@@ -90,10 +90,7 @@ class AgentManager(ProactiveRemedies):
         """N': members launched per group (psrl.redundant_rollout.redundant_rollout_n; N when unset)."""
         self.group_size = p.group_size
         self.retries = int(cfg.task.reward_retries)
-        self.reward_timeout = cfg.task.reward_timeout
-        """Seconds an awaitable reward may take (``task.reward_timeout``); None = unbounded. A synchronous
-        reward runs on the event loop and cannot be interrupted: dataset rewards run in a thread for this."""
-        self.reward = TaskReward(task, self.reward_timeout)
+        self.reward = TaskReward(task, cfg.task.reward_timeout)
         self.slots = WorkerSlots(workers)
         if self.redundant_group_size > workers:
             raise ValueError(
@@ -178,7 +175,7 @@ class AgentManager(ProactiveRemedies):
     async def _member(self, g: Group, m: Member, rng: random.Random) -> None:
         m.started = asyncio.get_running_loop().time()
         m.session = session = Session(self.pool, g.version, g.prompt.ids, group=g.uid)
-        episode = await self._episode(g, m, session, rng)
+        episode = await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, session.generate, rng))
         if episode is None:
             return
         reward = await self._reward(g, m, episode)
@@ -224,10 +221,6 @@ class AgentManager(ProactiveRemedies):
                     self._fail(g, m, stage, err, episode)
         return None
 
-    async def _episode(self, g: Group, m: Member, session: Session, rng: random.Random) -> Episode | None:
-        """Run the episode on ``m``'s session, retrying a raising agent loop; None once reported as failed."""
-        return await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, session.generate, rng))
-
     async def _reward(self, g: Group, m: Member, episode: Episode) -> dict | None:
         """The task's reward (sync or async), retrying a raising, hanging or non-finite reward; None once
         reported as failed."""
@@ -235,14 +228,13 @@ class AgentManager(ProactiveRemedies):
 
     def _trajectory(self, g: Group, m: Member, episode: Episode, reward: dict) -> Trajectory:
         s = m.session
-        v_traj = s.v_traj if s is not None else g.version
         return episode_to_trajectory(
             g.prompt,
             episode,
             reward,
             uid=m.uid,
             group=g.uid,
-            v_traj=v_traj,
+            v_traj=s.v_traj if s is not None else g.version,
             instances=list(s.instances) if s is not None else [],
             gen_seconds=asyncio.get_running_loop().time() - m.started,
         )
@@ -280,11 +272,10 @@ class AgentManager(ProactiveRemedies):
             held = self.manager.entry_members(g.eid)
             if self.manager.abort(g.eid):
                 self.counts.aborted += 1
-        counter = {"surplus": "surplus", "filtered": "filtered"}.get(status)
         for traj in held:
             self._record(traj, status)
-            if counter:
-                setattr(self.counts, counter, getattr(self.counts, counter) + 1)
+            if status in ("surplus", "filtered"):
+                setattr(self.counts, status, getattr(self.counts, status) + 1)
         self._cancel_members(g, keep=keep)
 
     def _cancel_members(self, g: Group, keep: Member | None = None) -> None:

@@ -53,10 +53,6 @@ class WorkerSlots:
             raise RuntimeError(f"released more worker slots than taken ({self.free} > {self.capacity})")
         self._freed.set()
 
-    @property
-    def busy(self) -> int:
-        return self.capacity - self.free
-
 
 @dataclass
 class Counts:

@@ -33,8 +33,6 @@ __all__ = [
     "NoCacheEngine",
     "TokenModel",
     "TokenRate",
-    "decode_step",
-    "load_weights_into",
     "as_engine",
     "turns",
 ]
@@ -55,25 +53,6 @@ class TokenModel(Protocol):
 
     def load_weights(self, state: WeightState, version: int) -> None:
         """Hold ``state`` as ``version``."""
-
-
-async def decode_step(
-    model: TokenModel, seqs: list[list[int]], temperature: float, top_p: float
-) -> tuple[list[int], list[float]]:
-    """One decode step of ``model`` over ``seqs`` without blocking the event loop."""
-    fast = getattr(model, "anext_token", None)
-    if fast is not None:
-        return await fast(seqs, temperature, top_p)
-    return await asyncio.to_thread(model.next_token, seqs, temperature, top_p)
-
-
-async def load_weights_into(model: TokenModel, state: WeightState, version: int) -> None:
-    """Load ``state`` as ``version`` into ``model`` without blocking the event loop."""
-    fast = getattr(model, "aload_weights", None)
-    if fast is not None:
-        await fast(state, version)
-        return
-    await asyncio.to_thread(model.load_weights, state, version)
 
 
 class TokenRate:
@@ -278,12 +257,18 @@ class NoCacheEngine(BatchingEngine):
         return int(self.model.version)
 
     async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
-        return await decode_step(
-            self.model, [r.context + r.tokens for r in rows], self.sampling.temperature, self.sampling.top_p
-        )
+        seqs, sp = [r.context + r.tokens for r in rows], self.sampling
+        fast = getattr(self.model, "anext_token", None)  # awaited; else next_token runs in a worker thread
+        if fast is not None:
+            return await fast(seqs, sp.temperature, sp.top_p)
+        return await asyncio.to_thread(self.model.next_token, seqs, sp.temperature, sp.top_p)
 
     async def _load(self, state: WeightState, version: int) -> None:
-        await load_weights_into(self.model, state, version)
+        fast = getattr(self.model, "aload_weights", None)
+        if fast is not None:
+            await fast(state, version)
+        else:
+            await asyncio.to_thread(self.model.load_weights, state, version)
 
 
 def as_engine(model_or_engine: Engine | TokenModel, sampling: Sampling = Sampling()) -> Engine:

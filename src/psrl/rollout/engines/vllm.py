@@ -115,7 +115,6 @@ class VLLMEngine:
         self._token_version = -1
         self.steps = 0
         self.tokens = 0
-        self.reloads = 0
         self._client: httpx.AsyncClient | None = None
         self._ids = itertools.count()
         self._tag = secrets.token_hex(4)
@@ -347,15 +346,11 @@ class VLLMEngine:
             path = published  # the ranks' own files: Hugging Face's sharded layout with its index
         else:
             path = await asyncio.to_thread(store.path, int(version), self.weights_root, self.config_dir)
-        out = await self._post(
-            "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-        )
+        await self._post("/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
         await self._label(int(version))
         self.version = int(version)
-        self.reloads += 1
         if not self._inflight:
             self._token_version = self.version
-        return out
 
     async def _label(self, version: int) -> None:
         """Name the server's weights ``version``: vLLM labels every output produced from now on with it."""

@@ -149,7 +149,6 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.watcher: subprocess.Popen | None = None
         self.port: int | None = None
-        self.starts = 0
 
     @property
     def url(self) -> str:
@@ -206,7 +205,6 @@ class VLLMServer:
         env.pop("PYTHONPATH", None)  # the project's path must not shadow vLLM's own packages
         log = open(self.log_path, "ab")
         self.port = port
-        self.starts += 1
         self.proc = subprocess.Popen(
             self.command(port),
             stdout=log,

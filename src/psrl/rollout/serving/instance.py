@@ -91,8 +91,8 @@ class RolloutInstance:
         weights: WeightSource,
         sync: SyncStrategy,
         *,
-        on_version: Callable[[RolloutInstance], None] | None = None,
-        on_round: Callable[[RolloutInstance], None] | None = None,
+        on_version: Callable[[RolloutInstance], None] = lambda _inst: None,
+        on_round: Callable[[RolloutInstance], None] = lambda _inst: None,
         log: Callable[[str], None] = print,
         partial_rollout: bool = False,
         interrupt_as_prompt: bool = False,
@@ -229,8 +229,7 @@ class RolloutInstance:
         if latest is not None and self.version not in self.weights.versions():  # a fresh server holds none
             await self.engine.update_weights(latest, self.weights)
         self.ready.set()
-        if self.on_version is not None:
-            self.on_version(self)
+        self.on_version(self)
 
     def start(self) -> asyncio.Task:
         if self._task is None:
@@ -269,8 +268,7 @@ class RolloutInstance:
                 continue
             if not pull:
                 self._admit()
-                if self.on_round is not None:
-                    self.on_round(self)
+                self.on_round(self)
             self._wake.clear()
             await self._wake.wait()
 
@@ -380,8 +378,7 @@ class RolloutInstance:
             self._failed = self._failed or f"weight update failed: {type(exc).__name__}: {exc}"
         finally:
             self.syncing = False
-        if self.on_version is not None:
-            self.on_version(self)
+        self.on_version(self)
 
     async def _recover(self) -> None:
         """The engine failed: hand back everything in it, restart it (or give up on this instance)."""
@@ -407,5 +404,4 @@ class RolloutInstance:
                 raise
             except Exception as exc:  # noqa: BLE001
                 self._failed = f"restart failed: {type(exc).__name__}: {exc}"
-        if self.on_version is not None:
-            self.on_version(self)
+        self.on_version(self)

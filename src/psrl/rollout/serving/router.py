@@ -54,8 +54,6 @@ __all__ = [
 class RandomRouter:
     """A seeded uniform choice among the candidates."""
 
-    name = "random"
-
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
 
@@ -67,8 +65,6 @@ class RandomRouter:
 
 class RoundRobinRouter:
     """Cycle through the instances; skip the ineligible ones."""
-
-    name = "round_robin"
 
     def __init__(self) -> None:
         self._next = 0
@@ -85,8 +81,6 @@ class RoundRobinRouter:
 
 class RequestNumBalanceRouter:
     """The candidate with the fewest running trajectories (the first on ties)."""
-
-    name = "request_num_balance"
 
     def pick(self, candidates: Sequence[RolloutInstance], n_instances: int) -> RolloutInstance:
         if not candidates:
@@ -164,8 +158,6 @@ def load_cost_model(path: str | Path) -> list[CostModel]:
 
 class ThroughputOptimalRouter:
     """The candidate with the largest marginal gain of estimated decode throughput."""
-
-    name = "throughput_optimal"
 
     def __init__(self, models: Sequence[CostModel] | None = None, delta_threshold: float = 0.5, max_samples: int = 256):
         self.fixed = list(models) if models else None

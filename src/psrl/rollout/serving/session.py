@@ -38,7 +38,6 @@ class Session:
         self.v_traj = self.instance.version
         self.instances: list[int] = []
         self.migrations = 0
-        self._prompt_len = len(prompt_ids)
         self._prompt = list(prompt_ids)
         self._ep = Episode()
         self._req: InstanceRequest | None = None
@@ -84,9 +83,8 @@ class Session:
 
     def _take(self, seg: Segment, req: InstanceRequest) -> None:
         """Append a request's output to the segment and to the running record."""
-        if req.tokens:
-            if not self.instances or self.instances[-1] != self.instance.index:
-                self.instances.append(self.instance.index)
+        if req.tokens and (not self.instances or self.instances[-1] != self.instance.index):
+            self.instances.append(self.instance.index)
         seg.tokens += req.tokens
         seg.logprobs += req.logprobs
         seg.versions += req.versions
@@ -107,7 +105,7 @@ class Session:
             extra = list(context[len(known) :])
         else:  # the task rewrote its context: keep what it shows, all as context
             self._ep = Episode()
-            extra = list(context[self._prompt_len :])
+            extra = list(context[len(self._prompt) :])
         if extra:
             self._ep.add_tool(extra)
 

@@ -48,8 +48,6 @@ def indicator(inst: RolloutInstance, name: str) -> float:
 class _Sync:
     """What every sync strategy shares: check_req_before_sync, seamless_train_version, the stale escape."""
 
-    name = "sync"
-
     def __init__(
         self,
         versions: VersionProvider | None = None,
@@ -62,12 +60,9 @@ class _Sync:
         self.check_req = bool(check_req_before_sync)
         self.seamless = int(seamless_train_version)
 
-    def too_stale(self, inst: RolloutInstance) -> bool:
-        v = self.versions
-        return v is not None and inst.version + v.staleness < v.train_version
-
     def should_pull(self, inst: RolloutInstance, latest: int) -> bool:
-        if self.too_stale(inst):
+        v = self.versions
+        if v is not None and inst.version + v.staleness < v.train_version:  # too stale to be reserved at
             return True
         if latest <= self.seamless:
             return False
@@ -82,16 +77,12 @@ class _Sync:
 class GreedySync(_Sync):
     """Pull the newest weights as soon as they are published."""
 
-    name = "greedy"
-
     def ready(self, inst: RolloutInstance) -> bool:
         return True
 
 
 class StatusBasedSync(_Sync):
     """Pull when the instance's ``indicator`` is below ``threshold``."""
-
-    name = "status_based"
 
     def __init__(
         self,
@@ -138,7 +129,6 @@ class Migration:
         self.threshold = float(threshold)
         self.stop_indicator = stop_indicator
         self.stop_threshold = float(threshold if stop_threshold is None else stop_threshold)
-        self.moved = 0
 
     def plan(self, instances: Sequence[RolloutInstance]) -> tuple[RolloutInstance | None, int]:
         """``(source instance, requests to move off it)``; ``(None, 0)`` when the load is balanced enough."""
