@@ -58,7 +58,7 @@ from learning_report import draw, print_table, summarise, summarise_run, within_
 from psrl.config import load_config  # noqa: E402
 from psrl.heap import return_freed_memory  # noqa: E402
 from psrl.runtime.local import build  # noqa: E402
-from psrl.runtime.recorder import RunRecorder  # noqa: E402
+from psrl.runtime.recorder import EventLog, RunRecorder  # noqa: E402
 from psrl.runtime.validate import validate  # noqa: E402
 from sim_vs_real import compare_run  # noqa: E402
 from sync_vs_async import WORKLOAD, warm_weights  # noqa: E402
@@ -100,7 +100,8 @@ def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tu
     """One run from ``weights``: its step rows and the validation of its weight snapshots."""
     recorder = RunRecorder(run_dir)
     recorder.write_config(cfg)
-    coord = build(cfg, recorder, log=lambda _: None, weights=weights)  # psrl train's own wiring and engines
+    events = EventLog(run_dir / "events.jsonl")  # the timeline and the bound's moves, as psrl train writes them
+    coord = build(cfg, recorder, log=lambda _: None, weights=weights, on_event=events, on_bound=events.bound)
     task, policy = coord.agents.task, coord.trainer.policy
     snaps = [(0, 0.0, {k: v.detach().clone() for k, v in policy.export_state().items()})]
 
@@ -112,6 +113,7 @@ def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tu
         rows = asyncio.run(coord.run(steps, on_step))
     finally:
         recorder.close()
+        events.close()
     t = cfg.trainer
     prompts = task.val_prompts(t.val_size)
     vals = []

@@ -1,5 +1,7 @@
 """benchmarks/learning.py smoke-tested as a subprocess on a tiny budget: it runs, validates, draws, ends in JSON."""
 
+import json
+
 import pytest
 
 from tests.benchmarks.run import run_benchmark
@@ -46,3 +48,9 @@ def test_learning_benchmark_runs_and_ends_with_one_json_line(tmp_path):
     assert {(c, s) for c, _, s, _ in last["not_counted"]} == {("default", 2), ("m2po", 2)}
     assert set(last["max_staleness_within_one_std_of_sync"]) == {"default", "m2po", "adaptive"}
     assert (tmp_path / "learning.png").exists()
+    # every run leaves psrl train's timeline, so psrl viz draws it and an adaptive run's bound moves are in it
+    runs = sorted(tmp_path.rglob("metrics.jsonl"))
+    assert len(runs) == 8
+    for metrics in runs:
+        kinds = {json.loads(line)["kind"] for line in (metrics.parent / "events.jsonl").read_text().splitlines()}
+        assert {"reserve", "consume"} <= kinds, metrics.parent.name
