@@ -5,25 +5,13 @@ or attaches to). This room imports nothing of the serving side or the protocol c
 :class:`HFEngine` needs torch and transformers: it is imported on first use, so ``import psrl.rollout`` stays light.
 """
 
-from psrl.rollout.engines.base import BatchingEngine, NoCacheEngine, TokenModel, TokenRate, as_engine, turns
-from psrl.rollout.engines.vllm import VLLMEngine, WeightFiles, build_vllm_engines
+from psrl.rollout.engines import base, vllm
+from psrl.rollout.engines.base import *  # noqa: F403 -- the room's API is its modules' __all__, listed once there
+from psrl.rollout.engines.vllm import *  # noqa: F403
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
 
-__all__ = [
-    "BatchingEngine",
-    "NoCacheEngine",
-    "TokenModel",
-    "TokenRate",
-    "as_engine",
-    "turns",
-    "HFEngine",
-    "VLLMEngine",
-    "WeightFiles",
-    "build_vllm_engines",
-    "EngineSetupError",
-    "VLLMServer",
-    "find_vllm_python",
-]
+__all__ = [*base.__all__, *vllm.__all__, "EngineSetupError", "VLLMServer", "find_vllm_python"]
+__all__ += ["HFEngine"]  # noqa: F405 -- imported on first use, by __getattr__ below
 
 
 def __getattr__(name: str) -> object:
