@@ -27,6 +27,19 @@ def row(step, step_s=1.0, train_s=0.5, publish_s=0.1, ess=0.99, m2=0.01, kl=0.01
     }
 
 
+def per_lag_row(levels, step_s, train_s, publish_s):
+    """A row as :func:`psrl.algo.divergence.divergence_row` writes it: per lag k (token weight, ess, m2, kl), the
+    shares normalised; the batch's m2 and kl the token means, its ess the token-weighted mean."""
+    total = sum(v[0] for v in levels.values())
+    r = row(0, step_s, train_s, publish_s)
+    for k, (f, ess, m2, kl) in levels.items():
+        r[f"staleness/tokens@s{k}"] = f / total
+        r.update({f"divergence/ess@s{k}": ess, f"divergence/m2@s{k}": m2, f"divergence/kl@s{k}": kl})
+    for name, j in (("ess", 1), ("m2", 2), ("kl", 3)):
+        r[f"divergence/{name}"] = sum(v[0] * v[j] for v in levels.values()) / total
+    return r
+
+
 def controller(cfg=CFG, ceiling=3):
     m = StalenessManager(ceiling, 1, 1, max_staleness=ceiling)
     return StalenessController(cfg, ceiling, m.set_staleness), m
@@ -83,16 +96,10 @@ def test_divergence_outside_a_limit_lowers_the_bound_at_once_naming_the_figure_n
     assert d.observe(row(2, m2=1.0)).new == 2 == m.staleness  # halving stops at min
 
 
-def lagged(step, levels, **kw):
-    """A step row whose batch holds ``levels``: ``{lag: (token fraction, m2)}`` (kl = m2 / 4, ess 0.99), with the
-    batch's figures the token means, as :func:`psrl.algo.divergence.divergence_row` writes them."""
-    r = row(step, **kw)
-    for k, (f, m2) in levels.items():
-        r.update({f"staleness/tokens@s{k}": f, f"divergence/m2@s{k}": m2, f"divergence/kl@s{k}": m2 / 4})
-        r[f"divergence/ess@s{k}"] = 0.99
-    r["divergence/m2"] = sum(f * m2 for f, m2 in levels.values())
-    r["divergence/kl"] = r["divergence/m2"] / 4
-    return r
+def lagged(step, levels, train_s=0.5, publish_s=0.1):
+    """A step row whose batch holds ``levels``: ``{lag: (token fraction, m2)}`` (kl = m2 / 4, ess 0.99)."""
+    r = per_lag_row({k: (f, 0.99, m2, m2 / 4) for k, (f, m2) in levels.items()}, 1.0, train_s, publish_s)
+    return {**r, "step": step}
 
 
 def test_within_bound_keeps_the_tokens_of_lag_up_to_the_bound():
@@ -201,19 +208,6 @@ def reference_bound(cfg, ceiling, rows):
             ready = 0
             first_clean = i + cfg.every + old  # rows before it may train data reserved under `old`
     return bound
-
-
-def per_lag_row(levels, step_s, train_s, publish_s):
-    """A row as :func:`psrl.algo.divergence.divergence_row` writes it: per lag k (token weight, ess, m2, kl), the
-    shares normalised; the batch's m2 and kl the token means, its ess the token-weighted mean."""
-    total = sum(v[0] for v in levels.values())
-    r = row(0, step_s, train_s, publish_s)
-    for k, (f, ess, m2, kl) in levels.items():
-        r[f"staleness/tokens@s{k}"] = f / total
-        r.update({f"divergence/ess@s{k}": ess, f"divergence/m2@s{k}": m2, f"divergence/kl@s{k}": kl})
-    for name, j in (("ess", 1), ("m2", 2), ("kl", 3)):
-        r[f"divergence/{name}"] = sum(v[0] * v[j] for v in levels.values()) / total
-    return r
 
 
 def rows_of(ess, m2, kl, train_s):
