@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.step(batch)
         during.append(time.perf_counter() - t)
         writer.join()
-    size = sum(f.stat().st_size for f in (out / "sync0").iterdir()) / 2**30
+    size = sum(f.stat().st_size for f in (out / "sync0").rglob("*") if f.is_file()) / 2**30
     m = {
         name: round(statistics.mean(v), 3)
         for name, v in (

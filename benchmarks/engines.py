@@ -149,7 +149,7 @@ def main() -> None:
             url = asyncio.run(start())
             print(f"  vLLM server healthy after {time.perf_counter() - t0:.0f} s ({url})", flush=True)
             dt, toks = asyncio.run(run_raw(url, ctxs[:4], 8))  # warm-up, not measured
-            engine = VLLMEngine(url=url, weights_root=tmp / "weights", sampling=Sampling(temperature=1.0))
+            engine = VLLMEngine(url=url, sampling=Sampling(temperature=1.0))
             dt, toks = asyncio.run(run_engine(engine, ctxs, budget))
             record("vllm", dt, toks, "(psrl's streaming client)")
             dt, toks = asyncio.run(run_raw(url, ctxs, budget))

@@ -121,6 +121,7 @@ def trainer_and_publish(ns: argparse.Namespace, config: Any, root: Path) -> dict
     import torch.distributed as dist
 
     from psrl.config import AlgorithmConfig
+    from psrl.models.builder import DTYPES
     from psrl.train.launch import free_port
     from psrl.train.worker import RankWorker, WorkerSpec
 
@@ -150,7 +151,7 @@ def trainer_and_publish(ns: argparse.Namespace, config: Any, root: Path) -> dict
         for v in range(1, ns.versions + 1):
             _sync(ns.device)
             t0 = time.perf_counter()
-            version_dir = Path(sharded.publish(v, str(root / "weights"), 2))
+            version_dir = Path(sharded.publish(v, str(root / "weights"), 2, 256, DTYPES[ns.dtype])["path"])
             dt = time.perf_counter() - t0
             publish.append((dt, sum(f.stat().st_size for f in version_dir.iterdir())))
     finally:

@@ -72,7 +72,7 @@ def _measure(ranks, world: int, batch, algo, root: Path) -> dict[str, float]:
     metrics = ranks.call("train_step", inp)[0]
     step_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ranks.call("publish", (1, str(root), 1))
+    ranks.call("publish", (1, str(root), 1, 256, torch.float32))
     publish_s = time.perf_counter() - t0
     usage = ranks.call("usage")
     return {

@@ -19,6 +19,7 @@ RANK = {
     "algo": 2,
     "tasks": 3,
     "config": 3.5,
+    "weights": 3.8,
     "train": 4,
     "rollout": 4,
     "runtime": 5,
@@ -29,7 +30,8 @@ RANK = {
     "config_cli": 7,
     "__init__": 7,
 }
-"""Layer of each top-level module or package: ``tasks`` sits above ``models`` (a task uses a tokenizer); the
+"""Layer of each top-level module or package: ``tasks`` sits above ``models`` (a task uses a tokenizer); ``weights``
+(a version's format, publishing and reading it) below both ``train`` and ``rollout``; the
 configuration schema above ``tasks`` (it resolves ``task.name`` at load), below everything that reads it."""
 
 
@@ -54,6 +56,12 @@ def test_no_module_imports_a_layer_above_its_own():
             if dep in RANK and RANK[dep] > RANK[own]:
                 wrong.append(f"{'/'.join(rel)} imports psrl.{dep}")
     assert wrong == []
+
+
+def test_rollout_and_train_are_siblings_over_weights():
+    """The engines and the trainer meet only in ``psrl.weights`` (issue #33, item 2): neither imports the other."""
+    for a, b in (("rollout", "train"), ("train", "rollout")):
+        assert not [p for p in (SRC / a).rglob("*.py") if b in _imports(p)], f"psrl.{a} imports psrl.{b}"
 
 
 def test_the_staleness_core_imports_only_itself():

@@ -63,10 +63,12 @@ METRICS: tuple[Metric, ...] = (
     _m(
         "time/publish_s",
         "s",
-        "Seconds publishing this step's version: the in-memory store at one trainer rank; with several, the ranks "
-        "writing weights/v{N} and the driver reading it.",
-        _C,
+        "Seconds publishing this step's version (psrl.weights, off the event loop): the ranks writing "
+        "weights/v{N} bucket by bucket from their shards, or, at one rank with hf engines in the driver, its "
+        "tensors handed to the in-memory store.",
+        _T,
     ),
+    _m("weights/bytes", "B", "Bytes of weights this step's version moved (the published tensors, all ranks).", _T),
     _m("throughput/trajectories_per_s", "1/s", "Trajectories completed per second, over the run so far.", _C),
     # the batch
     _m("reward/mean", "reward", "Mean reward of the trajectories of this step's batch.", _C),

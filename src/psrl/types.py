@@ -115,7 +115,7 @@ WeightState = dict[str, Any]
 
 
 class WeightSource(Protocol):
-    """Where published weights are read, by version (:class:`psrl.train.ParameterStore`): a rollout instance asks
+    """Where published weights are read, by version (:mod:`psrl.weights`): a rollout instance asks
     which versions exist, an engine loads one."""
 
     def latest_version(self) -> int | None:
@@ -202,7 +202,7 @@ class TrainedPolicy(Protocol):
     """The version of its weights; the coordinator sets it after each step."""
 
     def export_state(self) -> WeightState:
-        """Its weights, for :meth:`psrl.train.ParameterStore.publish`."""
+        """Its weights, for :meth:`psrl.weights.ParameterStore.publish` (a trainer without ``publish``)."""
 
 
 class StepTrainer(Protocol):
@@ -225,8 +225,9 @@ class StepTrainer(Protocol):
         """Train on a consumed batch; returns the ``train/*`` (and loss) metrics."""
 
 
+@runtime_checkable
 class WeightStore(WeightSource, Protocol):
-    """Where versions are published for the engines (:class:`psrl.train.ParameterStore`)."""
+    """Where versions are put in memory for the engines (:class:`psrl.weights.ParameterStore`)."""
 
     def publish(self, version: int, state: WeightState) -> None:
         """Hold ``state`` as ``version`` (versions strictly increase)."""
@@ -234,10 +235,10 @@ class WeightStore(WeightSource, Protocol):
 
 @runtime_checkable
 class PublishingTrainer(Protocol):
-    """A trainer that publishes its own weights after a step (:class:`psrl.train.Trainer` and the sharded one):
-    the coordinator then records ``time/publish_s``. A trainer without it (the fakes) has its policy's
-    ``export_state`` published by the coordinator."""
+    """A trainer that publishes its own weights after a step (:class:`psrl.train.Trainer`), where the run builder
+    told it to (:mod:`psrl.weights`); the coordinator calls it off the event loop. A trainer without it (the fakes)
+    has its policy's ``export_state`` put into the coordinator's store."""
 
-    def publish(self, version: int, store: WeightStore) -> float:
-        """Take ``version`` as the policy's version and put its weights into ``store``; returns the seconds the
-        publication took (for the sharded trainer: the ranks writing ``weights/v{version}`` too)."""
+    def publish(self, version: int) -> dict[str, float]:
+        """Take ``version`` as the policy's version and publish its weights; returns ``time/publish_s`` and
+        ``weights/bytes``."""

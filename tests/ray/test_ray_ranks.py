@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from psrl.runtime.recorder import read_jsonl
-from psrl.train.publish import read_version
+from psrl.weights import read_version
 from tests.rollout.harness import check_bound
 from tests.runtime.test_train_cli_e2e import TINY
 

@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     from psrl.rollout.engines.hf import HFEngine
     from psrl.runtime.ray_runtime import build_ray_engines
     from psrl.train import build_task_and_policy
-    from psrl.train.store import ParameterStore
+    from psrl.weights import ParameterStore
     from psrl.types import Engine, GenRequest, Sampling
 
     cfg = load_config(None, ["trainer.temperature=0"])

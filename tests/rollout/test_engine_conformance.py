@@ -17,8 +17,8 @@ import torch
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.engines.hf import HFEngine
 from psrl.rollout.fakes import FakeEngine
-from psrl.train.store import ParameterStore
 from psrl.types import Engine, EngineLoad, GenRequest, Sampling
+from psrl.weights import FileVersions, ParameterStore, publish_model
 
 ENGINES = ["fake", "hf", pytest.param("vllm", marks=pytest.mark.vllm)]
 CTX = [1, 5, 6, 7]
@@ -99,7 +99,7 @@ class Rig:
         cfg, task, policy = tiny
         self.kind = kind
         self.policy = copy.deepcopy(policy)
-        self.store = ParameterStore(keep=4)
+        self.store: ParameterStore | FileVersions = ParameterStore(keep=4)
         self.vocab = 97 if kind == "fake" else self.policy.model.config.vocab_size
         sampling = Sampling(temperature=temperature, stop_ids=frozenset(stop_ids))
         if kind == "fake":
@@ -113,8 +113,9 @@ class Rig:
             from psrl.rollout.engines.vllm import VLLMEngine
 
             url = request.getfixturevalue("vllm_urls")[0]
-            self.engine = VLLMEngine(url=url, weights_root=tmp_path / "weights", sampling=sampling)
-            self.store.publish(1, self.policy.export_state())
+            self.engine = VLLMEngine(url=url, sampling=sampling)
+            self.store = FileVersions(tmp_path / "weights")  # vLLM reads the directories the ranks would write
+            self._publish(1)
 
     async def __aenter__(self):
         await self.engine.start()
@@ -134,7 +135,14 @@ class Rig:
             for w in self.policy.model.parameters():
                 w.add_(torch.randn(w.shape, generator=gen) * scale)
         self.policy.version = version
-        self.store.publish(version, self.policy.export_state())
+        self._publish(version)
+
+    def _publish(self, version: int) -> None:
+        """Publish the rig's policy as ``version`` where its engine reads it (:mod:`psrl.weights`)."""
+        if isinstance(self.store, FileVersions):
+            publish_model(self.policy.model, self.store.root, version, keep=4)
+        else:
+            self.store.publish(version, self.policy.export_state())
 
     def recompute(self, req: GenRequest, policy=None) -> list[float]:
         """The trainer's log-probs of ``req``'s tokens under ``policy`` (default: the rig's current weights)."""

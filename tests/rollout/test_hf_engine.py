@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.engines.hf import HFEngine
-from psrl.train.store import ParameterStore
-from psrl.train.trainer import logprob_mismatch
+from psrl.train.steps import logprob_mismatch
 from psrl.types import GenRequest, Sampling
+from psrl.weights import ParameterStore
 
 
 async def _staggered(engine, specs):

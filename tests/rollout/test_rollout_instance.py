@@ -19,7 +19,7 @@ from psrl.rollout.serving.router import RequestNumBalanceRouter, RoundRobinRoute
 from psrl.rollout.serving.session import Session
 from psrl.rollout.serving.sync import GreedySync, StatusBasedSync
 from psrl.runtime.vloop import run_virtual
-from psrl.train.store import ParameterStore
+from psrl.weights import ParameterStore
 from tests.rollout.harness import pool_of, stub_pool
 
 CTX = [1, 2, 3]

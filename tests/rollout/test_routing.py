@@ -32,8 +32,8 @@ from psrl.rollout.serving.session import Session
 from psrl.rollout.serving.sync import GreedySync
 from psrl.runtime.profile import profile_engine
 from psrl.runtime.vloop import run_virtual
-from psrl.train.store import ParameterStore
 from psrl.types import EngineLoad
+from psrl.weights import ParameterStore
 from tests.rollout.harness import pool_of, stub_pool
 
 CTX = [1, 2, 3]

@@ -20,8 +20,8 @@ from psrl.rollout.serving.router import RoundRobinRouter
 from psrl.rollout.serving.session import Session
 from psrl.rollout.serving.sync import GreedySync, Migration, StatusBasedSync, build_migration, build_sync
 from psrl.runtime.vloop import run_virtual
-from psrl.train.store import ParameterStore
 from psrl.types import EngineLoad
+from psrl.weights import ParameterStore
 from tests.rollout.harness import pool_of, stub_pool
 from tests.rollout.test_rollout_instance import CTX, reference_tokens
 

@@ -36,7 +36,7 @@ def chunk(rid, toks, finish=None, spans=None) -> dict:
 
 
 def engine(handler, tmp_path) -> VLLMEngine:
-    eng = VLLMEngine(url="http://127.0.0.1:9", weights_root=tmp_path)
+    eng = VLLMEngine(url="http://127.0.0.1:9")
     eng._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     return eng
 

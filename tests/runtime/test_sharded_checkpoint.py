@@ -19,8 +19,6 @@ from psrl.models import build_policy
 from psrl.runtime.checkpoint import CheckpointSaver
 from psrl.tasks import get_task
 from psrl.train import Trainer
-from psrl.train.sharded import ShardedTrainer
-from psrl.train.store import ParameterStore
 from tests.runtime.test_train_sharded import _batch
 
 
@@ -30,21 +28,21 @@ def test_a_background_checkpoint_at_two_ranks_runs_its_collective_between_steps(
     policy = build_policy(cfg.model, get_task(cfg.task, seed=0), seed=0)
     run_dir = tmp_path / "run"
     calls: list[tuple[str, str]] = []
-    real_call = ShardedTrainer._call
+    real_call = Trainer._call
 
-    def call(self: ShardedTrainer, cmd: str, arg: Any = None) -> list[Any]:
+    def call(self: Trainer, cmd: str, arg: Any = None) -> list[Any]:
         calls.append((cmd, threading.current_thread().name))
         return real_call(self, cmd, arg)
 
-    real_save = ShardedTrainer.save
+    real_save = Trainer.save
 
-    def save(self: ShardedTrainer, directory: str | Path, state: dict | None = None) -> Path:
+    def save(self: Trainer, directory: str | Path, state: dict | None = None) -> Path:
         calls.append(("write", threading.current_thread().name))
         return real_save(self, directory, state)
 
-    monkeypatch.setattr(ShardedTrainer, "_call", call)
-    monkeypatch.setattr(ShardedTrainer, "save", save)
-    trainer = ShardedTrainer(policy, cfg.algorithm, cfg.trainer, 2, run_dir)
+    monkeypatch.setattr(Trainer, "_call", call)
+    monkeypatch.setattr(Trainer, "save", save)
+    trainer = Trainer(policy, cfg.algorithm, cfg.trainer, 2, run_dir)
     state = {"version": 1, "staleness": {}, "agents": {}}
     coord = SimpleNamespace(
         trainer=trainer, manager=None, cfg=cfg, version=1, state_dict=lambda: state
@@ -52,11 +50,11 @@ def test_a_background_checkpoint_at_two_ranks_runs_its_collective_between_steps(
     saver = CheckpointSaver(background=True)
     try:
         trainer.step(_batch(policy, 0))
-        trainer.publish(1, ParameterStore(keep=1))
-        want = policy.export_state()
+        trainer.publish(1)
+        want = trainer.latest_policy().export_state()
         saver.save(run_dir, coord, None)  # taken now; written by the writer thread
         trainer.step(_batch(policy, 1))  # training goes on meanwhile
-        trainer.publish(2, ParameterStore(keep=1))
+        trainer.publish(2)
         saver.close()
     finally:
         trainer.close()
@@ -67,8 +65,9 @@ def test_a_background_checkpoint_at_two_ranks_runs_its_collective_between_steps(
     dcp_to_torch_save(str(ckpt / "ranks"), str(tmp_path / "ranks.pt"))
     ranks = torch.load(tmp_path / "ranks.pt", weights_only=False)
     assert all(torch.equal(ranks["model"][k], v) for k, v in want.items())  # of step 1, not step 2
-    assert not all(torch.equal(policy.export_state()[k], v) for k, v in want.items())
+    assert not all(torch.equal(trainer.latest_policy().export_state()[k], v) for k, v in want.items())
     resumed = Trainer(build_policy(cfg.model, get_task(cfg.task, seed=0), seed=1), cfg.algorithm, cfg.trainer)
     assert resumed.load(Path(ckpt)) == 1
     got = resumed.policy.export_state()
-    assert all(torch.equal(got[k], v) for k, v in want.items()) and resumed.optimizer.state
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    assert resumed.start().worker.optimizer.state  # type: ignore[attr-defined]

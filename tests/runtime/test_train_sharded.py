@@ -30,14 +30,13 @@ from psrl.tasks import get_task
 from psrl.train import Trainer
 from psrl.train.launch import LocalRanks
 from psrl.train.planner import plan
-from psrl.train.publish import read_version
-from psrl.train.sharded import ShardedTrainer
-from psrl.train.store import ParameterStore
 from psrl.train.worker import StepInput
 from psrl.train_cli import main
 from psrl.types import GenRequest, Trajectory
+from psrl.weights import read_version
 from tests.rollout.harness import check_bound
 from tests.runtime.test_train_cli_e2e import TINY
+from tests.train.reference_trainer import ReferenceTrainer
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TWO = "psrl.deployment.train_ngpus_per_node=2"
@@ -56,14 +55,14 @@ def test_psrl_train_at_two_ranks_completes_audited_and_resumes(tmp_path, monkeyp
     every such token, ``weights/v3`` is what the driver's final weights are; a 4th step resumes from the
     sharded checkpoint; afterwards no rank process is left."""
     seen: list[tuple[int | None, int]] = []
-    start = ShardedTrainer.start
+    start = Trainer.start
 
-    def start_and_look(self: ShardedTrainer) -> LocalRanks:
+    def start_and_look(self: Trainer) -> LocalRanks:
         ranks = start(self)
         seen.extend((pid, _parent(pid)) for pid in ranks.pids if pid is not None)
         return ranks
 
-    monkeypatch.setattr(ShardedTrainer, "start", start_and_look)
+    monkeypatch.setattr(Trainer, "start", start_and_look)
     before = set(multiprocessing.active_children())  # a session's 2-rank fixture (tests/train) may be running
     run_dir = tmp_path / "run"
     args = TINY + [f"trainer.run_dir={run_dir}", "psrl.staleness=0", TWO]
@@ -123,10 +122,10 @@ def _batch(policy: Policy, version: int) -> Batch:
 
 
 def test_two_ranks_step_as_one_process_and_the_hf_engine_scores_their_published_version(tmp_path):
-    """The same 2 batches, 2 minibatches, token budget 16, the rollout corrections on: the sharded trainer's
-    metrics (loss, grad norm, actor/*, correction/*, divergence/*, mismatch) equal the in-process trainer's to
-    1e-4 relative and the published weights its weights to 1e-5; then an ``hf`` engine, reloaded with that
-    version (through the driver's store), generates tokens whose recorded log-probs equal the ranks' within 1e-5."""
+    """The same 2 batches, 2 minibatches, token budget 16, the rollout corrections on: the trainer's metrics at 2
+    ranks (loss, grad norm, actor/*, correction/*, divergence/*, mismatch) equal the one-process reference trainer's
+    to 1e-4 relative and the published weights its weights to 1e-5; then an ``hf`` engine, reloaded with that
+    version from the ranks' files, generates tokens whose recorded log-probs equal the ranks' within 1e-5."""
     overrides = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "task.name=arith", "trainer.minibatches=2"]
     overrides += [
         "trainer.micro_batch_tokens=16",
@@ -136,11 +135,11 @@ def test_two_ranks_step_as_one_process_and_the_hf_engine_scores_their_published_
     overrides += ["algorithm.rollout_correction.rs=token", "algorithm.rollout_correction.rs_threshold=1.2"]
     cfg = load_config(None, overrides)
     policy = build_policy(cfg.model, get_task(cfg.task, seed=0), seed=0)
-    single = Trainer(policy.replica(seed=0), cfg.algorithm, cfg.trainer)
+    single = ReferenceTrainer(policy.replica(seed=0), cfg.algorithm, cfg.trainer)
     single.policy.model.requires_grad_(True)
     engine = HFEngine(policy.replica(seed=1))
-    trainer = ShardedTrainer(policy, cfg.algorithm, cfg.trainer, 2, tmp_path)
-    store = ParameterStore(keep=2)
+    trainer = Trainer(policy, cfg.algorithm, cfg.trainer, 2, tmp_path)
+    store = trainer.out
     try:
         trainer.start()
         for v in range(2):
@@ -149,8 +148,8 @@ def test_two_ranks_step_as_one_process_and_the_hf_engine_scores_their_published_
             assert sorted(want) == sorted(got)
             for k in want:
                 assert math.isclose(got[k], want[k], rel_tol=1e-4, abs_tol=1e-6), (k, got[k], want[k])
-            single.publish(v + 1, ParameterStore(keep=1))
-            trainer.publish(v + 1, store)
+            single.policy.version = v + 1
+            assert trainer.publish(v + 1)["weights/bytes"] > 0
         mine = single.policy.model.state_dict()
         assert max(float((store.get(2)[1][k] - mine[k]).abs().max()) for k in mine) < 1e-5
 
@@ -196,35 +195,35 @@ def test_a_run_saved_at_one_world_size_resumes_at_the_other(tmp_path):
     cfg = load_config(None, ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "task.name=arith"])
     ref = _fresh(cfg)
     batches = [_batch(ref, v) for v in range(2)]
-    single = Trainer(_fresh(cfg), cfg.algorithm, cfg.trainer)
+    single = ReferenceTrainer(_fresh(cfg), cfg.algorithm, cfg.trainer)
     for v, b in enumerate(batches):
         single.step(b)
-        single.publish(v + 1, ParameterStore(keep=1))
+        single.policy.version = v + 1
     want = single.policy.model.state_dict()
 
-    first = Trainer(_fresh(cfg), cfg.algorithm, cfg.trainer)  # 1 -> 2
+    first = Trainer(_fresh(cfg), cfg.algorithm, cfg.trainer, 1, tmp_path / "one")  # 1 -> 2
     first.step(batches[0])
-    first.publish(1, ParameterStore(keep=1))
+    first.publish(1)
     first.save(tmp_path / "at1")
-    two = ShardedTrainer(_fresh(cfg), cfg.algorithm, cfg.trainer, 2, tmp_path / "two")
+    two = Trainer(_fresh(cfg), cfg.algorithm, cfg.trainer, 2, tmp_path / "two")
     try:
         assert two.load(tmp_path / "at1") == 1
         two.step(batches[1])
-        two.publish(2, ParameterStore(keep=1))
-        got = two.policy.model.state_dict()
+        two.publish(2)
+        got = two.latest_policy().model.state_dict()
         assert max(float((got[k] - want[k]).abs().max()) for k in want) < 1e-4
 
-        back = ShardedTrainer(_fresh(cfg), cfg.algorithm, cfg.trainer, 2, tmp_path / "back")  # 2 -> 1
+        back = Trainer(_fresh(cfg), cfg.algorithm, cfg.trainer, 2, tmp_path / "back")  # 2 -> 1
         try:
             back.step(batches[0])
-            back.publish(1, ParameterStore(keep=1))
+            back.publish(1)
             back.save(tmp_path / "at2")
         finally:
             back.close()
     finally:
         two.close()
-    one = Trainer(_fresh(cfg), cfg.algorithm, cfg.trainer)
-    assert one.load(tmp_path / "at2") == 1 and one.optimizer.state  # AdamW's moments came across
+    one = Trainer(_fresh(cfg), cfg.algorithm, cfg.trainer, 1, tmp_path / "back1")
+    assert one.load(tmp_path / "at2") == 1 and one.start().worker.optimizer.state  # type: ignore[attr-defined]
     one.step(batches[1])
     got = one.policy.model.state_dict()
     assert max(float((got[k] - want[k]).abs().max()) for k in want) < 1e-4

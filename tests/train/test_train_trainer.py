@@ -12,7 +12,8 @@ from psrl.config import AlgorithmConfig, ModelConfig, TaskConfig, TrainerConfig
 from psrl.models import build_policy
 from psrl.rollout.fakes import random_batch
 from psrl.tasks import get_task
-from psrl.train import ParameterStore, Trainer
+from psrl.train import Trainer
+from psrl.weights import ParameterStore
 
 
 def test_store_keeps_last_k_and_rejects_old_versions():

@@ -152,14 +152,15 @@ def _copy_of(model: torch.nn.Module, device: str) -> torch.nn.Module:
 
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_in_process_worker_step_equals_the_trainer_step(mode):
-    """World size 1 is today's path: the worker's logprobs + train_step over the planner (2 minibatches, token budget
-    12, IS and RS on) give the weights, loss and grad norm of :meth:`psrl.train.Trainer.step` on the same batch."""
+    """World size 1 runs the rank worker (issue #33): its logprobs + train_step over the planner (2 minibatches, token
+    budget 12, IS and RS on) give the weights, loss and grad norm of the one-process reference trainer (the path psrl
+    had before, kept in tests) on the same batch."""
     from psrl.algo.advantages import ADV_ESTIMATORS
     from psrl.config import ModelConfig, TaskConfig, TrainerConfig
     from psrl.models import build_policy
     from psrl.rollout.fakes import random_batch
     from psrl.tasks import get_task
-    from psrl.train import Trainer
+    from tests.train.reference_trainer import ReferenceTrainer
 
     task = get_task(TaskConfig(name="arith"), seed=0)
     policy = build_policy(ModelConfig(n_layer=1, n_embd=32, n_head=2, device="cpu"), task, seed=0)
@@ -180,7 +181,7 @@ def test_in_process_worker_step_equals_the_trainer_step(mode):
     adv = [a for g in advs for a in g]
     inp = step_input(p, prompts, responses, old, [t.logprobs for t in trajs], adv, masks, algo)
     got = ranks.call("train_step", inp)[0]
-    want = Trainer(policy, algo, tcfg).step(batch)
+    want = ReferenceTrainer(policy, algo, tcfg).step(batch)
     assert got["train/loss"] == pytest.approx(want["train/loss"], rel=1e-5, abs=1e-7)
     assert got["train/grad_norm"] == pytest.approx(want["train/grad_norm"], rel=1e-5)
     mine = ranks.worker.model.state_dict()
@@ -229,26 +230,34 @@ def test_a_checkpoint_resumes_at_another_world_size(two_ranks, tmp_path):
 
 
 def test_publish_from_two_ranks_is_the_gathered_state_bit_for_bit(two_ranks, tmp_path):
-    """``publish`` at 2 ranks: ``v{N}`` appears whole (no ``.tmp`` left), one file per rank, the manifest's checksums
-    hold, the tensors equal the gathered state exactly and the in-process worker's publish of the same weights;
-    only the newest ``keep`` versions stay."""
-    from psrl.train.publish import read_version, versions
+    """``publish`` at 2 ranks in small buckets (issue #33, item 3): ``v{N}`` appears whole (no ``.tmp`` left), the
+    buckets are spread over both ranks, every bucket's digest holds, the tensors equal the gathered state exactly,
+    and the files and digest equal the in-process worker's publication of the same weights, byte for byte (the
+    bf16 cast included); only the newest ``keep`` versions stay."""
+    from psrl.weights import read_manifest, read_version, versions
 
     torch.set_num_threads(1)
     two_ranks.call("save", str(tmp_path / "ckpt"))
     one = InProcess(_spec("token-mean"))
     one.call("load", str(tmp_path / "ckpt"))
+    bucket_mb = 0.01  # ~10 KB: the tiny model's tensors fall into several buckets
     for v in range(3):
-        two_ranks.call("publish", (v, str(tmp_path / "w2"), 2))
-    one.call("publish", (2, str(tmp_path / "w1"), 2))
+        two_ranks.call("publish", (v, str(tmp_path / "w2"), 2, bucket_mb, torch.float32))
+    one.call("publish", (2, str(tmp_path / "w1"), 2, bucket_mb, torch.float32))
     assert versions(tmp_path / "w2") == [1, 2] and not list((tmp_path / "w2").glob("*.tmp"))
-    assert len(list((tmp_path / "w2" / "v2").glob("*.safetensors"))) == 2
+    files = sorted(p.name for p in (tmp_path / "w2" / "v2").glob("*.safetensors"))
+    assert len(files) >= 4
     version, published = read_version(tmp_path / "w2" / "v2")
     gathered = _state(two_ranks)
     assert version == 2 and published.keys() == gathered.keys()
     assert all(torch.equal(published[k], gathered[k]) for k in gathered)
-    _, single = read_version(tmp_path / "w1" / "v2")
-    assert all(torch.equal(published[k], single[k]) for k in single)
+    assert read_manifest(tmp_path / "w1" / "v2")["digest"] == read_manifest(tmp_path / "w2" / "v2")["digest"]
+    for f in files:
+        assert (tmp_path / "w1" / "v2" / f).read_bytes() == (tmp_path / "w2" / "v2" / f).read_bytes()
+    two_ranks.call("publish", (3, str(tmp_path / "b2"), 2, bucket_mb, torch.bfloat16))
+    one.call("publish", (3, str(tmp_path / "b1"), 2, bucket_mb, torch.bfloat16))
+    assert read_manifest(tmp_path / "b1" / "v3")["digest"] == read_manifest(tmp_path / "b2" / "v3")["digest"]
+    assert read_manifest(tmp_path / "b2" / "v3")["dtypes"] == ["bfloat16"]
 
 
 def build_tiny_llama_tied(device: str) -> torch.nn.Module:

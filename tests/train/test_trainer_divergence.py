@@ -140,14 +140,15 @@ def test_ess_lr_steps_as_if_the_lr_were_scaled_for_this_step_only(minibatches):
     plain.step(batch)
     for a, b in zip(p1.model.parameters(), p2.model.parameters()):
         assert torch.allclose(a, b, rtol=0, atol=1e-7)
-    assert [g["lr"] for g in scaled.optimizer.param_groups] == [TrainerConfig().lr]
+    assert [g["lr"] for g in scaled.start().worker.optimizer.param_groups] == [TrainerConfig().lr]  # type: ignore[attr-defined]
 
 
 def test_a_skipped_step_still_reports_the_divergence(monkeypatch):
     """A NaN loss skips the step; the batch's divergence is in its row (that is when it is looked for)."""
-    import psrl.train.trainer as trainer_mod
+    import psrl.train.worker as worker_mod
 
     task, policy = _policy()
-    monkeypatch.setattr(trainer_mod, "policy_loss", lambda *a, **k: (torch.tensor(float("nan")), {}))
+    real = worker_mod.token_loss
+    monkeypatch.setattr(worker_mod, "token_loss", lambda *a, **k: (real(*a, **k)[0] * float("nan"), {}))
     m = Trainer(policy, AlgorithmConfig(), TrainerConfig()).step(_batch(task, policy))
     assert m["train/skipped_steps"] == 1 and "divergence/ess" in m and "divergence/m2@s3" in m

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
-import psrl.train.trainer as trainer_mod
+import psrl.train.worker as worker_mod
 from psrl.config import AlgorithmConfig, TrainerConfig
 from psrl.rollout.fakes import random_batch
 from psrl.runtime.recorder import read_jsonl
@@ -23,8 +24,8 @@ def _same(a, b):
 
 
 def _nan_loss_at(monkeypatch, calls: set):
-    """policy_loss returns a NaN loss on the chosen calls (0-based, one call per minibatch)."""
-    real = trainer_mod.policy_loss
+    """The rank's per-token loss is NaN on the chosen calls (0-based; one micro-batch, so one call, per minibatch)."""
+    real = worker_mod.token_loss
     n = [0]
 
     def loss(*args, **kw):
@@ -32,7 +33,12 @@ def _nan_loss_at(monkeypatch, calls: set):
         k, n[0] = n[0], n[0] + 1
         return (out * float("nan") if k in calls else out), m
 
-    monkeypatch.setattr(trainer_mod, "policy_loss", loss)
+    monkeypatch.setattr(worker_mod, "token_loss", loss)
+
+
+def _optimizer(tr: Trainer) -> torch.optim.Optimizer:
+    """The AdamW of a world-size-1 trainer's in-process rank."""
+    return tr.start().worker.optimizer  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("minibatches, bad_call", [(1, 0), (3, 0), (3, 2)])
@@ -64,7 +70,7 @@ def test_non_finite_gradient_skips_the_step(bad):
     handle.remove()
     assert tr.last_skip == "gradient norm is not finite" and tr.skipped_steps == 1
     assert _same(before, _weights(policy))
-    assert not any(s for s in tr.optimizer.state.values())  # AdamW's moments never saw the bad gradient
+    assert not any(s for s in _optimizer(tr).state.values())  # AdamW's moments never saw the bad gradient
 
 
 def test_skip_counters_survive_a_checkpoint_and_optimizer_state_is_optional(tmp_path):
@@ -76,11 +82,14 @@ def test_skip_counters_survive_a_checkpoint_and_optimizer_state_is_optional(tmp_
     policy.version = 1  # what the coordinator does after a step
     tr.skipped_steps, tr.skipped_in_a_row = 4, 2
     tr.save(tmp_path)
-    assert "optimizer" not in torch.load(tmp_path / "trainer.pt", weights_only=False)
+    saved = dcp.FileSystemReader(str(tmp_path / "ranks")).read_metadata().state_dict_metadata
+    assert saved and not any(k.startswith("optim.") for k in saved)
+    assert "model" not in torch.load(tmp_path / "trainer.pt", weights_only=False)  # the weights are DCP's alone
     _, policy2 = _setup(seed=1)
     tr2 = Trainer(policy2, AlgorithmConfig(), TrainerConfig())
     assert tr2.load(tmp_path) == 1 and (tr2.skipped_steps, tr2.skipped_in_a_row) == (4, 2)
-    assert not tr2.optimizer.state
+    assert not _optimizer(tr2).state
+    assert _same(_weights(policy), _weights(policy2))
 
 
 def test_psrl_train_stops_after_max_skipped_steps_with_a_checkpoint_and_one_line(tmp_path, monkeypatch, capsys):
@@ -91,7 +100,7 @@ def test_psrl_train_stops_after_max_skipped_steps_with_a_checkpoint_and_one_line
     from psrl.train_cli import main
     from tests.runtime.test_train_cli_e2e import TINY
 
-    real = trainer_mod.policy_loss
+    real = worker_mod.token_loss
 
     def loss(logp, *args, **kw):
         out, m = real(logp, *args, **kw)
@@ -103,7 +112,7 @@ def test_psrl_train_stops_after_max_skipped_steps_with_a_checkpoint_and_one_line
         Trainer.version_now = int(batch.version)
         return real_step(self, batch)
 
-    monkeypatch.setattr(trainer_mod, "policy_loss", loss)
+    monkeypatch.setattr(worker_mod, "token_loss", loss)
     monkeypatch.setattr(Trainer, "step", step)
     monkeypatch.setattr(Trainer, "version_now", 0, raising=False)
     run_dir = tmp_path / "run"

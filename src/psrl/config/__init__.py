@@ -40,6 +40,7 @@ from psrl.config.schema import (
     TaskConfig,
     TrainerConfig,
     VllmConfig,
+    WeightsConfig,
 )
 from psrl.config.sim import (
     ArealSimConfig,
@@ -93,6 +94,7 @@ __all__ = [
     "DataConfig",
     "RolloutConfig",
     "VllmConfig",
+    "WeightsConfig",
     "RuntimeConfig",
     "SimConfig",
     "SimDivergenceConfig",

@@ -339,6 +339,20 @@ class TrainerConfig:
             one_of("trainer.logger", name, ["console", "tensorboard", "wandb"])
 
 
+# --------------------------------------------------------------------------- weights.*
+
+
+@dataclass(frozen=True)
+class WeightsConfig:
+    bucket_mb: float = _f(
+        256,
+        "Publishing a version (psrl.weights): the most MB of parameters a trainer rank gathers and casts at once -- "
+        "one bucket, one file of the version's directory. Smaller: less memory above the rank's shard while it "
+        "publishes; larger: fewer files and collectives.",
+        gt=0,
+    )
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -352,6 +366,7 @@ class Config:
     runtime: RuntimeConfig = _sub(RuntimeConfig, "Where the rollout engines and the trainer ranks run.")
     data: DataConfig = _sub(DataConfig, "Dataset files of task.name=dataset (verl's data.* keys).")
     trainer: TrainerConfig = _sub(TrainerConfig, "The training loop and run directory.")
+    weights: WeightsConfig = _sub(WeightsConfig, "How a version's weights travel from the trainer to the engines.")
     sim: SimConfig = _sub(SimConfig, "The workload of psrl simulate.")
 
     def validate(self) -> Config:

@@ -2,7 +2,7 @@
 
 The whole pipeline on one screen::
 
-    instances (token-level batching, sync strategy)  <--- ParameterStore <---+
+    instances (token-level batching, sync strategy)  <--- psrl.weights  <---+
         ^                                                                   |
         | route / migrate                                                   | publish T+1
     agent manager: slots -> await reserve(v) -> N' members -> complete()   |
@@ -37,8 +37,7 @@ from psrl.runtime.adaptive import Move, StalenessController
 from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import Batch, Event, StalenessManager
 from psrl.tasks.base import Task
-from psrl.train.store import ParameterStore
-from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, Trajectory
+from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, Trajectory, WeightSource, WeightStore
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -86,8 +85,8 @@ class TrainerWait:
 
 
 class Coordinator:
-    """Wires the weight store, the staleness manager, the rollout side (:func:`psrl.rollout.build_rollout`) and the
-    trainer, and runs the trainer loop.
+    """Wires the staleness manager, the rollout side (:func:`psrl.rollout.build_rollout`) and the trainer over the
+    published versions the run builder made (``weights``), and runs the trainer loop.
 
     Args:
         cfg: the validated :class:`psrl.config.Config`.
@@ -95,6 +94,9 @@ class Coordinator:
         trainer: ``step(batch) -> metrics`` (sync or async) and ``policy`` (``export_state``,
             ``version``), e.g. :class:`psrl.train.Trainer`.
         engines: one inference engine per rollout instance (or a bare model, which the no-cache engine wraps).
+        weights: where the engines read published versions (:mod:`psrl.weights`), holding the trainer's current
+            version: a trainer with ``publish`` (:class:`psrl.train.Trainer`) fills it; for one without (the fakes)
+            it is a :class:`~psrl.types.WeightStore` the coordinator puts the policy's state into.
         sink: ``trajectory(record)`` / ``metric(row)`` (a RunRecorder or a MemorySink).
         manager: a (restored) staleness manager; default: a fresh one at the trainer's version.
         log: where to say that a cancelled run is finishing its training step (default: print).
@@ -113,6 +115,7 @@ class Coordinator:
         task: Task,
         trainer: StepTrainer,
         engines: Sequence[Engine | TokenModel],
+        weights: WeightSource,
         *,
         sink: Sink | None = None,
         manager: StalenessManager | None = None,
@@ -124,10 +127,8 @@ class Coordinator:
         self.log = log or print
         self.trainer = trainer
         self.sink = sink
-        policy = trainer.policy
-        self.store = ParameterStore(keep=cfg.psrl.staleness + 2)
-        self.store.publish(int(policy.version), policy.export_state())
-        self.manager = manager or build_staleness_manager(cfg, int(policy.version))
+        self.store = weights
+        self.manager = manager or build_staleness_manager(cfg, int(trainer.policy.version))
         adaptive = cfg.psrl.adaptive_staleness
         self.controller = (
             StalenessController(adaptive, cfg.psrl.staleness, self.manager.set_staleness) if adaptive.enable else None
@@ -250,11 +251,12 @@ class Coordinator:
         self.agents.record_batch(batch, skipped)
         version = int(batch.version) + 1
         metrics = dict(metrics or {})
-        if isinstance(self.trainer, PublishingTrainer):
-            metrics["time/publish_s"] = round(self.trainer.publish(version, self.store), 6)
+        if isinstance(self.trainer, PublishingTrainer):  # off the loop: engines keep being served while it writes
+            metrics.update(await asyncio.to_thread(self.trainer.publish, version))
         else:  # a fake trainer: its policy's state, as it is
             policy = self.trainer.policy
             policy.version = version
+            assert isinstance(self.store, WeightStore), "a trainer without publish needs a store to put versions in"
             self.store.publish(version, policy.export_state())
         self.pool.notify_published()
         row = self._row(batch, metrics, loop.time() - started)

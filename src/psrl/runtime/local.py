@@ -33,13 +33,13 @@ from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
 from psrl.train.launch import Launcher, LocalRanks
-from psrl.train.sharded import ShardedTrainer
-from psrl.types import Engine, Sink, StepTrainer, WeightState
+from psrl.types import Engine, Sink, StepTrainer, WeightSource, WeightState
+from psrl.weights import ParameterStore
 
 if TYPE_CHECKING:
     from psrl.config import Config
 
-__all__ = ["build", "train", "progress_line"]
+__all__ = ["build", "train", "progress_line", "publish_first_version"]
 
 
 def progress_line(row: dict, total: int) -> str:
@@ -133,26 +133,39 @@ def build(
     try:
         return _build(cfg, recorder, log, task, trainer, engines, weights, sink, manager, on_event, on_bound)
     except BaseException:
-        if isinstance(trainer, ShardedTrainer):
+        if isinstance(trainer, Trainer):
             trainer.close()  # no rank outlives a run that could not be built
         raise
 
 
+def in_memory_versions(cfg: Config) -> bool:
+    """Whether versions go from trainer to engines in memory: world size 1 with ``hf`` engines in this process
+    (the rank and the engines share it). Otherwise the ranks write ``RUN_DIR/weights/v{N}`` (:mod:`psrl.weights`)."""
+    return cfg.psrl.deployment.train_world_size == 1 and cfg.rollout.engine == "hf" and cfg.runtime.backend == "local"
+
+
 def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepTrainer:
-    """The in-process trainer at world size 1 (the default: no process group, nothing to start), else the
-    sharded trainer over ``train_nnodes x train_ngpus_per_node`` ranks (started by :func:`build`): processes of
-    this machine, or Ray actors with ``runtime.backend=ray``."""
+    """The trainer over ``train_nnodes x train_ngpus_per_node`` ranks (started by :func:`build`): in this process at
+    world size 1, else processes of this machine or, with ``runtime.backend=ray``, Ray actors; publishing where
+    :func:`in_memory_versions` says."""
     world = cfg.psrl.deployment.train_world_size
-    if world == 1:
-        return Trainer(policy, cfg.algorithm, cfg.trainer)
     work = recorder.run_dir if recorder is not None else None
     launch: Launcher = LocalRanks
-    if cfg.runtime.backend == "ray":  # rank actors in a placement group (runtime/ray_ranks.py)
+    if cfg.runtime.backend == "ray" and world > 1:  # rank actors in a placement group (runtime/ray_ranks.py)
         from psrl.runtime.ray_ranks import ray_launcher
 
         launch = ray_launcher(cfg.runtime.ray_address)
-    return ShardedTrainer(
-        policy, cfg.algorithm, cfg.trainer, world, work, cfg.model.dtype, cfg.psrl.staleness + 2, launch
+    return Trainer(
+        policy,
+        cfg.algorithm,
+        cfg.trainer,
+        world,
+        work,
+        cfg.model.dtype,
+        in_memory=in_memory_versions(cfg),
+        keep=cfg.psrl.staleness + 2,
+        bucket_mb=cfg.weights.bucket_mb,
+        launcher=launch,
     )
 
 
@@ -181,19 +194,32 @@ def _build(
         if not isinstance(start, _LoadsWeights):
             raise TypeError(f"build(weights=...) loads them into the trainer's policy: {type(start).__name__} cannot")
         start.load_weights(weights, 0)
-    elif isinstance(trainer, (Trainer, ShardedTrainer)):
+    elif isinstance(trainer, Trainer):
         warm_start(cfg, task, trainer, log)
-    if isinstance(trainer, ShardedTrainer):
-        trainer.start()  # from the warm-started (or resumed) weights; a resume has started them already
     if engines is None:
         engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
+    versions = publish_first_version(cfg, trainer)
     if manager is None:
         manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)
     sink = sink if sink is not None else recorder
-    coord = Coordinator(cfg, task, trainer, engines, sink=sink, manager=manager, log=log, on_bound=on_bound)
+    coord = Coordinator(cfg, task, trainer, engines, versions, sink=sink, manager=manager, log=log, on_bound=on_bound)
     if ck is not None:
         coord.load_state_dict(ck)
     return coord
+
+
+def publish_first_version(cfg: Config, trainer: StepTrainer) -> WeightSource:
+    """The trainer's starting version, published where the engines read it: the real trainer's ranks start (from
+    the warm-started or resumed weights; a resume has started them already) and publish it; a trainer without
+    ``publish`` (the fakes) has its policy's state put into an in-memory store."""
+    version = int(trainer.policy.version)
+    if isinstance(trainer, Trainer):
+        trainer.start()
+        trainer.publish(version)
+        return trainer.out
+    store = ParameterStore(keep=cfg.psrl.staleness + 2)
+    store.publish(version, trainer.policy.export_state())
+    return store
 
 
 async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = print, **parts: Any) -> list[dict]:
@@ -240,7 +266,8 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
                 raise Terminated("SIGTERM") from None
             raise
     saver.close()
-    final = coord.trainer.policy
+    trainer = coord.trainer
+    final = trainer.latest_policy() if isinstance(trainer, Trainer) else trainer.policy
     if not isinstance(final, _SavesPretrained):
         raise TypeError(f"psrl train writes final/ with the policy's save_pretrained: {type(final).__name__} has none")
     final.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
@@ -261,8 +288,8 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
 
 
 def _close_ranks(coord: Coordinator) -> None:
-    """Stop the sharded trainer's rank processes (nothing for the in-process trainer)."""
-    if isinstance(coord.trainer, ShardedTrainer):
+    """Stop the trainer's rank processes (nothing at world size 1)."""
+    if isinstance(coord.trainer, Trainer):
         coord.trainer.close()
 
 

@@ -2,7 +2,7 @@
 (``psrl.deployment.train_nnodes x train_ngpus_per_node``) above 1.
 
 :class:`RayRanks` is :class:`~psrl.train.launch.LocalRanks`' sibling behind the same
-:class:`~psrl.train.launch.Ranks` interface, so :class:`~psrl.train.sharded.ShardedTrainer` is the same trainer
+:class:`~psrl.train.launch.Ranks` interface, so :class:`~psrl.train.Trainer` is the same trainer
 under either launcher. It reserves one placement-group bundle per rank (:func:`rank_bundles`: one GPU each with
 ``model.device=cuda``, one CPU each otherwise), starts one :class:`RankActor` per bundle, asks rank 0 for the
 rendezvous address (its node's address and a port free there) and gives it to every rank, which then joins the

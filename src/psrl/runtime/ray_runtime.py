@@ -4,12 +4,10 @@ The coordinator does not change. A rollout instance drives a :class:`psrl.types.
 :class:`RayEngine` is one, forwarding each *request* (never each token) to an
 :class:`EngineWorker` actor that runs the KV-cached ``hf`` engine in its own event loop
 (slime's habit: a plain class, wrapped with ``ray.remote`` where the actor is created).
-Weights cross as CPU tensors through Ray's object store, once per version per actor -- except with a sharded
-trainer (world size > 1), whose ranks publish each version as ``RUN_DIR/weights/v{N}``: the actors read that
-directory themselves (checksums verified), so the driver sends a path, not the state. That is a local path, so
-the actors must see the run directory: one node, or a path shared by every node (across nodes without one, the
-engines still get the state through the object store once the directory is not found). The worker
-process calls ``torch.set_num_threads`` itself. Actors are placed by resources
+Weights: the trainer's ranks publish each version as ``RUN_DIR/weights/v{N}`` (:mod:`psrl.weights`) and the
+actors read that directory themselves (every bucket checked against the manifest), so the driver sends a path,
+never a state, and holds no copy. That is a local path, so the actors must see the run directory: one node, or a
+path shared by every node. The worker process calls ``torch.set_num_threads`` itself. Actors are placed by resources
 (``num_cpus`` per actor, 0 on a laptop so both instances fit beside the trainer).
 
 A request's tokens come back when it finishes or is aborted, so the proactive ``truncate`` filter
@@ -24,12 +22,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psrl.types import EngineLoad, GenRequest, WeightSource
-
-if TYPE_CHECKING:
-    from psrl.train.store import ParameterStore
 
 __all__ = ["EngineWorker", "RayEngine", "build_ray_engines", "ensure_ray"]
 
@@ -52,7 +47,6 @@ class EngineWorker:
         task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
         policy = build_policy(cfg.model, task, seed=seed)
         self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update, sampling=sampling_of(cfg, task))
-        self.store: ParameterStore | None = None
         self.reqs: dict[str, GenRequest] = {}
 
     async def generate(self, rid: str, context: list[int], max_new_tokens: int) -> tuple:
@@ -78,25 +72,16 @@ class EngineWorker:
     async def resume(self) -> None:
         await self.engine.resume()
 
-    async def update_weights(self, state: dict, version: int) -> int:
-        from psrl.train.store import ParameterStore
-
-        store = self.store = ParameterStore(keep=1)
-        store.publish(int(version), state)
-        await self.engine.update_weights(int(version), store)
-        return self.engine.version
-
     async def update_weights_from(self, directory: str, version: int) -> int:
-        """Load the published ``directory`` (``weights/v{version}``); -1 when it is not there (pruned, or not on
-        this node's file system): the driver then sends the state itself."""
-        from psrl.train.publish import read_version
+        """Load the published ``directory`` (``weights/v{version}``, every bucket checked against its manifest);
+        returns the version the engine then holds."""
+        from psrl.weights import FileVersions
 
-        if not Path(directory).is_dir():
-            return -1
-        got, state = read_version(directory)
-        if got != int(version):
-            raise ValueError(f"{directory} holds version {got}, not {version}")
-        return await self.update_weights(state, got)
+        source = FileVersions(Path(directory).parent)
+        if source.directory(int(version)) != Path(directory):
+            raise ValueError(f"{directory} is not version {version} of {source.root}")
+        await self.engine.update_weights(int(version), source)
+        return self.engine.version
 
     def load(self) -> tuple:
         ld = self.engine.load()
@@ -106,10 +91,8 @@ class EngineWorker:
 class RayEngine:
     """Client side of an :class:`EngineWorker` actor: a :class:`psrl.types.Engine`, one Ray call per request."""
 
-    def __init__(self, actor: Any, version: int = -1, weights_dir: str | Path | None = None):
+    def __init__(self, actor: Any, version: int = -1):
         self.actor = actor
-        self.weights_dir = Path(weights_dir) if weights_dir is not None else None
-        """Where a sharded trainer publishes ``v{N}`` (None: the weights come from the store)."""
         self.version = int(version)
         self.steps = 0
         self.tokens = 0
@@ -156,15 +139,12 @@ class RayEngine:
         await self.actor.resume.remote()
 
     async def update_weights(self, version: int, store: WeightSource) -> None:
-        import ray
+        from psrl.weights import VersionDirectories
 
-        if self.weights_dir is not None:
-            got = await self.actor.update_weights_from.remote(str(self.weights_dir / f"v{int(version)}"), int(version))
-            if got >= 0:
-                self.version = int(got)
-                return
-        version, state = store.get(version)
-        self.version = int(await self.actor.update_weights.remote(ray.put(state), int(version)))
+        if not isinstance(store, VersionDirectories):
+            raise TypeError(f"Ray engine actors read a published directory: {type(store).__name__} has none")
+        path = store.directory(int(version))
+        self.version = int(await self.actor.update_weights_from.remote(str(path), int(version)))
 
     def load(self) -> EngineLoad:
         return EngineLoad(running=len(self._running), queued=0, tokens_per_s=0.0)
@@ -191,9 +171,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 def build_ray_engines(
     cfg: Any, n: int, seed: int, policy: Any = None, task: Any = None, run_dir: Any = None
 ) -> list[RayEngine]:
-    """``n`` engine actors (sampling seeds ``seed + 1 + i``); the instances load the first version at start. With a
-    sharded trainer (``train_nnodes x train_ngpus_per_node > 1``) and a run directory they read the versions its
-    ranks publish under ``run_dir/weights``."""
+    """``n`` engine actors (sampling seeds ``seed + 1 + i``); the instances load the first version at start, from
+    the directories the trainer's ranks publish (``run_dir/weights``)."""
     import ray
     from psrl.config import config_to_dict
 
@@ -205,6 +184,4 @@ def build_ray_engines(
     ensure_ray(cfg.runtime.ray_address)
     remote_cls = ray.remote(num_cpus=0)(EngineWorker)
     data = config_to_dict(cfg)
-    sharded = cfg.psrl.deployment.train_world_size > 1 and run_dir is not None
-    weights_dir = Path(run_dir) / "weights" if sharded else None
-    return [RayEngine(remote_cls.remote(data, seed + 1 + i), weights_dir=weights_dir) for i in range(n)]
+    return [RayEngine(remote_cls.remote(data, seed + 1 + i)) for i in range(n)]

@@ -77,7 +77,7 @@ class Ranks(Protocol):
 
 
 Launcher = Callable[[WorkerSpec, int, float, Path], Ranks]
-"""How :class:`~psrl.train.sharded.ShardedTrainer` starts its ranks: ``(spec, world_size, reply_timeout_s,
+"""How :class:`~psrl.train.Trainer` starts its ranks: ``(spec, world_size, reply_timeout_s,
 log_dir) -> Ranks``; :class:`LocalRanks` by default."""
 
 

@@ -1,325 +1,364 @@
-"""The trainer: one consumed batch of groups -> GRPO advantages -> ``minibatches`` AdamW steps.
+"""The trainer (issue #33, item 1): one path at every world size. The driver's :class:`Trainer` plans each step and
+computes the batch-global statistics; the rank workers (:class:`~psrl.train.worker.RankWorker`) hold the model and
+AdamW and run the forwards, backwards and optimiser steps -- in the driver's own process at world size 1
+(:class:`~psrl.train.launch.InProcess`, over the policy's own model: no copy), in rank processes
+(:class:`~psrl.train.launch.LocalRanks`) or Ray actors (:class:`psrl.runtime.ray_ranks.RayRanks`), FSDP2-sharded,
+at ``psrl.deployment.train_nnodes x train_ngpus_per_node`` ranks.
 
-Three log-probs per token, as the decoupled off-policy objective needs (see :mod:`psrl.algo.losses`):
+Per step, in the coordinator's training thread (the event loop keeps serving the rollout side):
 
-* ``behav_logp`` -- recorded at generation (``traj.logprobs``), by whatever version produced it;
-* ``old_logp``   -- the trainer's pre-update policy, computed once, without grad, before the
-  first minibatch (the PPO ratio is against it; the IS correction is ``old / behav``);
-* ``logp``       -- the current weights, with grad, recomputed per minibatch.
+1. advantages, then the planner's :func:`~psrl.train.planner.plan` (tokens balanced over the ranks, micro-batches
+   under ``trainer.micro_batch_tokens``);
+2. ``logprobs`` on every rank: the pre-update log-probs, merged here, so the batch-global statistics (the mismatch
+   metric, ``divergence/*``, the rollout corrections' keep mask and learning-rate scale) see the whole batch;
+3. ``train_step`` with the global loss weights (:func:`~psrl.train.worker.step_input`).
 
-Tool tokens are in the response but ``loss_mask`` 0, so they are context only.
+:meth:`Trainer.publish` then makes the new version the engines' (:mod:`psrl.weights`): the ranks write
+``weights/v{N}`` bucket by bucket from their shards (:class:`~psrl.weights.FileVersions`: vLLM servers, Ray actors,
+rank processes), or, at world size 1 with ``hf`` engines in this process, the in-process rank hands its tensors to a
+:class:`~psrl.weights.ParameterStore`. The driver's policy at world size > 1 holds no trained weights until
+:meth:`Trainer.latest_policy` loads the newest version for validation or ``final/``.
 
-A NaN or infinite loss or gradient norm skips the step: no optimiser step is kept (with several
-minibatches the weights and optimiser are restored to before the batch), ``last_skip`` says why and
-``train/skipped_steps`` counts it. The coordinator records the batch as not trained and stops the
-run after ``trainer.max_skipped_steps`` skips in a row.
+Checkpoints, one format at every world size: ``ranks/`` (model and AdamW with ``torch.distributed.checkpoint``,
+loadable at any world size) beside ``trainer.pt`` (version, generator states, skip counters, world size: no
+weights). A checkpoint of the earlier world-size-1 layout (``trainer.pt`` with the weights and AdamW, no ``ranks/``)
+is converted on load. The ranks write their files between two steps, always (a collective); with
+``trainer.checkpoint_in_background`` (:meth:`state_dict`) moving them into place and writing ``trainer.pt`` is the
+writer thread's.
+
+A NaN or infinite loss or gradient norm skips the step: no optimiser step is kept (with several minibatches the
+ranks restore the weights and AdamW from before the batch), ``last_skip`` says why, ``train/skipped_steps`` counts.
 """
 
 from __future__ import annotations
 
-import copy
-import math
 import random
+import shutil
+import tempfile
 import time
-from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from psrl.algo.advantages import ADV_ESTIMATORS
-from psrl.algo.corrections import batch_corrections
+from psrl.algo.corrections import batch_corrections, rollout_correction_from_config
 from psrl.algo.divergence import divergence_metrics
-from psrl.algo.losses import policy_loss
-from psrl.types import WeightStore
-
-if TYPE_CHECKING:
-    from psrl.config import AlgorithmConfig
+from psrl.config import AlgorithmConfig, TrainerConfig
+from psrl.errors import ConfigError
+from psrl.models import Policy
+from psrl.models.builder import DTYPES, write_start_state
+from psrl.train.launch import InProcess, Launcher, LocalRanks, RankFailure, Ranks
+from psrl.train.planner import plan
+from psrl.train.shard import master_dtype
+from psrl.train.steps import (
+    batch_advantages,
+    logprob_mismatch,
+    mean_metrics,
+    pad_rows,
+    rng_state,
+    set_rng_state,
+    warm_start_policy,
+)
+from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
+from psrl.weights import FileVersions, ParameterStore, read_version
 
 __all__ = ["Trainer"]
 
+_STAGED = "ranks_staged"
+"""The key of :meth:`Trainer.state_dict` naming the ranks' files written for a background checkpoint."""
+
+Published = ParameterStore | FileVersions
+"""Where :meth:`Trainer.publish` puts a version: memory (world size 1, ``hf`` engines here) or directories."""
+
 
 class Trainer:
-    """Owns the optimiser of ``policy``; ``step(batch)`` trains the weights on ``batch.groups``.
+    """The trainer of a run, driven from the coordinator, at any world size.
 
-    Versions and their publication belong to the coordinator
-    (:class:`psrl.runtime.coordinator.Coordinator`): it sets ``policy.version`` and publishes the
-    weights once a step is done. The trainer only reads the version (for the mismatch metric).
+    Args:
+        policy: the driver's policy (starting weights, tokenizer; at world size 1 the trained model itself).
+        algo_cfg, trainer_cfg: ``algorithm.*`` and ``trainer.*``.
+        world_size: ranks (``psrl.deployment.train_nnodes x train_ngpus_per_node``).
+        work_dir: the run directory: published versions (``weights/``), the start weights and the ranks' logs
+            (a temporary directory when None).
+        dtype: ``model.dtype`` (published in it; the ranks keep fp32 masters under mixed precision).
+        in_memory: publish into a :class:`~psrl.weights.ParameterStore` (world size 1 with ``hf`` engines in this
+            process; the default at world size 1), else as files under ``work_dir/weights``.
+        keep: versions kept on disk (engines may lag by ``psrl.staleness``).
+        bucket_mb: ``weights.bucket_mb``: the most a rank gathers at once to publish.
+        launcher: starts ranks at world size > 1: :class:`~psrl.train.launch.LocalRanks` (processes here) or,
+            with ``runtime.backend=ray``, :class:`psrl.runtime.ray_ranks.RayRanks`.
     """
 
-    def __init__(self, policy, algo_cfg, trainer_cfg):
+    def __init__(
+        self,
+        policy: Policy,
+        algo_cfg: AlgorithmConfig,
+        trainer_cfg: TrainerConfig,
+        world_size: int = 1,
+        work_dir: str | Path | None = None,
+        dtype: str = "float32",
+        in_memory: bool | None = None,
+        keep: int = 2,
+        bucket_mb: float = 256,
+        launcher: Launcher = LocalRanks,
+    ):
+        if world_size < 1:
+            raise ValueError(f"Trainer needs world_size >= 1, got {world_size}")
+        device = str(policy.device)
+        if world_size > 1 and launcher is LocalRanks and device.startswith("cuda"):
+            if torch.cuda.device_count() < world_size:
+                raise ConfigError(
+                    "psrl.deployment.train_ngpus_per_node",
+                    f"is {world_size}, but this machine has {torch.cuda.device_count()} GPUs for model.device=cuda",
+                    "set it to the GPUs of this machine, or model.device=cpu",
+                )
         self.policy = policy
-        self.algo_cfg = algo_cfg
-        self.cfg = trainer_cfg
+        self.algo_cfg, self.cfg = algo_cfg, trainer_cfg
+        self.world_size, self.dtype, self.keep, self.bucket_mb = world_size, dtype, max(int(keep), 1), bucket_mb
+        self.work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="psrl-trainer-"))
+        if in_memory is None:
+            in_memory = world_size == 1
+        if in_memory and world_size > 1:
+            raise ValueError("versions in memory are handed over in this process: world size 1 only")
+        self.out: Published = ParameterStore() if in_memory else FileVersions(self.work_dir / "weights")
+        """Where :meth:`publish` puts each version; the run builder gives it to the engines."""
         self.rng = random.Random(trainer_cfg.seed)
         torch.manual_seed(trainer_cfg.seed)
-        self.optimizer = self._adamw(trainer_cfg.lr)
+        self.launcher = launcher
+        self.ranks: Ranks | None = None
         self.last_skip: str | None = None
-        """Why the last step was skipped (a NaN / infinite loss or gradient), or None if it trained."""
         self.skipped_steps = 0
-        """Steps skipped over the run (checkpointed)."""
         self.skipped_in_a_row = 0
-        """Steps skipped since the last one that trained (checkpointed)."""
-
-    def _adamw(self, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.policy.model.parameters(), lr=lr, weight_decay=self.cfg.weight_decay)
+        self._loaded = policy.version
+        """The version whose weights the driver's policy holds (at world size 1: always the trained one)."""
 
     @property
     def version(self) -> int:
-        """The version of the weights the trainer holds."""
         return self.policy.version
+
+    # ------------------------------------------------------------------ ranks
+
+    def start(self) -> Ranks:
+        """Start the ranks from the driver's policy weights (once; again after :meth:`close` or a failed load)."""
+        if self.ranks is None:
+            if self.world_size == 1:
+                with torch.random.fork_rng(devices=[]):  # the rank seeds torch: the driver's generators stay
+                    self.ranks = InProcess(self._spec(in_process=True))
+            else:
+                spec = self._spec(in_process=False)
+                self.ranks = self.launcher(spec, self.world_size, self.cfg.rank_timeout_s, self.work_dir / "ranks")
+        return self.ranks
+
+    def _spec(self, in_process: bool) -> WorkerSpec:
+        """What each rank builds itself from: in process, the policy's own model; else ``weights/start.pt``, which
+        rank 0 reads (in fp32 on GPUs with a 16-bit ``model.dtype``: the master weights of mixed precision)."""
+        model = self.policy.model
+        if in_process:
+            build: Any = _Same(model)
+        else:
+            master = master_dtype(str(self.policy.device), self.dtype)
+            build = write_start_state(model, self.work_dir / "weights" / "start.pt", master)
+        return WorkerSpec(
+            build=build,
+            pad_id=self.policy.pad_id,
+            algo=self.algo_cfg,
+            lr=self.cfg.lr,
+            weight_decay=self.cfg.weight_decay,
+            grad_clip=self.cfg.grad_clip,
+            temperature=self.cfg.temperature,
+            seed=self.cfg.seed,
+            device=str(self.policy.device),
+            dtype=self.dtype,
+            reshard_after_forward=self.cfg.reshard_after_forward,
+            collective_timeout_s=self.cfg.rank_timeout_s,
+        )
+
+    def close(self) -> None:
+        """Stop the ranks (idempotent)."""
+        ranks, self.ranks = self.ranks, None
+        if ranks is not None:
+            ranks.close()
+
+    def _call(self, cmd: str, arg: Any = None) -> list[Any]:
+        """Every rank's reply; a rank failure has stopped every rank, so forget them (a later call restarts)."""
+        ranks = self.start()
+        try:
+            return ranks.call(cmd, arg)
+        except RankFailure:
+            self.ranks = None
+            raise
 
     # ------------------------------------------------------------------ RL step
 
-    def step(self, batch) -> dict[str, float]:
-        """One training step on ``batch`` (``.version``, ``.groups``: lists of Trajectory). Returns the ``train/*``,
-        loss and correction metrics and the batch's ``divergence/*`` (:mod:`psrl.algo.divergence`: behaviour vs
-        pre-update policy, per staleness level ``batch.version - V_traj`` too); what the batch was is the
-        coordinator's row. The batch-global corrections (M2PO's mask, VCPO's learning-rate scale) are computed
-        once, before the first minibatch."""
-        trajs, flat_adv = batch_advantages(batch, self.algo_cfg, "Trainer.step")
-        dev = self.policy.device
-        adv = torch.tensor(flat_adv, dtype=torch.float32, device=dev)
-        prompts = [t.prompt_ids for t in trajs]
-        responses = [t.response_ids for t in trajs]
-        mask = _pad([t.loss_mask for t in trajs], dev)
-        behav = _pad([t.logprobs for t in trajs], dev)
-        temp = self.cfg.temperature
-        with torch.no_grad():
-            old = self.policy.sequence_logprobs(prompts, responses, temp)
-        mismatch = logprob_mismatch(old, behav, mask, _pad([t.token_versions for t in trajs], dev), self.policy.version)
-        w = old.shape[1]  # every response's log-probs and mask are as long as the response: the widths agree
+    def step(self, batch: Any) -> dict[str, float]:
+        """One training step on ``batch`` across the ranks. Metrics: mismatch, divergence and corrections over the
+        whole batch; loss, gradient norm and ``actor/*`` as the ranks report them."""
+        trajs, adv = batch_advantages(batch, self.algo_cfg, "Trainer.step")
+        prompts = [list(t.prompt_ids) for t in trajs]
+        responses = [list(t.response_ids) for t in trajs]
+        lengths = [len(a) + len(b) for a, b in zip(prompts, responses)]
+        p = plan(lengths, self.world_size, self.cfg.minibatches, self.cfg.micro_batch_tokens)
+        old_rows: dict[int, list[float]] = {}
+        for part in self._call("logprobs", StepInput(p, prompts, responses)):
+            old_rows.update(part)
+        old = pad_rows([old_rows[i] for i in range(len(trajs))])
+        behav = pad_rows([t.logprobs for t in trajs])
+        mask = pad_rows([t.loss_mask for t in trajs])
+        mismatch = logprob_mismatch(old, behav, mask, pad_rows([t.token_versions for t in trajs]), self.version)
+        w = old.shape[1]
         behav_w, mask_w = behav[:, :w], mask[:, :w]
-        lag = torch.tensor([int(batch.version) - int(t.v_traj) for t in trajs])  # each row's staleness
+        lag = torch.tensor([int(batch.version) - int(t.v_traj) for t in trajs])
         divergence = divergence_metrics(old, behav_w, mask_w, lag)
         keep, lr_scale, corrections = batch_corrections(old, behav_w, mask_w, self.algo_cfg.rollout_correction)
         if keep is not None:  # M2PO: masked tokens leave the loss like padding
-            mask = mask_w * keep
-        chunks = _split(len(trajs), self.cfg.minibatches)
-        before = self._snapshot() if len(chunks) > 1 else None  # a later minibatch may go NaN
+            mask_w = mask_w * keep
+        masks = [mask_w[i, : len(responses[i])].tolist() for i in range(len(trajs))]
+        behav_rows = [list(t.logprobs[: len(t.response_ids)]) for t in trajs]
+        inp = step_input(p, prompts, responses, old_rows, behav_rows, adv, masks, self.algo_cfg, lr_scale)
+        m = self._call("train_step", inp)[0]
+        skipped, why = int(m.pop("skipped_minibatch", 0)), str(m.pop("skip_reason", ""))
+        if skipped:  # the ranks undid the minibatches before it: no update of the batch is kept
+            where = f" (minibatch {skipped}/{len(p.minibatches)})" if len(p.minibatches) > 1 else ""
+            self.last_skip = f"{why or 'loss or gradient norm is not finite'}{where}"
+            self.skipped_steps += 1
+            self.skipped_in_a_row += 1
+            return {**divergence, "train/skipped_steps": self.skipped_steps}
         self.last_skip = None
-        per_mb = []
-        for k, idx in enumerate(chunks):
-            logp = self.policy.sequence_logprobs([prompts[i] for i in idx], [responses[i] for i in idx], temp)
-            width = logp.shape[1]
-            loss, m = policy_loss(
-                logp, old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg
-            )
-            where = f" (minibatch {k + 1}/{len(chunks)})" if len(chunks) > 1 else ""
-            if not math.isfinite(float(loss.detach())):
-                return self._skip(f"loss is {float(loss.detach())!r}{where}", before, divergence)
-            norm = self._optimise(loss, lr_scale)
-            if norm is None:
-                return self._skip(f"gradient norm is not finite{where}", before, divergence)
-            m["train/grad_norm"] = norm
-            m["train/loss"] = float(loss.detach())
-            per_mb.append(m)
         self.skipped_in_a_row = 0
+        per_mb = [
+            self._correction_metrics(p.rows(k), old, behav_w, mask_w, responses) for k in range(len(p.minibatches))
+        ]
         return {
-            **_mean_metrics(per_mb),
+            **mean_metrics(per_mb),
+            **m,
+            "loss/policy": m["train/loss"],
             **mismatch,
             **divergence,
             **corrections,
-            "train/adv_abs_mean": float(adv.abs().mean()),
+            "train/adv_abs_mean": sum(abs(a) for a in adv) / len(adv),
             "train/skipped_steps": self.skipped_steps,
         }
 
-    def _skip(self, reason: str, before: tuple | None, divergence: dict[str, float]) -> dict[str, float]:
-        """Leave the weights as they were before ``batch`` and report why; the coordinator still moves the version
-        on (the buffer was consumed), publishing the same weights, so the rollout side never waits for it. The
-        batch's ``divergence/*`` are reported still: a skipped step is when they are looked for."""
-        self.optimizer.zero_grad(set_to_none=True)
-        if before is not None:
-            self.policy.model.load_state_dict(before[0])
-            self.optimizer.load_state_dict(before[1])
-        self.last_skip = reason
-        self.skipped_steps += 1
-        self.skipped_in_a_row += 1
-        return {**divergence, "train/skipped_steps": self.skipped_steps}
-
-    def _snapshot(self) -> tuple:
-        """Weights and optimiser state, copied (only taken with several minibatches: one more model copy)."""
-        return copy.deepcopy(self.policy.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
-
-    def _optimise(self, loss: torch.Tensor, lr_scale: float = 1.0) -> float | None:
-        """Backward, clip, step with the learning rate times ``lr_scale`` (``ess_lr``: this step only); None (and no
-        step) when the gradient norm is NaN or infinite."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = float(torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip))
-        if not math.isfinite(norm):
-            return None
-        step_scaled(self.optimizer, lr_scale)
-        return norm
-
-    def publish(self, version: int, store: WeightStore) -> float:
-        """The policy takes ``version``; its weights (CPU copies) go into ``store``. Returns the seconds taken."""
-        started = time.perf_counter()
-        self.policy.version = version
-        store.publish(version, self.policy.export_state())
-        return time.perf_counter() - started
+    def _correction_metrics(
+        self, rows: list[int], old: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor, responses: list[list[int]]
+    ) -> dict[str, float]:
+        """``correction/*`` of one minibatch (over the minibatch's rows, cut to its longest response)."""
+        idx = torch.tensor(rows)
+        width = max(len(responses[i]) for i in rows)
+        rc = self.algo_cfg.rollout_correction
+        return rollout_correction_from_config(old[idx, :width], behav[idx, :width], mask[idx, :width], rc)[2]
 
     # ------------------------------------------------------------------ warm start
 
     def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: float | None = None) -> list[float]:
-        """Supervised steps (masked next-token cross-entropy) on ``demos``; returns the loss per step.
+        """The supervised warm start, in the driver on its policy, before the ranks start from its weights."""
+        if self.ranks is not None:
+            raise RuntimeError("Trainer.warm_start: the ranks have started already; warm-start before")
+        return warm_start_policy(self.policy, self.cfg, self.rng, demos, steps, batch_size, lr)
 
-        Uses its own AdamW (``lr``, default ``trainer.warm_start_lr``) so the RL optimiser starts fresh.
-        """
-        if steps <= 0 or not demos:
-            return []
-        opt = self._adamw(self.cfg.warm_start_lr if lr is None else lr)
-        losses = []
-        for _ in range(steps):
-            chunk = [demos[self.rng.randrange(len(demos))] for _ in range(min(batch_size, len(demos)))]
-            logp = self.policy.sequence_logprobs([d[0] for d in chunk], [d[1] for d in chunk], 1.0)
-            mask = _pad([d[2] for d in chunk], self.policy.device)[:, : logp.shape[1]]
-            loss = -(logp * mask).sum() / mask.sum().clamp(min=1.0)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip)
-            opt.step()
-            losses.append(float(loss.detach()))
-        return losses
+    # ------------------------------------------------------------------ publication
+
+    def publish(self, version: int) -> dict[str, float]:
+        """Make ``version`` the newest published one (the weights as they are now): the ranks write it from their
+        shards, or the in-process rank hands its tensors to the in-memory store. Returns ``time/publish_s`` and
+        ``weights/bytes`` (what the version moved)."""
+        started = time.perf_counter()
+        dtype = DTYPES[self.dtype]
+        if isinstance(self.out, ParameterStore):
+            state, _digest = self._call("export", (self.bucket_mb, dtype))[0]
+            self.out.publish(int(version), state)
+            nbytes = sum(t.numel() * t.element_size() for t in state.values())
+            self._loaded = int(version)
+        else:
+            root = str(self.out.root)
+            nbytes = self._call("publish", (int(version), root, self.keep, self.bucket_mb, dtype))[0]["bytes"]
+        self.policy.version = int(version)
+        if self.world_size == 1:
+            self._loaded = int(version)  # the policy's model is the trained one
+        return {"time/publish_s": round(time.perf_counter() - started, 6), "weights/bytes": float(nbytes)}
+
+    def latest_policy(self) -> Policy:
+        """The driver's policy holding the newest published weights (read from the version's files at world size
+        > 1, once per version): what validation and ``final/`` use."""
+        if self._loaded != self.policy.version and isinstance(self.out, FileVersions):
+            version, state = read_version(self.out.directory(self.policy.version))
+            self.policy.load_weights(state, version)
+            self._loaded = version
+        return self.policy
 
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self, copied: bool = True) -> dict:
-        """What :meth:`save` writes. ``copied``: the optimiser state is a deep copy, so the caller may write it
-        while training goes on (a synchronous save writes the live state and skips that copy)."""
-        state = {
-            "model": self.policy.export_state(),
+        """A checkpoint taken now, for :class:`~psrl.runtime.checkpoint.CheckpointSaver`'s writer thread
+        (``trainer.checkpoint_in_background``): the ranks write their DCP files now -- the collective runs here,
+        between two steps, never in the writer thread -- into ``checkpoint.ranks.tmp`` beside the run's
+        checkpoints. :meth:`save` later moves the files into place and writes ``trainer.pt``. ``copied`` is
+        accepted for the saver's signature (the ranks' files are a copy already)."""
+        staged = self.work_dir / "checkpoint.ranks.tmp"
+        shutil.rmtree(staged, ignore_errors=True)
+        self._call("save", (str(staged), self.cfg.save_optimizer))
+        return {**self._driver_state(), _STAGED: str(staged)}
+
+    def _driver_state(self) -> dict:
+        return {
             "version": self.policy.version,
             **rng_state(self.rng, self.policy.generator),
             "skipped": (self.skipped_steps, self.skipped_in_a_row),
+            "world_size": self.world_size,
         }
-        if self.cfg.save_optimizer:
-            opt = self.optimizer.state_dict()
-            state["optimizer"] = copy.deepcopy(opt) if copied else opt
-        return state
 
     def save(self, directory: str | Path, state: dict | None = None) -> Path:
-        """Write weights, optimiser state (unless ``trainer.save_optimizer`` is false), version, skip counters
-        and generator states (``state``, else taken now) to ``directory/trainer.pt``."""
+        """``directory/ranks`` (the ranks' model and AdamW, DCP) and ``directory/trainer.pt`` (the driver's state,
+        no weights): written now, or, for a ``state`` from :meth:`state_dict`, the ranks' staged files moved into
+        place (a rename: no collective; what a writer thread runs)."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(state if state is not None else self.state_dict(copied=False), path / "trainer.pt")
+        if state is None:
+            self._call("save", (str(path / "ranks"), self.cfg.save_optimizer))
+            driver = self._driver_state()
+        else:
+            driver = {k: v for k, v in state.items() if k != _STAGED}
+            shutil.rmtree(path / "ranks", ignore_errors=True)
+            shutil.move(state[_STAGED], path / "ranks")
+        torch.save(driver, path / "trainer.pt")
         return path / "trainer.pt"
 
     def load(self, directory: str | Path) -> int:
-        """Restore what :meth:`save` wrote; returns the restored version. A checkpoint of the sharded trainer
-        (:class:`~psrl.train.sharded.ShardedTrainer`: AdamW in ``ranks/``) is read through a world-size-1 rank
-        worker, so a run saved at N ranks resumes here."""
+        """Restore what :meth:`save` wrote (the ranks start if they have not); returns the restored version."""
         path = Path(directory)
         ckpt = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
-        if int(ckpt.get("world_size", 1)) > 1:
-            optimizer = self._sharded_optimizer(path / "ranks")
-            if optimizer is not None:
-                ckpt["optimizer"] = optimizer
-        self.load_state_dict(ckpt)
-        return self.policy.version
-
-    def _sharded_optimizer(self, directory: Path) -> dict | None:
-        """AdamW's state as this trainer's optimiser holds it, read from the ranks' DCP files (None: saved
-        without it)."""
-        from psrl.train.worker import RankWorker, WorkerSpec  # torch.distributed: only for such a checkpoint
-
-        model = self.policy.model
-        spec = WorkerSpec(
-            build=lambda device: copy.deepcopy(model),
-            pad_id=int(self.policy.pad_id),
-            algo=self.algo_cfg,
-            lr=self.cfg.lr,
-            weight_decay=self.cfg.weight_decay,
-            device=str(self.policy.device),
-        )
-        worker = RankWorker(spec, 0, 1)
-        worker.load(str(directory))
-        return worker.optimizer.state_dict() if worker.optimizer.state else None
-
-    def load_state_dict(self, ckpt: dict) -> None:
-        """Continue from :meth:`state_dict`: weights and version, optimiser, skip counters, generator states."""
-        self.policy.load_weights(ckpt["model"], ckpt["version"])
-        if "optimizer" in ckpt:  # saved without it (trainer.save_optimizer=false): AdamW starts fresh
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+        sharded = path / "ranks"
+        if not sharded.is_dir():  # the earlier world-size-1 layout: its weights and AdamW, converted to DCP files
+            if "model" not in ckpt:
+                raise ValueError(f"{path}: no ranks/ beside trainer.pt and no weights in it: not a psrl checkpoint")
+            self.policy.load_weights(ckpt["model"], ckpt["version"])
+            sharded = self._from_one_rank(ckpt)
+        self.policy.version = int(ckpt["version"])
         self.skipped_steps, self.skipped_in_a_row = ckpt.get("skipped", (0, 0))
         set_rng_state(ckpt, self.rng, self.policy.generator)
+        self.close()  # the ranks start again, then read the sharded state
+        self._call("load", str(sharded))
+        self._loaded = self.policy.version if self.world_size == 1 else -1
+        return self.policy.version
+
+    def _from_one_rank(self, ckpt: dict) -> Path:
+        """An earlier world-size-1 checkpoint's AdamW state (its weights are in the policy already), written by a
+        world-size-1 :class:`~psrl.train.worker.RankWorker` as the DCP files the ranks load (resharded by DCP)."""
+        with torch.random.fork_rng(devices=[]):
+            worker = RankWorker(self._spec(in_process=True), 0, 1)
+        if "optimizer" in ckpt:
+            worker.optimizer.load_state_dict(ckpt["optimizer"])
+        out = self.work_dir / "weights" / "from-one-rank"
+        shutil.rmtree(out, ignore_errors=True)
+        worker.save(str(out))
+        return out
 
 
-def batch_advantages(batch: Any, algo_cfg: AlgorithmConfig, who: str) -> tuple[list, list[float]]:
-    """The batch's trajectories, group after group (empty groups left out), and each one's advantage from
-    ``algorithm.adv_estimator`` within its group; ``who`` names the caller when the batch is empty."""
-    groups = [list(g) for g in batch.groups if len(g) > 0]
-    trajs = [t for g in groups for t in g]
-    if not trajs:
-        raise ValueError(f"{who}: the batch holds no trajectories")
-    estimate = ADV_ESTIMATORS[algo_cfg.adv_estimator]
-    advs = estimate([[t.reward for t in g] for g in groups], norm_by_std=algo_cfg.norm_adv_by_std)
-    return trajs, [float(a) for g in advs for a in g]
+class _Same:
+    """World size 1's model builder: the policy's own model (the rank trains it in place; nothing is copied)."""
 
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
 
-def rng_state(rng: random.Random, sampler: torch.Generator) -> dict[str, Any]:
-    """The generator states a trainer's checkpoint carries: its own ``rng``, the policy's ``sampler`` and torch's."""
-    return {"rng": rng.getstate(), "sampler": sampler.get_state().clone(), "torch_rng": torch.get_rng_state()}
-
-
-def set_rng_state(ckpt: dict[str, Any], rng: random.Random, sampler: torch.Generator) -> None:
-    """Restore what :func:`rng_state` saved into ``ckpt``."""
-    rng.setstate(ckpt["rng"])
-    sampler.set_state(ckpt["sampler"])
-    torch.set_rng_state(ckpt["torch_rng"])
-
-
-def _pad(rows: Iterable[list], device) -> torch.Tensor:
-    """Right-pad ragged float rows with 0 into ``[B, T]``."""
-    rows = list(rows)
-    width = max((len(r) for r in rows), default=0)
-    out = torch.zeros((len(rows), width), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
-    return out.to(device)
-
-
-def _split(n: int, parts: int) -> list[torch.Tensor]:
-    """Contiguous index chunks of ``range(n)``, ``min(parts, n)`` of them, sizes differing by at most one."""
-    return [c for c in torch.arange(n).tensor_split(min(max(parts, 1), n)) if len(c)]
-
-
-def logprob_mismatch(
-    recomputed: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor, version: int
-) -> dict[str, float]:
-    """Train-inference mismatch: mean and max |behaviour - recomputed log-prob| over the generated tokens the
-    engines produced at the trainer's own ``version`` (the only tokens where both sides used the same weights).
-
-    ~0 for the in-process engine, ~1e-5 for vLLM in fp32; it jumps when an engine missed a weight update
-    (its tokens claim a version whose weights it never loaded). No such tokens in the batch: 0 and 0.
-    """
-    width = min(recomputed.shape[1], behav.shape[1], versions.shape[1])
-    same = (mask[:, :width] > 0) & (versions[:, :width] == int(version))
-    diff = (recomputed[:, :width] - behav[:, :width]).abs()[same]
-    n = diff.numel()
-    return {
-        "engine/logprob_mismatch_mean": float(diff.mean()) if n else 0.0,
-        "engine/logprob_mismatch_max": float(diff.max()) if n else 0.0,
-        "engine/mismatch_tokens": float(n),
-    }
-
-
-def _mean_metrics(per_mb: list[dict[str, Any]]) -> dict[str, float]:
-    keys = {k for m in per_mb for k in m}
-    return {k: sum(float(m[k]) for m in per_mb if k in m) / sum(1 for m in per_mb if k in m) for k in sorted(keys)}
-
-
-def step_scaled(optimizer: torch.optim.Optimizer, lr_scale: float) -> None:
-    """One optimiser step at every group's learning rate times ``lr_scale`` (``ess_lr``), the rates restored after
-    it (also when the step raises): the scale is this step's only."""
-    groups = optimizer.param_groups
-    base = [g["lr"] for g in groups]
-    for g in groups:
-        g["lr"] = g["lr"] * lr_scale
-    try:
-        optimizer.step()
-    finally:
-        for g, lr in zip(groups, base):
-            g["lr"] = lr
+    def __call__(self, device: str) -> torch.nn.Module:
+        return self.model

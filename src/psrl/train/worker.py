@@ -10,7 +10,9 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
   step on every rank alike (both are global), undoing the minibatches before it (as the in-process trainer does);
 * ``digest()`` -- sha256 of the gathered fp32 state; ``state()`` -- the gathered state as numpy arrays;
   ``usage()`` -- the rank's parameter and optimiser bytes and peak RSS;
-* ``publish((version, root, keep))`` -- the weights as ``root/v{version}`` for the engines (:mod:`psrl.train.publish`);
+* ``publish((version, root, keep, bucket_mb, dtype))`` -- the weights as ``root/v{version}`` for the engines, each
+  rank writing the buckets it owns from its shards (:func:`psrl.weights.publish_model`);
+* ``export((bucket_mb, dtype))`` -- world size 1, in process: the weights as CPU tensors and their digest;
 * ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
   loaded at any other.
 
@@ -52,15 +54,14 @@ from torch.distributed.tensor import DTensor
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
-from psrl.models.builder import DTYPES
 from psrl.train.planner import Plan, loss_weights
-from psrl.train.publish import finish_version, write_share
 from psrl.train.shard import full_state, load_full_state, mixed_precision, shard_model
-from psrl.train.trainer import step_scaled
+from psrl.train.steps import step_scaled
+from psrl.weights import export_state, publish_model
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "COMMANDS"]
 
-COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load", "publish", "usage")
+COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load", "publish", "export", "usage")
 
 
 @dataclass(frozen=True)
@@ -218,12 +219,12 @@ class RankWorker:
                     out.update({i: logp[j, : len(inp.responses[i])].tolist() for j, i in enumerate(rows)})
         return out
 
-    def train_step(self, inp: StepInput) -> dict[str, float]:
+    def train_step(self, inp: StepInput) -> dict[str, Any]:
         """One optimiser step per minibatch; ``train/loss`` and ``train/grad_norm`` are means over minibatches, the
         loss summed over ranks (the single-process aggregate)."""
         assert inp.old is not None and inp.adv is not None and inp.mask is not None
         dev = torch.device(self.spec.device)
-        losses, norms, actor, skipped = [], [], [], 0
+        losses, norms, actor, skipped, why = [], [], [], 0, ""
         before = self._snapshot() if len(inp.plan.minibatches) > 1 else None  # a later minibatch may go NaN
         for k in range(len(inp.plan.minibatches)):
             self.optimizer.zero_grad(set_to_none=True)
@@ -255,6 +256,7 @@ class RankWorker:
             if not math.isfinite(norm) or not math.isfinite(float(total)):  # global: every rank stops here
                 self._restore(before)
                 skipped = k + 1
+                why = f"loss is {float(total)!r}" if not math.isfinite(float(total)) else "gradient norm is not finite"
                 break
             step_scaled(self.optimizer, inp.lr_scale)
         self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held between steps
@@ -263,6 +265,7 @@ class RankWorker:
             "train/grad_norm": sum(norms) / len(norms),
             **{name: sum(m[name] for m in actor) / len(actor) for name in actor[0]},
             "skipped_minibatch": float(skipped),  # not a metric: 0, or the minibatch (1-based) that skipped the step
+            "skip_reason": why,  # not a metric: why it skipped ("" when it did not)
         }
 
     def _snapshot(self) -> tuple[list[Tensor], dict[str, Any]]:
@@ -312,22 +315,19 @@ class RankWorker:
                 set_optimizer_state_dict(self.model, self.optimizer, optim)
         return directory
 
-    def publish(self, version: int, root: str, keep: int) -> str:
-        """Write the weights as ``root/v{version}`` (:mod:`psrl.train.publish`): every rank gathers (collectives, in
-        the same order) and writes its share; after a barrier rank 0 writes index and manifest and renames the
-        directory into place; a second barrier, so that the version exists on return from every rank."""
-        full = full_state(self.model)
-        if mixed_precision(self.spec.device, self.spec.dtype) is not None:  # fp32 masters: engines get model.dtype
-            full = {k: v.to(DTYPES[self.spec.dtype]) if v.is_floating_point() else v for k, v in full.items()}
-        tmp = Path(root) / f"v{version}.tmp"
-        write_share(full, self.rank, self.world, tmp)
+    def publish(self, version: int, root: str, keep: int, bucket_mb: float, dtype: torch.dtype) -> dict:
+        """Write the weights as ``root/v{version}`` (:func:`psrl.weights.publish_model`): bucket by bucket, every rank
+        gathering each bucket (collectives, in the same order) and writing the buckets it owns; rank 0 finishes the
+        version. On return the version exists, on every rank. ``dtype``: ``model.dtype`` (fp32 masters are cast)."""
+        return publish_model(
+            self.model, root, version, rank=self.rank, world=self.world, bucket_mb=bucket_mb, dtype=dtype, keep=keep
+        )
+
+    def export(self, bucket_mb: float, dtype: torch.dtype) -> tuple[dict[str, Tensor], str]:
+        """World size 1: the weights as CPU tensors in ``dtype`` and their version digest (the in-memory store)."""
         if self.world > 1:
-            dist.barrier()
-        if self.rank == 0:
-            finish_version(full, self.world, tmp, version, keep)
-        if self.world > 1:
-            dist.barrier()
-        return str(Path(root) / f"v{version}")
+            raise RuntimeError("RankWorker.export is world size 1's: sharded ranks publish files (publish)")
+        return export_state(self.model, bucket_mb, dtype)
 
     def usage(self) -> dict[str, int]:
         """Bytes this rank holds of parameters and optimiser state (its shards only), and its peak RSS (``VmHWM``:

@@ -13,10 +13,10 @@ nothing is re-tokenised, nothing is detokenised.
   arrive (the version loaded at the last resume), so a token produced before a pause but
   delivered after the resume still carries the version that produced it.
 
-* **Weights**: the parameter store writes each version once as safetensors (atomically, in a
-  versioned directory, old versions pruned: :meth:`psrl.train.ParameterStore.path`) and every
-  server loads it in place with ``POST /collective_rpc`` ``reload_weights`` (dev mode), without a
-  restart. On GPUs vLLM's NCCL weight-transfer API is the faster path (docs/engines.md says what
+* **Weights**: the trainer's ranks publish each version as a directory (``RUN_DIR/weights/v{N}``,
+  :mod:`psrl.weights`: buckets in Hugging Face's sharded layout, atomically, old versions pruned) and
+  every server loads it in place with ``POST /collective_rpc`` ``reload_weights`` (dev mode), without a
+  restart; the driver holds no copy. On GPUs vLLM's NCCL weight-transfer API is the faster path (docs/engines.md says what
   was run).
 * **Partial rollout**: ``POST /pause?mode=keep`` (in-flight requests kept, with their KV cache:
   the stale KV of PSRL's partial rollout), reload, ``POST /resume``. Until a request's final
@@ -42,7 +42,7 @@ import itertools
 import json
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from psrl.rollout.engines.base import TokenRate
 from psrl.rollout.engines.vllm_http import (
@@ -54,8 +54,8 @@ from psrl.rollout.engines.vllm_http import (
     span_versions,
 )
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
-from psrl.train.publish import MANIFEST
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource
+from psrl.weights import VersionDirectories
 
 if TYPE_CHECKING:
     import httpx
@@ -63,16 +63,7 @@ if TYPE_CHECKING:
     from psrl.config import Config
     from psrl.models import Policy
 
-__all__ = ["VLLMEngine", "WeightFiles", "build_vllm_engines"]
-
-
-@runtime_checkable
-class WeightFiles(WeightSource, Protocol):
-    """A weight source that also writes a version as a Hugging Face directory (what ``reload_weights`` reads):
-    :meth:`psrl.train.ParameterStore.path`."""
-
-    def path(self, version: int, root: Path, config_dir: Path | None = None) -> Path:
-        """The directory holding ``version``'s weights under ``root``, written on first use."""
+__all__ = ["VLLMEngine", "build_vllm_engines"]
 
 
 class VLLMEngine:
@@ -81,11 +72,6 @@ class VLLMEngine:
     Args:
         url: an already running server (``rollout.vllm.urls``), or None with ``server``.
         server: a :class:`VLLMServer` psrl starts and owns.
-        weights_root: where the store writes the safetensors of each version (shared by all servers).
-        config_dir: a model directory whose ``config.json`` goes beside each version's weights.
-        published_root: where a sharded trainer's ranks publish each version (``RUN_DIR/weights``, see
-            :mod:`psrl.train.publish`): a version found there, complete (its manifest written last), is loaded from
-            that directory and the store writes no copy; None (one trainer process): always the store's files.
     """
 
     def __init__(
@@ -93,9 +79,6 @@ class VLLMEngine:
         url: str | None = None,
         server: VLLMServer | None = None,
         *,
-        weights_root: Path,
-        config_dir: Path | None = None,
-        published_root: Path | None = None,
         sampling: Sampling = Sampling(),
         request_timeout_s: float = 300.0,
         model_name: str = "psrl",
@@ -104,9 +87,6 @@ class VLLMEngine:
             raise ValueError("VLLMEngine needs exactly one of url (attach) and server (start)")
         self.url = url.rstrip("/") if url else None
         self.server = server
-        self.weights_root = Path(weights_root)
-        self.published_root = Path(published_root) if published_root is not None else None
-        self.config_dir = config_dir
         self.sampling = sampling
         self.request_timeout_s = float(request_timeout_s)
         self.model_name = model_name
@@ -339,13 +319,9 @@ class VLLMEngine:
         await self._post("/resume")
 
     async def update_weights(self, version: int, store: WeightSource) -> None:
-        if not isinstance(store, WeightFiles):
-            raise TypeError(f"vLLM loads weights from files: {type(store).__name__} does not write them (path)")
-        published = self.published_root / f"v{int(version)}" if self.published_root is not None else None
-        if published is not None and (published / MANIFEST).exists():
-            path = published  # the ranks' own files: Hugging Face's sharded layout with its index
-        else:
-            path = await asyncio.to_thread(store.path, int(version), self.weights_root, self.config_dir)
+        if not isinstance(store, VersionDirectories):
+            raise TypeError(f"vLLM loads weights from a published directory: {type(store).__name__} has none")
+        path = store.directory(int(version))  # the ranks' files: Hugging Face's sharded layout with its index
         await self._post("/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
         await self._label(int(version))
         self.version = int(version)
@@ -410,11 +386,6 @@ def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Path | None, sampli
     model_dir = root / "model"
     engine = functools.partial(
         VLLMEngine,
-        weights_root=root / "weights",
-        config_dir=model_dir,
-        published_root=Path(run_dir) / "weights"
-        if run_dir is not None and cfg.psrl.deployment.train_world_size > 1
-        else None,
         request_timeout_s=r.request_timeout_s,
         sampling=sampling,
     )

@@ -1,0 +1,209 @@
+"""The format of one published version (issue #33, item 2): the one owner of what ``ROOT/v{N}`` holds.
+
+A version is the model's tensors in a fixed order (the model's ``state_dict`` order, the same on every rank and at
+every world size), cut into **buckets** of at most ``weights.bucket_mb`` (:func:`plan_buckets`; a tensor larger than
+that is a bucket of its own). On disk, ``ROOT/v{N}`` is a symbolic link to the directory that holds:
+
+* ``model-0000b-of-0000n.safetensors`` -- bucket ``b`` (Hugging Face's sharded layout: vLLM and ``transformers``
+  read it as it is);
+* ``model.safetensors.index.json`` -- Hugging Face's index (``weight_map``: tensor -> file);
+* ``psrl_manifest.json`` -- written last: version, the version's digest, and per bucket its file, tensors, bytes
+  and digest.
+
+The digest of a bucket is sha256 over its tensors' names, dtypes, shapes and bytes (:func:`bucket_digest`); the
+version's is sha256 over its buckets' digests in order (:func:`version_digest`). It is computed once, by the writer,
+from the tensors it writes; every reader -- a file reader here, a transport receiving the buckets -- recomputes it
+from what it received and compares. The link makes a version appear atomically, and a re-publish of the same
+version (after a resume) replace it atomically (:func:`finish_version`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+__all__ = [
+    "INDEX",
+    "MANIFEST",
+    "BucketInfo",
+    "bucket_file",
+    "plan_buckets",
+    "bucket_digest",
+    "version_digest",
+    "write_bucket",
+    "finish_version",
+    "read_manifest",
+    "read_buckets",
+    "read_version",
+    "versions",
+    "prune",
+    "VersionDamaged",
+]
+
+INDEX = "model.safetensors.index.json"
+MANIFEST = "psrl_manifest.json"
+
+
+class VersionDamaged(ValueError):
+    """A published version whose contents differ from its manifest (a damaged or half-copied directory)."""
+
+
+@dataclass(frozen=True)
+class BucketInfo:
+    """One written bucket, as its writer reports it (plain data: it crosses processes)."""
+
+    index: int
+    file: str
+    names: tuple[str, ...]
+    nbytes: int
+    digest: str
+    dtypes: tuple[str, ...]
+
+
+def bucket_file(index: int, count: int) -> str:
+    """The file of bucket ``index`` (0-based) of ``count``: Hugging Face's shard name."""
+    return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+
+
+def plan_buckets(sizes: Sequence[tuple[str, int]], bucket_bytes: int) -> list[list[str]]:
+    """``(name, bytes)`` in publication order -> buckets of names, in order, each at most ``bucket_bytes`` (a
+    tensor larger than that alone). Depends only on the names and sizes: every rank and world size agrees."""
+    out: list[list[str]] = []
+    used = 0
+    for name, nbytes in sizes:
+        if not out or (used + nbytes > bucket_bytes and out[-1]):
+            out.append([])
+            used = 0
+        out[-1].append(name)
+        used += nbytes
+    return out
+
+
+def bucket_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over the tensors in their given order: name, dtype, shape, then the raw bytes."""
+    h = hashlib.sha256()
+    for name, t in tensors.items():
+        h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def version_digest(bucket_digests: Sequence[str]) -> str:
+    """The digest of a version: sha256 over its buckets' digests, in bucket order."""
+    return hashlib.sha256("".join(bucket_digests).encode()).hexdigest()
+
+
+def write_bucket(directory: Path, index: int, count: int, tensors: Mapping[str, torch.Tensor]) -> BucketInfo:
+    """Write bucket ``index`` of ``count`` into ``directory`` (created if needed); returns what the manifest says
+    of it. The digest is computed here, from the tensors written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = bucket_file(index, count)
+    body = {k: v.detach().contiguous() for k, v in tensors.items()}
+    save_file(body, str(directory / name))
+    return BucketInfo(
+        index,
+        name,
+        tuple(body),
+        sum(t.numel() * t.element_size() for t in body.values()),
+        bucket_digest(body),
+        tuple(sorted({str(t.dtype).removeprefix("torch.") for t in body.values()})),
+    )
+
+
+def finish_version(tmp: Path, root: Path, version: int, buckets: Sequence[BucketInfo], keep: int) -> Path:
+    """After every bucket of ``tmp`` is written: the index, then the manifest, then ``root/v{version}`` -- a link
+    to ``tmp`` renamed to a unique name -- made or replaced in one ``os.replace`` (a reader sees the old version or
+    the new one, whole); then :func:`prune` to ``keep`` versions. Returns ``root/v{version}``."""
+    buckets = sorted(buckets, key=lambda b: b.index)
+    if [b.index for b in buckets] != list(range(len(buckets))):
+        raise ValueError(f"version {version}: buckets {[b.index for b in buckets]} are not 0..{len(buckets) - 1}")
+    weight_map = {n: b.file for b in buckets for n in b.names}
+    total = sum(b.nbytes for b in buckets)
+    (tmp / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    manifest = {
+        "version": int(version),
+        "digest": version_digest([b.digest for b in buckets]),
+        "bytes": total,
+        "tensors": len(weight_map),
+        "dtypes": sorted({d for b in buckets for d in b.dtypes}),
+        "buckets": [{"file": b.file, "names": list(b.names), "bytes": b.nbytes, "digest": b.digest} for b in buckets],
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    data = root / f"v{int(version)}.{uuid.uuid4().hex[:8]}"
+    os.replace(tmp, data)
+    link = root / f".v{int(version)}.link-{uuid.uuid4().hex[:8]}"
+    os.symlink(data.name, link)
+    final = root / f"v{int(version)}"
+    if final.is_dir() and not final.is_symlink():  # a version of the earlier layout (a real directory)
+        shutil.rmtree(final)
+    os.replace(link, final)
+    prune(root, keep)
+    return final
+
+
+def read_manifest(directory: str | Path) -> dict:
+    """The manifest of a published version (raises ``FileNotFoundError`` when it is not complete)."""
+    return json.loads((Path(directory) / MANIFEST).read_text())
+
+
+def read_buckets(directory: str | Path) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+    """``(index, tensors)`` per bucket, in order, each checked against the manifest's digest
+    (:class:`VersionDamaged` when it differs): a reader that loads bucket by bucket holds one at a time."""
+    d = Path(directory)
+    manifest = read_manifest(d)
+    for i, b in enumerate(manifest["buckets"]):
+        loaded = load_file(str(d / b["file"]))
+        tensors = {n: loaded[n] for n in b["names"]}
+        if bucket_digest(tensors) != b["digest"]:
+            raise VersionDamaged(f"{d / b['file']}: its tensors differ from {MANIFEST}: the version is damaged")
+        yield i, tensors
+
+
+def read_version(directory: str | Path) -> tuple[int, dict[str, torch.Tensor]]:
+    """``(version, state)`` of a published directory, every bucket checked (:func:`read_buckets`)."""
+    manifest = read_manifest(directory)
+    if version_digest([b["digest"] for b in manifest["buckets"]]) != manifest["digest"]:
+        raise VersionDamaged(f"{directory}: the buckets' digests do not make the manifest's version digest")
+    state: dict[str, torch.Tensor] = {}
+    for _, tensors in read_buckets(directory):
+        state.update(tensors)
+    return int(manifest["version"]), state
+
+
+def versions(root: str | Path) -> list[int]:
+    """Published versions under ``root`` (complete ones: ``v{N}`` with a manifest), oldest first."""
+    r = Path(root)
+    if not r.is_dir():
+        return []
+    out = [
+        int(p.name[1:]) for p in r.iterdir() if p.name[1:].isdigit() and p.name[0] == "v" and (p / MANIFEST).exists()
+    ]
+    return sorted(out)
+
+
+def prune(root: str | Path, keep: int) -> None:
+    """Keep the newest ``keep`` published versions: older links and their directories go, and so do directories
+    no link names (a re-published version's old data, a writer's leftovers) that are not the newest's."""
+    r = Path(root)
+    have = versions(r)
+    for v in have[: max(len(have) - max(keep, 1), 0)]:
+        link = r / f"v{v}"
+        target = link.resolve() if link.is_symlink() else None
+        link.unlink() if link.is_symlink() else shutil.rmtree(link, ignore_errors=True)
+        if target is not None:
+            shutil.rmtree(target, ignore_errors=True)
+    named = {(r / f"v{v}").resolve().name for v in versions(r) if (r / f"v{v}").is_symlink()}
+    newest = have[-1] if have else -1
+    for p in r.glob("v*.*"):
+        head = p.name[1:].split(".", 1)[0]
+        if head.isdigit() and p.name not in named and int(head) < newest and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)

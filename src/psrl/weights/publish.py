@@ -1,0 +1,111 @@
+"""Publishing a version from the trainer's shards (issue #33, item 3): no process ever holds the whole model.
+
+:func:`iter_buckets` walks the model's tensors in ``state_dict`` order, bucket by bucket (:func:`plan_buckets`):
+every rank gathers the bucket's tensors (under FSDP2 each ``full_tensor()`` is a collective, so every rank runs the
+same gathers in the same order), casts them to the published dtype, and keeps them only if it owns the bucket
+(bucket ``b`` belongs to rank ``b % world``); the others drop them at once. A rank therefore holds at most one
+bucket (plus the one tensor being gathered) beyond its shard.
+
+:func:`publish_model` writes the buckets a rank owns into ``ROOT/v{N}.tmp``; rank 0 gathers the others'
+:class:`~psrl.weights.format.BucketInfo` and finishes the version (:func:`~psrl.weights.format.finish_version`:
+index, manifest, atomic link). :func:`export_state` is world size 1's in-memory twin (the ``hf`` engines of the
+driver's own process load from it).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from psrl.weights.format import BucketInfo, bucket_digest, finish_version, plan_buckets, version_digest, write_bucket
+
+__all__ = ["iter_buckets", "publish_model", "export_state", "MB"]
+
+MB = 1 << 20
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+
+def iter_buckets(
+    model: nn.Module, rank: int = 0, world: int = 1, bucket_bytes: int = 256 * MB, dtype: torch.dtype | None = None
+) -> Iterator[tuple[int, int, dict[str, torch.Tensor] | None]]:
+    """``(index, count, tensors)`` per bucket, ``tensors`` (CPU, cast to ``dtype`` where floating) on the rank that
+    owns the bucket and None on the others. Every rank must run the whole iteration (the gathers are collectives)."""
+    state = model.state_dict()
+    sizes = [(n, t.numel() * torch.empty((), dtype=_cast(t, dtype)).element_size()) for n, t in state.items()]
+    buckets = plan_buckets(sizes, bucket_bytes)
+    for b, names in enumerate(buckets):
+        mine = b % world == rank
+        out: dict[str, torch.Tensor] = {}
+        for name in names:
+            t = state[name]
+            full = t.full_tensor() if isinstance(t, DTensor) else t  # a collective under FSDP
+            if mine:
+                out[name] = full.detach().to("cpu", dtype=_cast(full, dtype), copy=True)
+            del full
+        yield b, len(buckets), (out if mine else None)
+
+
+def publish_model(
+    model: nn.Module,
+    root: str | Path,
+    version: int,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    bucket_mb: float = 256,
+    dtype: torch.dtype | None = None,
+    keep: int = 2,
+) -> dict:
+    """Write ``model`` (sharded over ``world`` ranks, or whole at world 1) as ``root/v{version}``: each rank its own
+    buckets, rank 0 the index, manifest and link after gathering the others' bucket records. Every rank calls it;
+    on return the version exists. Returns ``{"version", "bytes", "digest", "path"}``."""
+    root = Path(root)
+    tmp = root / f"v{int(version)}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed writer's leftovers
+        tmp.mkdir(parents=True)
+    if world > 1:
+        dist.barrier()
+    mine: list[BucketInfo] = []
+    for b, count, tensors in iter_buckets(model, rank, world, int(bucket_mb * MB), dtype):
+        if tensors is not None:
+            mine.append(write_bucket(tmp, b, count, tensors))
+            del tensors
+    infos = mine
+    if world > 1:
+        gathered: list[list[BucketInfo]] | None = [[] for _ in range(world)] if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        infos = [i for part in gathered or [] for i in part]
+    summary: list[dict] = [{}]
+    if rank == 0:
+        final = finish_version(tmp, root, version, infos, keep)
+        digest = version_digest([i.digest for i in sorted(infos, key=lambda i: i.index)])
+        summary = [
+            {"version": int(version), "bytes": sum(i.nbytes for i in infos), "digest": digest, "path": str(final)}
+        ]
+    if world > 1:
+        dist.broadcast_object_list(summary, src=0)  # also the barrier: the version exists on every rank's return
+    return summary[0]
+
+
+def export_state(
+    model: nn.Module, bucket_mb: float = 256, dtype: torch.dtype | None = None
+) -> tuple[dict[str, torch.Tensor], str]:
+    """World size 1 in memory: the model's tensors (CPU copies, in ``dtype``) and the version digest
+    :func:`publish_model` would write for them."""
+    state: dict[str, torch.Tensor] = {}
+    digests = []
+    for _, _, tensors in iter_buckets(model, 0, 1, int(bucket_mb * MB), dtype):
+        assert tensors is not None
+        digests.append(bucket_digest(tensors))
+        state.update(tensors)
+    return state, version_digest(digests)
