@@ -68,6 +68,15 @@ METRICS: tuple[Metric, ...] = (
         "tensors handed to the in-memory store.",
         _T,
     ),
+    _m(
+        "time/sync_s",
+        "s",
+        "Seconds from the end of a step's optimiser step until every live engine serves its version (publish + "
+        "load, as the sync strategy times it); measured after that step's row is written, so reported in a later "
+        "row with weights/synced_version naming the version.",
+        _C,
+    ),
+    _m("weights/synced_version", "", "The version time/sync_s of this row measures.", _C),
     _m("weights/bytes", "B", "Bytes of weights this step's version moved (the published tensors, all ranks).", _T),
     _m("throughput/trajectories_per_s", "1/s", "Trajectories completed per second, over the run so far.", _C),
     # the batch

@@ -242,3 +242,7 @@ class PublishingTrainer(Protocol):
     def publish(self, version: int) -> dict[str, float]:
         """Take ``version`` as the policy's version and publish its weights; returns ``time/publish_s`` and
         ``weights/bytes``."""
+
+    def latest_policy(self) -> Any:
+        """The driver's policy holding the newest published weights (validation, ``final/``): the trained model
+        itself at one rank; loaded from the version's files, once per version, at several."""

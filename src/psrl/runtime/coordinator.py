@@ -144,6 +144,9 @@ class Coordinator:
         self.watchdog: Watchdog | None = None
         self._t0 = 0.0
         self._last = 0.0
+        self._synced: tuple[int, float] | None = None
+        """The newest version every engine serves, and its ``time/sync_s``, not yet in a row."""
+        self._sync_watch: asyncio.Task | None = None
 
     @property
     def version(self) -> int:
@@ -191,6 +194,8 @@ class Coordinator:
             finished = True
         finally:
             dispatcher.cancel()
+            if self._sync_watch is not None:
+                self._sync_watch.cancel()
             if watchdog is not None:
                 watchdog.cancel()
             await asyncio.gather(dispatcher, *([watchdog] if watchdog else []), return_exceptions=True)
@@ -251,8 +256,10 @@ class Coordinator:
         self.agents.record_batch(batch, skipped)
         version = int(batch.version) + 1
         metrics = dict(metrics or {})
+        step_end = loop.time()
         if isinstance(self.trainer, PublishingTrainer):  # off the loop: engines keep being served while it writes
             metrics.update(await asyncio.to_thread(self.trainer.publish, version))
+            self._sync_watch = loop.create_task(self._time_sync(version, step_end), name=f"sync-v{version}")
         else:  # a fake trainer: its policy's state, as it is
             policy = self.trainer.policy
             policy.version = version
@@ -278,6 +285,12 @@ class Coordinator:
             self._skipped(version, skipped)
         if interrupted:
             raise asyncio.CancelledError()
+
+    async def _time_sync(self, version: int, step_end: float) -> None:
+        """``time/sync_s`` of ``version``: from the end of its optimiser step until every live engine serves it (the
+        engines load it when their sync strategy says; a later row reports it, see :meth:`_row`)."""
+        await self.pool.wait_version_above(version - 1)
+        self._synced = (version, asyncio.get_running_loop().time() - step_end)
 
     def _skipped(self, version: int, reason: str) -> None:
         """Say that step ``version`` was skipped; stop after ``trainer.max_skipped_steps`` in a row."""
@@ -323,6 +336,9 @@ class Coordinator:
             "throughput/trajectories_per_s": self.agents.counts.generated / elapsed,
         }
         self._last = now
+        if self._synced is not None:  # measured once the engines loaded it: after its own row, so in a later one
+            row["weights/synced_version"], row["time/sync_s"] = self._synced[0], round(self._synced[1], 6)
+            self._synced = None
         row.update(self.agents.counts.as_metrics())
         row.update({f"staleness/{k}": v for k, v in self.manager.stats.as_dict().items() if isinstance(v, int)})
         row.update(self.pool.stats())

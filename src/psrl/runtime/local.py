@@ -33,7 +33,7 @@ from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
 from psrl.train.launch import Launcher, LocalRanks
-from psrl.types import Engine, Sink, StepTrainer, WeightSource, WeightState
+from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, WeightSource, WeightState
 from psrl.weights import ParameterStore
 
 if TYPE_CHECKING:
@@ -267,7 +267,7 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
             raise
     saver.close()
     trainer = coord.trainer
-    final = trainer.latest_policy() if isinstance(trainer, Trainer) else trainer.policy
+    final = trainer.latest_policy() if isinstance(trainer, PublishingTrainer) else trainer.policy
     if not isinstance(final, _SavesPretrained):
         raise TypeError(f"psrl train writes final/ with the policy's save_pretrained: {type(final).__name__} has none")
     final.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path

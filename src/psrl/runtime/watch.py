@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from psrl.types import PublishingTrainer
+
 __all__ = ["Trackers", "RunWatch", "scalars"]
 
 
@@ -137,7 +139,9 @@ class RunWatch:
         from psrl.runtime.validate import validate_blocking
 
         t = self.cfg.trainer
-        task, policy = self.coord.agents.task, self.coord.trainer.policy
+        trainer = self.coord.trainer
+        policy = trainer.latest_policy() if isinstance(trainer, PublishingTrainer) else trainer.policy
+        task = self.coord.agents.task
         if self._val_prompts is None:
             self._val_prompts = task.val_prompts(t.val_size)
         metrics = validate_blocking(task, policy, self._val_prompts, t.val_n, t.temperature, t.top_p, seed=t.seed)
