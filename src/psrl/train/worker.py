@@ -59,7 +59,7 @@ from psrl.train.shard import full_state, load_full_state, mixed_precision, shard
 from psrl.train.steps import step_scaled
 from psrl.weights import export_state, publish_model
 
-__all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "COMMANDS"]
+__all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "memory_status", "COMMANDS"]
 
 COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load", "publish", "export", "usage")
 
@@ -168,7 +168,7 @@ class RankWorker:
         if cmd not in COMMANDS:
             raise ValueError(f"unknown trainer command {cmd!r}, use one of {COMMANDS}")
         method = getattr(self, cmd)
-        if cmd in ("digest", "state", "usage"):
+        if cmd in ("digest", "state") or (cmd == "usage" and arg is None):
             return method()
         return method(*arg) if isinstance(arg, tuple) else method(arg)
 
@@ -329,9 +329,11 @@ class RankWorker:
             raise RuntimeError("RankWorker.export is world size 1's: sharded ranks publish files (publish)")
         return export_state(self.model, bucket_mb, dtype)
 
-    def usage(self) -> dict[str, int]:
-        """Bytes this rank holds of parameters and optimiser state (its shards only), and its peak RSS (``VmHWM``:
-        the process's own high-water mark; ``getrusage`` would report the spawning driver's, kept across exec)."""
+    def usage(self, reset_peak: bool = False) -> dict[str, int]:
+        """Bytes this rank holds of parameters and optimiser state (its shards only), its RSS now (``VmRSS``) and
+        its peak RSS (``VmHWM``: the process's own high-water mark; ``getrusage`` would report the spawning
+        driver's, kept across exec). ``reset_peak``: then start a new high-water mark from now (Linux
+        ``clear_refs``), so a later call measures one phase (``benchmarks/weights_scale.py``: a publish)."""
 
         def local(t: Tensor) -> int:
             part = t.to_local() if isinstance(t, DTensor) else t
@@ -339,10 +341,11 @@ class RankWorker:
 
         params = sum(local(p) for p in self.model.parameters())
         optim = sum(local(v) for st in self.optimizer.state.values() for v in st.values() if isinstance(v, Tensor))
-        status = Path("/proc/self/status")
-        lines = status.read_text().splitlines() if status.exists() else []
-        rss = next((int(ln.split()[1]) * 1024 for ln in lines if ln.startswith("VmHWM:")), 0)  # kB
-        return {"param_bytes": params, "optim_bytes": optim, "peak_rss_bytes": rss}
+        out = {"param_bytes": params, "optim_bytes": optim, **memory_status()}
+        if reset_peak:
+            with contextlib.suppress(OSError):
+                Path("/proc/self/clear_refs").write_text("5")
+        return out
 
     def state(self) -> dict[str, np.ndarray] | None:
         """The gathered state (a collective), as numpy arrays on rank 0 (None on the others): numpy, because a
@@ -357,6 +360,15 @@ class RankWorker:
             h.update(name.encode())
             h.update(t.float().contiguous().numpy().tobytes())
         return h.hexdigest()
+
+
+def memory_status() -> dict[str, int]:
+    """This process's ``rss_bytes`` (``VmRSS``) and ``peak_rss_bytes`` (``VmHWM``) from ``/proc/self/status`` (0
+    where there is none)."""
+    status = Path("/proc/self/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    field = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in lines if ln.startswith(("VmRSS:", "VmHWM:"))}
+    return {"rss_bytes": field.get("VmRSS", 0), "peak_rss_bytes": field.get("VmHWM", 0)}
 
 
 @contextlib.contextmanager

@@ -47,10 +47,13 @@ def iter_buckets(
         out: dict[str, torch.Tensor] = {}
         for name in names:
             t = state[name]
-            full = t.full_tensor() if isinstance(t, DTensor) else t  # a collective under FSDP
-            if mine:
-                out[name] = full.detach().to("cpu", dtype=_cast(full, dtype), copy=True)
-            del full
+            if isinstance(t, DTensor):  # a collective under FSDP; its result is a new tensor: no copy needed
+                full = t.full_tensor()
+                if mine:
+                    out[name] = full.detach().to("cpu", dtype=_cast(full, dtype))
+                del full
+            elif mine:  # a plain module's live parameter: copied
+                out[name] = t.detach().to("cpu", dtype=_cast(t, dtype), copy=True)
         yield b, len(buckets), (out if mine else None)
 
 

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, WeightState
+from psrl.weights import VersionDirectories, read_version
 
 if TYPE_CHECKING:
     from psrl.tasks.base import GenerateFn
@@ -142,8 +144,17 @@ class BatchingEngine:
     async def update_weights(self, version: int, store: WeightSource) -> None:
         if self._rows and not self._paused:
             raise RuntimeError("update_weights while generating: pause() first")
+        if isinstance(store, VersionDirectories):
+            await self._load_directory(store.directory(version), int(version))
+            return
         version, state = store.get(version)
         await self._load(state, int(version))
+
+    async def _load_directory(self, directory: Path, version: int) -> None:
+        """Load a published directory (:mod:`psrl.weights`): whole, checked (an engine that can stream buckets into
+        its model overrides this)."""
+        got, state = await asyncio.to_thread(read_version, directory)
+        await self._load(state, got)
 
     def load(self) -> EngineLoad:
         return EngineLoad(

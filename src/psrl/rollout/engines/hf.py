@@ -27,6 +27,7 @@ Across a weight update under partial rollout (``rollout.kv_after_update``):
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
@@ -35,6 +36,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from psrl.models.policy import Policy, left_pad, sample
 from psrl.rollout.engines.base import BatchingEngine
 from psrl.types import GenRequest, Sampling, WeightState
+from psrl.weights import check_version, read_buckets, read_manifest
 
 __all__ = ["HFEngine", "KV_MODES"]
 
@@ -84,6 +86,29 @@ class HFEngine(BatchingEngine):
         await asyncio.to_thread(self.policy.load_weights, state, version)
         if self.kv_after_update == "recompute":
             self._drop_all()
+
+    async def _load_directory(self, directory: Path, version: int) -> None:
+        """A published directory, bucket by bucket: every bucket checked first (a damaged version leaves the old
+        weights), then each loaded into the model as it is read, so at most one bucket is held beside the model."""
+        await asyncio.to_thread(self._stream, directory, version)
+        if self.kv_after_update == "recompute":
+            self._drop_all()
+
+    def _stream(self, directory: Path, version: int) -> None:
+        model = self.policy.model
+        names = {n for b in read_manifest(directory)["buckets"] for n in b["names"]}
+        have = set(model.state_dict())
+        if names != have:
+            raise ValueError(
+                f"{directory}: its tensors are not the engine's model's (missing {sorted(have - names)[:3]}, "
+                f"unknown {sorted(names - have)[:3]})"
+            )
+        got = check_version(directory)
+        if got != version:
+            raise ValueError(f"{directory} holds version {got}, not {version}")
+        for _, tensors in read_buckets(directory, check=False):
+            model.load_state_dict(tensors, strict=False)
+        self.policy.version = int(version)
 
     async def restart(self) -> None:
         """Start over after a failure: no cache, the same weights (the instance reloads the newest)."""

@@ -1,0 +1,209 @@
+"""How a version's weights scale (issue #33, acceptance): what the driver holds, what a rank holds above its shard while
+it publishes, and how long a sync takes against a plain copy of the same bytes -- at two model sizes, side by side.
+
+Models: Llama architectures built from ``transformers`` configs with random weights (nothing is downloaded) --
+``small``: SmolLM2-135M's shape (hidden 576, 30 layers, 9 / 3 heads, intermediate 1536, vocabulary 49152, tied);
+``large``: hidden 1024, 32 layers, 16 / 4 heads, intermediate 2816, the same vocabulary (~411M parameters).
+Each configuration (size x world size x transport) runs in a fresh process (its own peak RSS): the real
+:class:`psrl.train.Trainer` (rank processes at 2 ranks) publishes into where an ``hf`` engine of the driver's
+process reads (``files``: the ranks' ``weights/v{N}``; ``memory``: the in-process rank's tensors, world size 1
+only), after one training step on a small batch. It measures:
+
+* ``driver_ratio`` -- the driver's peak RSS (``VmHWM``) above its RSS once the config is loaded, over the model's
+  fp32 bytes. The driver builds the policy and one ``hf`` engine replica here, so ~2 is the floor of this
+  set-up (the allowance with ``hf`` is n_rollout_instances + 0.5 = 1.5 over the policy it trains at one rank);
+* ``rank_publish_excess`` -- each rank's peak RSS during the publish above its RSS before it, over its allowance
+  (one bucket + 10 % of its shard of parameters): <= 1 meets it (2 ranks);
+* ``sync_over_copy`` -- seconds from the optimiser step's end until the engine serves the version, over the seconds
+  of ``torch`` copying the same bytes (one ``copy_`` of a flat tensor) in the same process.
+
+vLLM (one server) and the collective transport are not run here (see the JSON line's ``not_run``). Ends with one
+JSON line: per configuration the figures, per figure its slope per GB of model from small to large, and the
+headline keys ``driver_weight_ratio_vllm`` (null: not run), ``rank_publish_excess_ratio``, ``sync_over_copy``.
+
+    python benchmarks/weights_scale.py                   # both sizes, 1 and 2 ranks (~10-20 min on 2 cores)
+    python benchmarks/weights_scale.py --sizes small     # the small size only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+SIZES = {
+    "small": dict(
+        hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536
+    ),
+    "large": dict(
+        hidden_size=1024, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816
+    ),
+}
+
+
+def build_llama(size: str, layers: int | None = None) -> torch.nn.Module:
+    """The ``size`` architecture with random weights (seed 0); ``layers`` overrides the depth (smoke tests)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = dict(SIZES[size])
+    if layers is not None:
+        shape["num_hidden_layers"] = layers
+    cfg = LlamaConfig(vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True, pad_token_id=2, **shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(cfg)
+
+
+def _batch(version: int, seqs: int = 4, prompt: int = 16, response: int = 16) -> Any:
+    from psrl.staleness import Batch
+    from psrl.types import Trajectory
+
+    g = torch.Generator().manual_seed(version)
+    groups = []
+    for k in range(seqs // 2):
+        group = []
+        for j in range(2):
+            p = torch.randint(3, 49152, (prompt,), generator=g).tolist()
+            r = torch.randint(3, 49152, (response,), generator=g).tolist()
+            lp = (-10.0 - torch.rand(response, generator=g)).tolist()
+            group.append(
+                Trajectory(f"{k}-{j}", f"g{k}", version, p, r, lp, [1] * response, [version] * response, float(j))
+            )
+        groups.append(group)
+    return Batch(version, groups, [f"b{k}" for k in range(len(groups))], [version] * len(groups))
+
+
+def _rss() -> dict[str, int]:
+    from psrl.train.worker import memory_status
+
+    return memory_status()
+
+
+def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | None) -> dict[str, Any]:
+    """One configuration, in this (fresh) process."""
+    torch.set_num_threads(1)
+    from psrl.config import AlgorithmConfig, TrainerConfig
+    from psrl.models import Policy
+    from psrl.rollout.engines.hf import HFEngine
+    from psrl.train import Trainer
+
+    base = _rss()["rss_bytes"]
+    model = build_llama(size, layers)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    policy = Policy(model, SimpleNamespace(pad_id=2), seed=0)
+    engine = HFEngine(policy.replica(seed=1))
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(
+            policy, AlgorithmConfig(), TrainerConfig(lr=1e-5), world, tmp, in_memory=transport == "memory",
+            keep=2, bucket_mb=bucket_mb,
+        )  # fmt: skip
+        try:
+            ranks = trainer.start()
+            trainer.publish(0)
+            asyncio.run(engine.update_weights(0, trainer.out))
+            trainer.step(_batch(0))
+            step_end = time.perf_counter()
+            before = ranks.call("usage", True)  # steady RSS, then a new high-water mark from here
+            pub = trainer.publish(1)
+            asyncio.run(engine.update_weights(1, trainer.out))
+            sync_s = time.perf_counter() - step_end
+            after = ranks.call("usage")
+        finally:
+            trainer.close()
+    src = torch.empty(model_bytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch of the pages: not measured
+    t0 = time.perf_counter()
+    dst.copy_(src)
+    copy_s = time.perf_counter() - t0
+    driver = _rss()
+    out: dict[str, Any] = {
+        "size": size,
+        "world": world,
+        "transport": transport,
+        "model_bytes": model_bytes,
+        "weights_bytes": pub["weights/bytes"],
+        "publish_s": pub["time/publish_s"],
+        "sync_s": sync_s,
+        "copy_s": copy_s,
+        "sync_over_copy": sync_s / copy_s,
+        "driver_ratio": (driver["peak_rss_bytes"] - base) / model_bytes,
+    }
+    if world > 1:
+        allowance = [bucket_mb * 2**20 + 0.1 * b["param_bytes"] for b in before]
+        excess = [a["peak_rss_bytes"] - b["rss_bytes"] for a, b in zip(after, before)]
+        out["rank_publish_excess_bytes"] = excess
+        out["rank_publish_excess"] = max(e / w for e, w in zip(excess, allowance))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="small,large")
+    p.add_argument("--worlds", default="1,2")
+    p.add_argument("--bucket-mb", type=float, default=64.0)
+    p.add_argument("--layers", type=int, default=None, help="override the depth of both sizes (smoke tests)")
+    p.add_argument("--one", nargs=3, metavar=("SIZE", "WORLD", "TRANSPORT"), help=argparse.SUPPRESS)
+    ns = p.parse_args(argv)
+    if ns.one:
+        size, world, transport = ns.one
+        print(json.dumps(one(size, int(world), transport, ns.bucket_mb, ns.layers)))
+        return 0
+    runs = []
+    for size in ns.sizes.split(","):
+        for world in (int(w) for w in ns.worlds.split(",")):
+            for transport in ("memory", "files") if world == 1 else ("files",):
+                cmd = [sys.executable, __file__, "--one", size, str(world), transport, "--bucket-mb", str(ns.bucket_mb)]
+                if ns.layers is not None:
+                    cmd += ["--layers", str(ns.layers)]
+                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    print(done.stderr[-3000:], file=sys.stderr)
+                    raise SystemExit(f"{size} at {world} rank(s), {transport}: exit {done.returncode}")
+                run = json.loads(done.stdout.strip().splitlines()[-1])
+                print(f"  {run}", file=sys.stderr, flush=True)
+                runs.append(run)
+
+    def pick(size: str, world: int, transport: str) -> dict[str, Any] | None:
+        return next((r for r in runs if (r["size"], r["world"], r["transport"]) == (size, world, transport)), None)
+
+    slopes: dict[str, Any] = {}
+    for world, transport in ((1, "memory"), (1, "files"), (2, "files")):
+        a, b = pick("small", world, transport), pick("large", world, transport)
+        if a and b:
+            gb = (b["model_bytes"] - a["model_bytes"]) / 2**30
+            slopes[f"{world}/{transport}"] = {
+                "driver_peak_gb_per_gb": (b["driver_ratio"] * b["model_bytes"] - a["driver_ratio"] * a["model_bytes"])
+                / 2**30
+                / gb,
+                "sync_s_per_gb": (b["sync_s"] - a["sync_s"]) / gb,
+            }
+    head = pick("large", 2, "files") or pick("small", 2, "files") or runs[-1]
+    print(
+        json.dumps(
+            {
+                "runs": runs,
+                "slopes": slopes,
+                "driver_weight_ratio_vllm": None,
+                "driver_weight_ratio_hf": head["driver_ratio"],
+                "rank_publish_excess_ratio": head.get("rank_publish_excess"),
+                "sync_over_copy": head["sync_over_copy"],
+                "headline": f"{head['size']} at {head['world']} ranks, {head['transport']}",
+                "bucket_mb": ns.bucket_mb,
+                "not_run": "vLLM engines and the collective transport (not built this round: see the issue's note)",
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
