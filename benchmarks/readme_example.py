@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BEGIN = "<!-- benchmarks/readme_example.py writes the block below from a real run; do not edit it by hand -->"
+BEGIN = "<!-- written from a real run by `nice -n 10 .venv/bin/python benchmarks/readme_example.py`; not by hand -->"
 END = "<!-- end of the example -->"
 DONE = re.compile(
     r"^done: (?P<steps>\d+) steps in [\d.]+s, reward (?P<first>[\d.]+) -> (?P<last>[\d.]+) .*"
