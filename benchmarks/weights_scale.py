@@ -97,7 +97,7 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
 
     base = _rss()["rss_bytes"]
     model = build_llama(size, layers)
-    model_bytes = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied tensors once
     policy = Policy(model, SimpleNamespace(pad_id=2), seed=0)
     engine = HFEngine(policy.replica(seed=1))
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from psrl.weights.format import BucketInfo, bucket_digest, finish_version, plan_buckets, version_digest, write_bucket
 
@@ -47,14 +47,40 @@ def iter_buckets(
         out: dict[str, torch.Tensor] = {}
         for name in names:
             t = state[name]
-            if isinstance(t, DTensor):  # a collective under FSDP; its result is a new tensor: no copy needed
-                full = t.full_tensor()
-                if mine:
+            if isinstance(t, DTensor):  # a collective under FSDP: gathered to the owner alone
+                full = _gather_to(t, b % world, mine)
+                if full is not None:
                     out[name] = full.detach().to("cpu", dtype=_cast(full, dtype))
                 del full
             elif mine:  # a plain module's live parameter: copied
                 out[name] = t.detach().to("cpu", dtype=_cast(t, dtype), copy=True)
         yield b, len(buckets), (out if mine else None)
+
+
+def _gather_to(t: DTensor, owner: int, mine: bool) -> torch.Tensor | None:
+    """The full tensor of ``t`` on rank ``owner`` (None elsewhere). FSDP2's dim-0 shards (``torch.chunk`` sizes) are
+    gathered straight into one buffer on the owner, so the owner holds the tensor once and the others only their
+    shard (``full_tensor()`` would all-gather it to every rank, and gloo's all-gather holds it twice); any other
+    placement falls back to ``full_tensor()`` (a collective on every rank)."""
+    mesh = t.device_mesh
+    placements = tuple(t.placements)
+    if mesh.ndim != 1 or len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim != 0:
+        full = t.full_tensor()
+        return full if mine else None
+    world = mesh.size()
+    rows = t.shape[0]
+    chunk = -(-rows // world)
+    local = t.to_local()
+    padded = torch.zeros((chunk, *t.shape[1:]), dtype=local.dtype, device=local.device)
+    padded[: local.shape[0]] = local
+    group = mesh.get_group()
+    dst = dist.get_global_rank(group, owner)
+    if not mine:
+        dist.gather(padded, None, dst=dst, group=group)
+        return None
+    full = torch.empty((chunk * world, *t.shape[1:]), dtype=local.dtype, device=local.device)
+    dist.gather(padded, list(full.split(chunk)), dst=dst, group=group)
+    return full[:rows]
 
 
 def publish_model(
