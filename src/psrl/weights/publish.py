@@ -59,28 +59,35 @@ def iter_buckets(
 
 def _gather_to(t: DTensor, owner: int, mine: bool) -> torch.Tensor | None:
     """The full tensor of ``t`` on rank ``owner`` (None elsewhere). FSDP2's dim-0 shards (``torch.chunk`` sizes) are
-    gathered straight into one buffer on the owner, so the owner holds the tensor once and the others only their
-    shard (``full_tensor()`` would all-gather it to every rank, and gloo's all-gather holds it twice); any other
-    placement falls back to ``full_tensor()`` (a collective on every rank)."""
+    sent to the owner, which receives each straight into its rows of one buffer: the owner holds the tensor once,
+    the others nothing more than their shard (``full_tensor()`` all-gathers to every rank, and gloo's collectives
+    stage through a second buffer). Any other placement falls back to ``full_tensor()`` (a collective on every
+    rank)."""
     mesh = t.device_mesh
     placements = tuple(t.placements)
-    if mesh.ndim != 1 or len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim != 0:
+    local = t.to_local()
+    world, rows = mesh.size(), t.shape[0]
+    chunk = -(-rows // world)
+    sizes = [max(0, min(chunk, rows - r * chunk)) for r in range(world)]
+    simple = mesh.ndim == 1 and len(placements) == 1 and isinstance(placements[0], Shard) and placements[0].dim == 0
+    if not simple or local.shape[0] != sizes[mesh.get_local_rank()]:
         full = t.full_tensor()
         return full if mine else None
-    world = mesh.size()
-    rows = t.shape[0]
-    chunk = -(-rows // world)
-    local = t.to_local()
-    padded = torch.zeros((chunk, *t.shape[1:]), dtype=local.dtype, device=local.device)
-    padded[: local.shape[0]] = local
     group = mesh.get_group()
-    dst = dist.get_global_rank(group, owner)
     if not mine:
-        dist.gather(padded, None, dst=dst, group=group)
+        if local.shape[0]:
+            dist.send(local.contiguous(), dst=dist.get_global_rank(group, owner), group=group)
         return None
-    full = torch.empty((chunk * world, *t.shape[1:]), dtype=local.dtype, device=local.device)
-    dist.gather(padded, list(full.split(chunk)), dst=dst, group=group)
-    return full[:rows]
+    full = torch.empty(tuple(t.shape), dtype=local.dtype, device=local.device)
+    for r, size in enumerate(sizes):
+        part = full[r * chunk : r * chunk + size]
+        if size == 0:
+            continue
+        if r == owner:
+            part.copy_(local)
+        else:
+            dist.recv(part, src=dist.get_global_rank(group, r), group=group)
+    return full
 
 
 def publish_model(
