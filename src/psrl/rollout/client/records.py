@@ -154,6 +154,9 @@ class Group:
     uid: str
     prompt: Prompt
     version: int
+    seed: int | None = None
+    """The group's stream seed (``trainer.seed`` and the group's number); member ``i`` samples from
+    ``stream_seed(seed, i)`` (:class:`psrl.rollout.serving.session.Session`)."""
     members: dict[int, Member] = field(default_factory=dict)
     next_idx: int = 0
     proactive: bool = False

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, WeightState
+from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, WeightState, stream_uniform
 
 if TYPE_CHECKING:
     from psrl.tasks.base import GenerateFn
@@ -34,6 +35,7 @@ __all__ = [
     "TokenModel",
     "TokenRate",
     "as_engine",
+    "row_uniforms",
     "turns",
 ]
 
@@ -48,8 +50,11 @@ class TokenModel(Protocol):
     version: int
     """The version of the weights it holds."""
 
-    def next_token(self, seqs: list[list[int]], temperature: float, top_p: float) -> tuple[list[int], list[float]]:
-        """The next token of every sequence and its log-prob."""
+    def next_token(
+        self, seqs: list[list[int]], temperature: float, top_p: float, uniforms: Sequence[float | None] | None = None
+    ) -> tuple[list[int], list[float]]:
+        """The next token of every sequence and its log-prob; a row with a number in ``uniforms`` draws its token
+        with it (:func:`row_uniforms`, :func:`psrl.models.policy.sample`), a model that does not sample ignores it."""
 
     def load_weights(self, state: WeightState, version: int) -> None:
         """Hold ``state`` as ``version``."""
@@ -257,11 +262,11 @@ class NoCacheEngine(BatchingEngine):
         return int(self.model.version)
 
     async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
-        seqs, sp = [r.context + r.tokens for r in rows], self.sampling
+        seqs, sp, us = [r.context + r.tokens for r in rows], self.sampling, row_uniforms(rows)
         fast = getattr(self.model, "anext_token", None)  # awaited; else next_token runs in a worker thread
         if fast is not None:
-            return await fast(seqs, sp.temperature, sp.top_p)
-        return await asyncio.to_thread(self.model.next_token, seqs, sp.temperature, sp.top_p)
+            return await fast(seqs, sp.temperature, sp.top_p, us)
+        return await asyncio.to_thread(self.model.next_token, seqs, sp.temperature, sp.top_p, us)
 
     async def _load(self, state: WeightState, version: int) -> None:
         fast = getattr(self.model, "aload_weights", None)
@@ -269,6 +274,14 @@ class NoCacheEngine(BatchingEngine):
             await fast(state, version)
         else:
             await asyncio.to_thread(self.model.load_weights, state, version)
+
+
+def row_uniforms(rows: Sequence[GenRequest]) -> list[float | None] | None:
+    """The number each row draws its next token with: ``stream_uniform(seed, tokens so far)`` of a seeded request
+    (:attr:`psrl.types.GenRequest.seed`), None for an unseeded one; None when no row is seeded."""
+    if all(r.seed is None for r in rows):
+        return None
+    return [None if r.seed is None else stream_uniform(r.seed, len(r.tokens)) for r in rows]
 
 
 def as_engine(model_or_engine: Engine | TokenModel, sampling: Sampling = Sampling()) -> Engine:

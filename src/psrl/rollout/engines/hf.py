@@ -33,7 +33,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from psrl.models.policy import Policy, left_pad, sample
-from psrl.rollout.engines.base import BatchingEngine
+from psrl.rollout.engines.base import BatchingEngine, row_uniforms
 from psrl.types import GenRequest, Sampling, WeightState
 
 __all__ = ["HFEngine", "KV_MODES"]
@@ -102,8 +102,9 @@ class HFEngine(BatchingEngine):
             logits.append(self._decode_cached())
         if joins:
             logits.append(self._prefill(joins))
+        sp = self.sampling  # logits are in _cached order (the joins were appended to it): so are the numbers
         toks, lps = sample(
-            torch.cat(logits, dim=0), self.sampling.temperature, self.sampling.top_p, self.policy.generator
+            torch.cat(logits, dim=0), sp.temperature, sp.top_p, self.policy.generator, row_uniforms(self._cached)
         )
         where = {id(r): i for i, r in enumerate(self._cached)}
         order = [where[id(r)] for r in rows]

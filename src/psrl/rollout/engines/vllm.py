@@ -55,7 +55,7 @@ from psrl.rollout.engines.vllm_http import (
 )
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
 from psrl.train.publish import MANIFEST
-from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource
+from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource, stream_seed
 
 if TYPE_CHECKING:
     import httpx
@@ -270,6 +270,8 @@ class VLLMEngine:
             "ignore_eos": True,
             "detokenize": False,
         }
+        if req.seed is not None:  # vLLM's per-request generator; a re-sent request continues from its tokens so far
+            params["seed"] = stream_seed(req.seed, base) if base else req.seed
         body = {
             "model": self.model_name,
             "request_id": self._sids[key],
