@@ -102,6 +102,7 @@ def trajectory_record(traj: Trajectory, status: str, consumed_version: int | Non
         "truncated": bool(traj.truncated),
         "gen_seconds": round(float(traj.gen_seconds), 6),
         "response_len": len(traj.response_ids),
+        "response_ids": list(traj.response_ids),
     }
     if consumed_version is not None:
         rec["consumed_version"] = int(consumed_version)
