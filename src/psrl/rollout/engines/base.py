@@ -21,10 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, WeightState, stream_uniform
+from psrl.types import (
+    Engine,
+    EngineLoad,
+    GenRequest,
+    Sampling,
+    WeightSource,
+    WeightState,
+    stream_seed,
+    stream_uniform,
+)
 
 if TYPE_CHECKING:
     from psrl.tasks.base import GenerateFn
@@ -291,14 +301,18 @@ def as_engine(model_or_engine: Engine | TokenModel, sampling: Sampling = Samplin
     return NoCacheEngine(model_or_engine, sampling=sampling)
 
 
-def turns(engine: Engine) -> GenerateFn:
+def turns(engine: Engine, seed: int | None = None) -> GenerateFn:
     """``generate(context_ids, max_new_tokens) -> Segment`` over ``engine``: what a task's ``run_episode`` calls for
     a model turn, when episodes run straight on an engine (validation, tests) rather than through the
-    coordinator's sessions (which add routing, sync and migration around the same call)."""
+    coordinator's sessions (which add routing, sync and migration around the same call). With ``seed`` (one
+    episode's), turn ``k`` samples from stream ``stream_seed(seed, k, 0)``, as a session's would."""
     from psrl.tasks.base import Segment
 
+    count = itertools.count()
+
     async def generate(context_ids: list[int], max_new_tokens: int) -> Segment:
-        req = await engine.generate(GenRequest(list(context_ids), int(max_new_tokens)))
+        own = None if seed is None else stream_seed(seed, next(count), 0)
+        req = await engine.generate(GenRequest(list(context_ids), int(max_new_tokens), seed=own))
         return Segment(req.tokens, req.logprobs, req.versions)
 
     return generate
