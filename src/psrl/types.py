@@ -1,7 +1,8 @@
 """Data and interfaces that cross layers: one trajectory, as the rollout side hands it to the trainer;
 the engine seam (:class:`Engine`, :class:`GenRequest`, :class:`EngineLoad`, :class:`Sampling`) a rollout
-instance drives, and the per-request random streams it samples from (:func:`stream_seed`, :func:`stream_uniform`); where published weights are read (:class:`WeightSource`); what the coordinator trains with
-(:class:`StepTrainer`) and writes to (:class:`Sink`).
+instance drives, and the per-request random streams it samples from (:func:`stream_seed`,
+:func:`stream_uniform`); where published weights are read (:class:`WeightSource`); what the coordinator trains
+with (:class:`StepTrainer`) and writes to (:class:`Sink`).
 
 Standard library only. Every field is plain data (picklable, JSON-able), so trajectories
 cross Ray processes and land in ``trajectories.jsonl`` unchanged.

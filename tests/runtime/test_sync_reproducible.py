@@ -2,9 +2,10 @@
 
 ``psrl train psrl.staleness=0 trainer.total_steps=20`` twice per seed, the second beside a CPU-bound process: the
 same ``reward/*`` rows and the same trajectories (every record of ``trajectories.jsonl``, its token ids
-included, all but the timing: wall seconds and which instance served it). What makes it so: every trajectory samples from its own stream (``GenRequest.seed``), so the
-engine's batching (thread timing) does not reach the tokens, and the trainer sees each batch in reservation
-order (``psrl.runtime.coordinator.canonical_order``), not in the order the groups happened to complete.
+included, all but the timing: wall seconds and which instance served it). What makes it so: every trajectory
+samples from its own stream (``GenRequest.seed``), so the engine's batching (thread timing) does not reach the
+tokens, and the trainer sees each batch in reservation order (``psrl.runtime.coordinator.canonical_order``),
+not in the order the groups happened to complete.
 Before, the rows parted from step 2 on.
 """
 

@@ -65,7 +65,8 @@ class AgentManager(ProactiveRemedies):
         manager: the :class:`psrl.staleness.StalenessManager`.
         pool: the :class:`psrl.rollout.serving.pool.InstancePool`.
         cfg: the run's config: ``psrl.*`` (group sizes, proactive filter), ``trainer.seed`` (the prompt stream, the
-            per-episode rngs, and each trajectory's sampling stream: group number and member index), ``task.reward_retries`` and ``task.reward_timeout``.
+            per-episode rngs, and each trajectory's sampling stream with its group number and member index),
+            ``task.reward_retries`` and ``task.reward_timeout``.
         workers: agent workers (trajectories generated at once).
         sink: gets one ``trajectory(record)`` call per trajectory that reached the manager.
         trainer: the trainer loop's idle state (the coordinator's), read by the proactive filter's head scope.

@@ -13,6 +13,10 @@ to float tolerance.
 Invariant: the cache of a running row holds ``context + tokens[:-1]``; its last sampled token
 is the next step's input.
 
+A request with a ``seed`` draws its ``i``-th token with ``stream_uniform(seed, i)`` (inverse-CDF, row by row:
+:func:`psrl.models.policy.sample`), so its tokens do not depend on the rows it shares a step with; an unseeded
+request draws from the policy's one generator, in batch order.
+
 Across a weight update under partial rollout (``rollout.kv_after_update``):
 
 * ``recompute`` (default): the cache is dropped and every kept request is prefilled again under
