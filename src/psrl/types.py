@@ -1,7 +1,8 @@
 """Data and interfaces that cross layers: one trajectory, as the rollout side hands it to the trainer;
 the engine seam (:class:`Engine`, :class:`GenRequest`, :class:`EngineLoad`, :class:`Sampling`) a rollout
-instance drives; where published weights are read (:class:`WeightSource`); what the coordinator trains with
-(:class:`StepTrainer`) and writes to (:class:`Sink`).
+instance drives, and the per-request random streams it samples from (:func:`stream_seed`,
+:func:`stream_uniform`); where published weights are read (:class:`WeightSource`); what the coordinator trains
+with (:class:`StepTrainer`) and writes to (:class:`Sink`).
 
 Standard library only. Every field is plain data (picklable, JSON-able), so trajectories
 cross Ray processes and land in ``trajectories.jsonl`` unchanged.
@@ -95,6 +96,39 @@ class GenRequest:
     """Why the engine failed this request (finish == "error")."""
     rid: str = ""
     """Engine-side request id (set by engines that need one)."""
+    seed: int | None = None
+    """Seed of this request's own random stream (:func:`stream_seed`): its ``i``-th generated token is drawn with
+    ``stream_uniform(seed, i)`` (``hf`` and the no-cache engine) or vLLM's per-request ``seed``, so what it samples
+    does not depend on which other requests it was batched with. None: the engine's shared generator (what it
+    samples then depends on the batch). A session derives it from ``trainer.seed``, the trajectory's identity
+    and the tokens of the turn so far (:class:`psrl.rollout.serving.session.Session`)."""
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """One step of SplitMix64 (Steele, Lea, Flood 2014): a bijective 64-bit mix, every input bit reaching every
+    output bit."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def stream_seed(*parts: int) -> int:
+    """A seed in ``[0, 2**63)`` that depends on every one of ``parts`` and on their order: how a random stream is
+    named by what it is for (``trainer.seed``, a group, a member, a turn, a token count) instead of by when it
+    was asked for. Pure, so a resumed or re-run process derives the same seeds (Python's ``hash`` is salted)."""
+    h = 0
+    for p in parts:
+        h = _splitmix64(h ^ (int(p) & _MASK64))
+    return h >> 1
+
+
+def stream_uniform(seed: int, index: int) -> float:
+    """The ``index``-th number of stream ``seed``: a float in ``[0, 1)`` with 53 random bits."""
+    return (stream_seed(seed, index) >> 10) / float(1 << 53)
 
 
 @dataclass(frozen=True)

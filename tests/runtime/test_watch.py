@@ -77,7 +77,7 @@ def test_validation_rows_every_val_every_steps_and_at_the_end(tmp_path):
 
 
 def test_validation_of_a_builtin_task_is_repeatable(tmp_path):
-    """Same weights, same validation: the sampler is reseeded and the policy's generator put back."""
+    """Same weights, same validation: every episode samples from its own stream; the policy's generator is untouched."""
     import asyncio
 
     from psrl.config import load_config
@@ -93,6 +93,47 @@ def test_validation_of_a_builtin_task_is_repeatable(tmp_path):
     assert {k: v for k, v in a.items() if k != "val/seconds"} == {k: v for k, v in b.items() if k != "val/seconds"}
     assert bool((policy.generator.get_state() == before).all())
     assert [p.text for p in task.val_prompts(8)] == [p.text for p in prompts]
+
+
+def test_validation_samples_do_not_depend_on_the_other_prompts_in_the_batch():
+    """Sampled validation of 8 prompts and of their first 3: the first 3 prompts' episodes have the same tokens
+    (each episode has its own stream, so its tokens do not depend on the requests it shared decode steps with);
+    another stream gives other tokens."""
+    import asyncio
+    from collections import Counter
+
+    from psrl.config import load_config
+    from psrl.runtime.validate import _scored
+    from psrl.train import build_task_and_policy
+
+    cfg = load_config(None, BUILTIN + ["task.name=arith"])
+    task, policy = build_task_and_policy(cfg)
+    prompts = task.val_prompts(8)
+
+    class Recording:
+        """The task, recording each episode's prompt and response tokens."""
+
+        def __init__(self, inner):
+            self.inner, self.seen = inner, Counter()
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        async def run_episode(self, prompt, generate, rng):
+            ep = await self.inner.run_episode(prompt, generate, rng)
+            self.seen[(prompt.uid, tuple(ep.response_ids))] += 1
+            return ep
+
+    def sampled(ps, stream):
+        rec = Recording(task)
+        asyncio.run(_scored(rec, policy, 1.0, 1.0, ps, 4, "val/sampled", stream))
+        return rec.seen
+
+    first3 = {p.uid for p in prompts[:3]}
+    every = sampled(prompts, 11)
+    alone = sampled(prompts[:3], 11)
+    assert alone == Counter({k: n for k, n in every.items() if k[0] in first3}) and sum(alone.values()) == 12
+    assert sampled(prompts[:3], 12) != alone
 
 
 def test_a_terminal_gets_a_progress_bar_instead_of_lines(tmp_path):

@@ -21,14 +21,14 @@ tests check against it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Policy", "build_policy", "resolve_device", "sample", "left_pad"]
+__all__ = ["Policy", "build_policy", "resolve_device", "sample", "inverse_cdf", "left_pad"]
 
 
 class Policy:
@@ -47,19 +47,23 @@ class Policy:
 
     @torch.no_grad()
     def next_token(
-        self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0
+        self,
+        seqs: list[list[int]],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        uniforms: Sequence[float | None] | None = None,
     ) -> tuple[list[int], list[float]]:
         """One decode step for a batch of variable-length sequences: (sampled tokens, their log-probs).
 
         Sequences are left-padded with an attention mask and position ids that count only real
-        tokens, so each row sees exactly what it would see alone.
+        tokens, so each row sees exactly what it would see alone. ``uniforms``: as :func:`sample`.
         """
         if not seqs:
             return [], []
         ids, mask = left_pad(seqs, self.pad_id, self.device)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         logits = self._forward(ids, mask, pos, last_only=True)[:, -1, :]
-        return sample(logits, temperature, top_p, self.generator)
+        return sample(logits, temperature, top_p, self.generator, uniforms)
 
     def generate(
         self,
@@ -157,21 +161,49 @@ class Policy:
 
 
 def sample(
-    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator
+    logits: Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator,
+    uniforms: Sequence[float | None] | None = None,
 ) -> tuple[list[int], list[float]]:
     """Sample one token per row of ``[B, vocab]`` logits: (tokens, log-probs of the tempered full distribution).
 
     Every engine of this process samples here, so the recorded behaviour log-prob is the formula
     the trainer recomputes (:meth:`Policy.sequence_logprobs`).
+
+    ``uniforms`` (one per row, in ``[0, 1)``) makes each row's draw its own: the row takes the token where its
+    number falls in its cumulative distribution (inverse-CDF sampling), so what a row samples depends on its
+    logits and its number only, not on the other rows (:attr:`psrl.types.GenRequest.seed`). Rows without one
+    (None) draw theirs from ``generator``; with no ``uniforms`` at all, every row is drawn from ``generator``
+    by ``torch.multinomial``.
     """
     logp = F.log_softmax(logits.float() / _temp(temperature), dim=-1)
     if temperature <= 0:
         tokens = logp.argmax(dim=-1)
     else:
         probs = _nucleus(logp.exp(), top_p).cpu()
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(logp.device)
+        if uniforms is None or all(u is None for u in uniforms):
+            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        else:
+            u = [
+                x if x is not None else float(torch.rand((), generator=generator, dtype=torch.float64))
+                for x in uniforms
+            ]
+            tokens = inverse_cdf(probs, u)
+        tokens = tokens.to(logp.device)
     chosen = logp.gather(1, tokens[:, None]).squeeze(1)
     return tokens.tolist(), chosen.tolist()
+
+
+def inverse_cdf(probs: Tensor, uniforms: Sequence[float]) -> Tensor:
+    """Per row of ``[B, vocab]`` (unnormalised) probabilities, the first token whose cumulative mass exceeds the
+    row's number times the row's total: a draw from the row's distribution when the number is uniform. Sums in
+    float64, row by row, so a row's token does not depend on the others; a zero-probability token is never taken.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    target = torch.tensor(list(uniforms), dtype=torch.float64)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 def _temp(temperature: float) -> float:

@@ -82,9 +82,14 @@ class FakeEngine:
         return tok
 
     def next_token(
-        self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0
+        self,
+        seqs: list[list[int]],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        uniforms: Sequence[float | None] | None = None,
     ) -> tuple[list[int], list[float]]:
-        """Tokens of every row; the log-prob encodes the version (``-1 - version / 100``) for tests."""
+        """Tokens of every row; the log-prob encodes the version (``-1 - version / 100``) for tests. Nothing is
+        sampled, so ``uniforms`` is not read."""
         self.calls += 1
         self.rows += len(seqs)
         if self.record:
@@ -93,7 +98,11 @@ class FakeEngine:
         return toks, [-1.0 - self.version / 100.0] * len(seqs)
 
     async def anext_token(
-        self, seqs: list[list[int]], temperature: float = 1.0, top_p: float = 1.0
+        self,
+        seqs: list[list[int]],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        uniforms: Sequence[float | None] | None = None,
     ) -> tuple[list[int], list[float]]:
         """``next_token`` after ``step_cost + len(seqs) * token_cost`` seconds of (virtual) time."""
         cost = self.step_cost + self.token_cost * len(seqs)
@@ -101,7 +110,7 @@ class FakeEngine:
             self.times.append(asyncio.get_running_loop().time())
         if cost > 0:
             await asyncio.sleep(cost)
-        return self.next_token(seqs, temperature, top_p)
+        return self.next_token(seqs, temperature, top_p, uniforms)
 
     def load_weights(self, state: WeightState, version: int) -> None:
         self.loads += 1

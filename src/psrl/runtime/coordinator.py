@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, Trajectory,
 if TYPE_CHECKING:
     from psrl.config import Config
 
-__all__ = ["Coordinator", "TrainerWait", "build_staleness_manager", "batch_metrics"]
+__all__ = ["Coordinator", "TrainerWait", "build_staleness_manager", "batch_metrics", "canonical_order"]
 
 
 def build_staleness_manager(
@@ -187,7 +188,7 @@ class Coordinator:
                 self.idle.begin(self.manager.train_version, loop.time())
                 self.agents.after_change()  # the trainer waits now: the proactive filter's head scope may act
                 try:
-                    batch = await self._next_batch(dispatcher)
+                    batch = canonical_order(await self._next_batch(dispatcher))
                 finally:
                     self.idle.end()
                 await self._train_on(batch, on_step)
@@ -345,6 +346,29 @@ class Coordinator:
         for k, v in metrics.items():
             row.setdefault(k, v)
         return row
+
+
+def canonical_order(batch: Batch) -> Batch:
+    """``batch`` with its groups in reservation order (entry ids, which the staleness manager hands out in
+    increasing order) and each group's trajectories in member order (their uids, numbers compared as numbers).
+
+    ``consume`` gives groups in occupy order and members in completion order, which is how the engines' timing
+    happened to fall; the trainer sees this order instead, so a run whose trajectories do not depend on timing
+    (a synchronous one, :attr:`psrl.types.GenRequest.seed`) trains on the same batch, summed in the same order,
+    however busy the machine was. The staleness manager's own order is left as its spec says.
+    """
+    order = sorted(range(len(batch.groups)), key=lambda i: _natural(str(batch.entries[i])))
+    return Batch(
+        batch.version,
+        [sorted(batch.groups[i], key=lambda t: _natural(str(getattr(t, "uid", "")))) for i in order],
+        [batch.entries[i] for i in order],
+        [batch.group_versions[i] for i in order],
+    )
+
+
+def _natural(text: str) -> tuple:
+    """Sort key comparing the digit runs of ``text`` as numbers: ``g2-10`` after ``g2-9``, entry ``10`` after ``9``."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def batch_metrics(version: int, trajs: Sequence[Trajectory]) -> dict[str, float]:

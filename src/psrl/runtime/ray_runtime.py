@@ -49,8 +49,8 @@ class EngineWorker:
         self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update, sampling=sampling_of(cfg, task))
         self.reqs: dict[str, GenRequest] = {}
 
-    async def generate(self, rid: str, context: list[int], max_new_tokens: int) -> tuple:
-        req = GenRequest(list(context), int(max_new_tokens), rid=rid)
+    async def generate(self, rid: str, context: list[int], max_new_tokens: int, seed: int | None = None) -> tuple:
+        req = GenRequest(list(context), int(max_new_tokens), rid=rid, seed=seed)
         self.reqs[rid] = req
         try:
             await self.engine.generate(req)
@@ -109,7 +109,9 @@ class RayEngine:
         req.rid = req.rid or f"r{next(self._ids)}"
         self._running[req.rid] = req
         try:
-            toks, lps, vers, finish, error = await self.actor.generate.remote(req.rid, req.context, req.max_new_tokens)
+            toks, lps, vers, finish, error = await self.actor.generate.remote(
+                req.rid, req.context, req.max_new_tokens, req.seed
+            )
         except asyncio.CancelledError:
             self.abort(req)
             raise

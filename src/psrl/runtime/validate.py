@@ -5,8 +5,9 @@ Writes ``val/accuracy`` (greedy answers' ``acc``), ``val/reward`` (their ``score
 Episodes run batched through the rollout engine of ``rollout.engine: hf``
 (:class:`~psrl.rollout.engines.hf.HFEngine`, over the trainer's own weights) and
 :func:`~psrl.tasks.base.compute_reward`, as in training, with tool latencies off (they measure the
-tool, not the policy). The sampler is seeded the same at every validation and the
-policy's own generator is put back afterwards, so validating does not change training.
+tool, not the policy). Every episode samples from its own stream (``trainer.seed``, the pass, the prompt's
+place and the sample's index: :attr:`psrl.types.GenRequest.seed`), so a validation's numbers do not depend on
+how its requests were batched; the policy's own generator is untouched, so validating does not change training.
 
 A reward that raises during validation scores 0 and is counted in ``val/failed``: validation
 reports, it does not stop a run.
@@ -27,20 +28,23 @@ from typing import Any
 from psrl.rollout.engines.base import turns
 from psrl.rollout.engines.hf import HFEngine
 from psrl.tasks.base import compute_reward
-from psrl.types import Sampling
+from psrl.types import Sampling, stream_seed
 
 __all__ = ["validate", "validate_blocking"]
 
 log = logging.getLogger(__name__)
 
 
-async def _scores(task, engine: HFEngine, prompts: list, k: int, seed: str) -> tuple[list[list[dict]], int]:
-    """``k`` reward dicts per prompt (``{}`` for a failed one), and how many failed."""
+async def _scores(
+    task, engine: HFEngine, prompts: list, k: int, seed: str, stream: int
+) -> tuple[list[list[dict]], int]:
+    """``k`` reward dicts per prompt (``{}`` for a failed one), and how many failed; sample ``i`` of prompt ``j``
+    samples from ``stream_seed(stream, j, i)``."""
     failed = 0
-    generate = turns(engine)
 
-    async def one(p, i: int) -> dict:
+    async def one(p, j: int, i: int) -> dict:
         nonlocal failed
+        generate = turns(engine, stream_seed(stream, j, i))
         ep = await task.run_episode(p, generate, random.Random(f"{seed}/{p.uid}/{i}"))
         try:
             return await compute_reward(task, p, ep)
@@ -49,16 +53,16 @@ async def _scores(task, engine: HFEngine, prompts: list, k: int, seed: str) -> t
             log.warning("validation reward failed on %s: %r", p.uid, e)
             return {}
 
-    flat = await asyncio.gather(*[one(p, i) for p in prompts for i in range(k)])
+    flat = await asyncio.gather(*[one(p, j, i) for j, p in enumerate(prompts) for i in range(k)])
     return [list(flat[j * k : (j + 1) * k]) for j in range(len(prompts))], failed
 
 
 async def _scored(
-    task, policy, temperature: float, top_p: float, prompts: list, k: int, seed: str
+    task, policy, temperature: float, top_p: float, prompts: list, k: int, seed: str, stream: int
 ) -> tuple[list[list[dict]], int]:
     engine = HFEngine(policy, sampling=Sampling(temperature, top_p, frozenset(task.stop_ids)))
     try:
-        return await _scores(task, engine, prompts, k, seed)
+        return await _scores(task, engine, prompts, k, seed, stream)
     finally:
         await engine.close()
 
@@ -68,14 +72,11 @@ async def validate(
 ) -> dict[str, float]:
     """The ``val/*`` metrics of ``policy`` on ``prompts``."""
     started = time.perf_counter()
-    saved = policy.generator.get_state()
-    policy.generator.manual_seed(int(seed))
-    try:
-        with _no_tool_latency(task):
-            greedy, f1 = await _scored(task, policy, 0.0, top_p, prompts, 1, "val/greedy")
-            sampled, f2 = await _scored(task, policy, temperature, top_p, prompts, val_n, "val/sampled")
-    finally:
-        policy.generator.set_state(saved)
+    with _no_tool_latency(task):
+        greedy, f1 = await _scored(task, policy, 0.0, top_p, prompts, 1, "val/greedy", stream_seed(seed, 0))
+        sampled, f2 = await _scored(
+            task, policy, temperature, top_p, prompts, val_n, "val/sampled", stream_seed(seed, 1)
+        )
     n = max(len(prompts), 1)
     return {
         "val/accuracy": sum(g[0].get("acc", g[0].get("score", 0.0)) for g in greedy) / n,

@@ -44,7 +44,7 @@ from psrl.rollout.serving.session import Session
 from psrl.rollout.types import InFlight
 from psrl.staleness import Batch, SnapshotEntry, StalenessManager, StaleVersionError, Status
 from psrl.tasks.base import Episode, Task, episode_to_trajectory
-from psrl.types import Sink, Trajectory, segment_versions
+from psrl.types import Sink, Trajectory, segment_versions, stream_seed
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -64,8 +64,9 @@ class AgentManager(ProactiveRemedies):
         task: a :class:`psrl.tasks.Task` (``sample_prompt``, ``run_episode``, ``reward``).
         manager: the :class:`psrl.staleness.StalenessManager`.
         pool: the :class:`psrl.rollout.serving.pool.InstancePool`.
-        cfg: the run's config: ``psrl.*`` (group sizes, proactive filter), ``trainer.seed`` (the prompt stream and
-            the per-episode rngs), ``task.reward_retries`` and ``task.reward_timeout``.
+        cfg: the run's config: ``psrl.*`` (group sizes, proactive filter), ``trainer.seed`` (the prompt stream, the
+            per-episode rngs, and each trajectory's sampling stream with its group number and member index),
+            ``task.reward_retries`` and ``task.reward_timeout``.
         workers: agent workers (trajectories generated at once).
         sink: gets one ``trajectory(record)`` call per trajectory that reached the manager.
         trainer: the trainer loop's idle state (the coordinator's), read by the proactive filter's head scope.
@@ -101,7 +102,8 @@ class AgentManager(ProactiveRemedies):
         pf = p.proactive_filter_strategy
         self.proactive = ProactiveFilter(self, pf.method, pf.threshold, scope=pf.scope, grace=pf.grace, trainer=trainer)
         self.sink = sink
-        self.rng = random.Random(cfg.trainer.seed)
+        self.seed = int(cfg.trainer.seed)
+        self.rng = random.Random(self.seed)
         self.counts = Counts()
         self.failed_in_a_row = 0
         self.max_failed_in_a_row = max(32, 4 * self.redundant_group_size)
@@ -153,7 +155,7 @@ class AgentManager(ProactiveRemedies):
 
     def _start_group(self, eid: Hashable, version: int) -> None:
         prompt = self.task.sample_prompt(self.rng)
-        g = Group(eid, f"g{self.next_group}", prompt, version)
+        g = Group(eid, f"g{self.next_group}", prompt, version, seed=stream_seed(self.seed, self.next_group))
         self.next_group += 1
         self.counts.groups += 1
         self.groups[eid] = g
@@ -174,7 +176,8 @@ class AgentManager(ProactiveRemedies):
 
     async def _member(self, g: Group, m: Member, rng: random.Random) -> None:
         m.started = asyncio.get_running_loop().time()
-        m.session = session = Session(self.pool, g.version, g.prompt.ids, group=g.uid)
+        seed = None if g.seed is None else stream_seed(g.seed, m.idx)
+        m.session = session = Session(self.pool, g.version, g.prompt.ids, group=g.uid, seed=seed)
         episode = await self._retried(g, m, "episode", lambda: self.task.run_episode(g.prompt, session.generate, rng))
         if episode is None:
             return

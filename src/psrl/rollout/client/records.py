@@ -102,6 +102,7 @@ def trajectory_record(traj: Trajectory, status: str, consumed_version: int | Non
         "truncated": bool(traj.truncated),
         "gen_seconds": round(float(traj.gen_seconds), 6),
         "response_len": len(traj.response_ids),
+        "response_ids": list(traj.response_ids),
     }
     if consumed_version is not None:
         rec["consumed_version"] = int(consumed_version)
@@ -154,6 +155,9 @@ class Group:
     uid: str
     prompt: Prompt
     version: int
+    seed: int | None = None
+    """The group's stream seed (``trainer.seed`` and the group's number); member ``i`` samples from
+    ``stream_seed(seed, i)`` (:class:`psrl.rollout.serving.session.Session`)."""
     members: dict[int, Member] = field(default_factory=dict)
     next_idx: int = 0
     proactive: bool = False

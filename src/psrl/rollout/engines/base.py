@@ -21,10 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from psrl.types import Engine, EngineLoad, GenRequest, Sampling, WeightSource, WeightState
+from psrl.types import (
+    Engine,
+    EngineLoad,
+    GenRequest,
+    Sampling,
+    WeightSource,
+    WeightState,
+    stream_seed,
+    stream_uniform,
+)
 from psrl.weights import VersionDirectories, read_version
 
 if TYPE_CHECKING:
@@ -36,6 +47,7 @@ __all__ = [
     "TokenModel",
     "TokenRate",
     "as_engine",
+    "row_uniforms",
     "turns",
 ]
 
@@ -50,8 +62,11 @@ class TokenModel(Protocol):
     version: int
     """The version of the weights it holds."""
 
-    def next_token(self, seqs: list[list[int]], temperature: float, top_p: float) -> tuple[list[int], list[float]]:
-        """The next token of every sequence and its log-prob."""
+    def next_token(
+        self, seqs: list[list[int]], temperature: float, top_p: float, uniforms: Sequence[float | None] | None = None
+    ) -> tuple[list[int], list[float]]:
+        """The next token of every sequence and its log-prob; a row with a number in ``uniforms`` draws its token
+        with it (:func:`row_uniforms`, :func:`psrl.models.policy.sample`), a model that does not sample ignores it."""
 
     def load_weights(self, state: WeightState, version: int) -> None:
         """Hold ``state`` as ``version``."""
@@ -268,11 +283,11 @@ class NoCacheEngine(BatchingEngine):
         return int(self.model.version)
 
     async def _decode(self, rows: list[GenRequest]) -> tuple[list[int], list[float]]:
-        seqs, sp = [r.context + r.tokens for r in rows], self.sampling
+        seqs, sp, us = [r.context + r.tokens for r in rows], self.sampling, row_uniforms(rows)
         fast = getattr(self.model, "anext_token", None)  # awaited; else next_token runs in a worker thread
         if fast is not None:
-            return await fast(seqs, sp.temperature, sp.top_p)
-        return await asyncio.to_thread(self.model.next_token, seqs, sp.temperature, sp.top_p)
+            return await fast(seqs, sp.temperature, sp.top_p, us)
+        return await asyncio.to_thread(self.model.next_token, seqs, sp.temperature, sp.top_p, us)
 
     async def _load(self, state: WeightState, version: int) -> None:
         fast = getattr(self.model, "aload_weights", None)
@@ -282,6 +297,14 @@ class NoCacheEngine(BatchingEngine):
             await asyncio.to_thread(self.model.load_weights, state, version)
 
 
+def row_uniforms(rows: Sequence[GenRequest]) -> list[float | None] | None:
+    """The number each row draws its next token with: ``stream_uniform(seed, tokens so far)`` of a seeded request
+    (:attr:`psrl.types.GenRequest.seed`), None for an unseeded one; None when no row is seeded."""
+    if all(r.seed is None for r in rows):
+        return None
+    return [None if r.seed is None else stream_uniform(r.seed, len(r.tokens)) for r in rows]
+
+
 def as_engine(model_or_engine: Engine | TokenModel, sampling: Sampling = Sampling()) -> Engine:
     """An engine as is; a bare :class:`TokenModel` wrapped in a :class:`NoCacheEngine` with ``sampling``."""
     if isinstance(model_or_engine, Engine):
@@ -289,14 +312,18 @@ def as_engine(model_or_engine: Engine | TokenModel, sampling: Sampling = Samplin
     return NoCacheEngine(model_or_engine, sampling=sampling)
 
 
-def turns(engine: Engine) -> GenerateFn:
+def turns(engine: Engine, seed: int | None = None) -> GenerateFn:
     """``generate(context_ids, max_new_tokens) -> Segment`` over ``engine``: what a task's ``run_episode`` calls for
     a model turn, when episodes run straight on an engine (validation, tests) rather than through the
-    coordinator's sessions (which add routing, sync and migration around the same call)."""
+    coordinator's sessions (which add routing, sync and migration around the same call). With ``seed`` (one
+    episode's), turn ``k`` samples from stream ``stream_seed(seed, k, 0)``, as a session's would."""
     from psrl.tasks.base import Segment
 
+    count = itertools.count()
+
     async def generate(context_ids: list[int], max_new_tokens: int) -> Segment:
-        req = await engine.generate(GenRequest(list(context_ids), int(max_new_tokens)))
+        own = None if seed is None else stream_seed(seed, next(count), 0)
+        req = await engine.generate(GenRequest(list(context_ids), int(max_new_tokens), seed=own))
         return Segment(req.tokens, req.logprobs, req.versions)
 
     return generate

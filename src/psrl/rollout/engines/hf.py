@@ -13,6 +13,10 @@ to float tolerance.
 Invariant: the cache of a running row holds ``context + tokens[:-1]``; its last sampled token
 is the next step's input.
 
+A request with a ``seed`` draws its ``i``-th token with ``stream_uniform(seed, i)`` (inverse-CDF, row by row:
+:func:`psrl.models.policy.sample`), so its tokens do not depend on the rows it shares a step with; an unseeded
+request draws from the policy's one generator, in batch order.
+
 Across a weight update under partial rollout (``rollout.kv_after_update``):
 
 * ``recompute`` (default): the cache is dropped and every kept request is prefilled again under
@@ -34,7 +38,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from psrl.models.policy import Policy, left_pad, sample
-from psrl.rollout.engines.base import BatchingEngine
+from psrl.rollout.engines.base import BatchingEngine, row_uniforms
 from psrl.types import GenRequest, Sampling, WeightState
 from psrl.weights import check_version, read_buckets, read_manifest
 
@@ -127,8 +131,9 @@ class HFEngine(BatchingEngine):
             logits.append(self._decode_cached())
         if joins:
             logits.append(self._prefill(joins))
+        sp = self.sampling  # logits are in _cached order (the joins were appended to it): so are the numbers
         toks, lps = sample(
-            torch.cat(logits, dim=0), self.sampling.temperature, self.sampling.top_p, self.policy.generator
+            torch.cat(logits, dim=0), sp.temperature, sp.top_p, self.policy.generator, row_uniforms(self._cached)
         )
         where = {id(r): i for i, r in enumerate(self._cached)}
         order = [where[id(r)] for r in rows]

@@ -54,7 +54,7 @@ from psrl.rollout.engines.vllm_http import (
     span_versions,
 )
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
-from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource
+from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource, stream_seed
 from psrl.weights import VersionDirectories
 
 if TYPE_CHECKING:
@@ -250,6 +250,8 @@ class VLLMEngine:
             "ignore_eos": True,
             "detokenize": False,
         }
+        if req.seed is not None:  # vLLM's per-request generator; a re-sent request continues from its tokens so far
+            params["seed"] = stream_seed(req.seed, base) if base else req.seed
         body = {
             "model": self.model_name,
             "request_id": self._sids[key],

@@ -181,13 +181,14 @@ class RolloutInstance:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, context: list[int], max_new_tokens: int, v_min: int) -> InstanceRequest:
-        """Queue a generation; await ``req.future``. ``v_min`` (the trajectory's V_traj) must not exceed the version."""
+    def submit(self, context: list[int], max_new_tokens: int, v_min: int, seed: int | None = None) -> InstanceRequest:
+        """Queue a generation; await ``req.future``. ``v_min`` (the trajectory's V_traj) must not exceed the version;
+        ``seed``: the request's own random stream (:attr:`psrl.types.GenRequest.seed`)."""
         if v_min > self.version:
             raise ValueError(f"instance {self.index} holds version {self.version} < V_traj {v_min}")
         if self.max_new_tokens is not None:
             max_new_tokens = min(int(max_new_tokens), int(self.max_new_tokens))
-        req = InstanceRequest(list(context), int(max_new_tokens), int(v_min))
+        req = InstanceRequest(list(context), int(max_new_tokens), int(v_min), seed=seed)
         if req.max_new_tokens <= 0:
             req.finish = "length"
             req.future.set_result(req)

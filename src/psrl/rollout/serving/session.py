@@ -8,6 +8,12 @@ failed engine), the session continues it as a new request -- context plus the to
 remaining budget, the same ``V_traj`` -- on whichever eligible instance the router picks (never the
 one migration moved it off while another will do); ``instances`` then lists more than one instance.
 
+Every request samples from its own random stream (:attr:`psrl.types.GenRequest.seed`), named by the
+trajectory's seed (``trainer.seed`` and its identity: group and member), the turn, and the tokens the turn
+already has: a request continued after an interruption gets the stream of that point, so a trajectory samples
+the same tokens whichever requests it shares an engine with, and a continuation is as reproducible as the
+interruption that caused it.
+
 The session also keeps a running copy of the response (model tokens, tool tokens inferred from
 the growing context, and the tokens of the request in flight), so the proactive ``truncate``
 filter can force-complete a trajectory with its partial output after cancelling the episode.
@@ -20,6 +26,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from psrl.tasks.base import Episode, Segment
+from psrl.types import stream_seed
 
 if TYPE_CHECKING:
     from psrl.rollout.serving.instance import InstanceRequest, RolloutInstance
@@ -31,8 +38,14 @@ __all__ = ["Session"]
 class Session:
     """Generation for one trajectory of ``V_traj = instance.version`` at open time."""
 
-    def __init__(self, pool: Pool, v_min: int, prompt_ids: list[int], group: Hashable | None = None):
+    def __init__(
+        self, pool: Pool, v_min: int, prompt_ids: list[int], group: Hashable | None = None, seed: int | None = None
+    ):
         self.pool = pool
+        self.seed = seed
+        """The trajectory's stream seed (None: the engines' shared generators, batch-dependent samples)."""
+        self.turn = 0
+        """Model turns (``generate`` calls) begun so far."""
         self.instance = pool.route(v_min, group)
         self.instance.attach()
         self.v_traj = self.instance.version
@@ -50,10 +63,12 @@ class Session:
             self._move(self.pool.route(self.v_traj))
         seg = Segment()
         remaining = int(max_new_tokens)
+        turn, self.turn = self.turn, self.turn + 1
         moved = None  # a request migration interrupted: it has landed once its rest is submitted here
         try:
             while remaining > 0:
-                req = self.instance.submit(list(context_ids) + seg.tokens, remaining, self.v_traj)
+                seed = None if self.seed is None else stream_seed(self.seed, turn, len(seg.tokens))
+                req = self.instance.submit(list(context_ids) + seg.tokens, remaining, self.v_traj, seed)
                 if moved is not None:
                     self.pool.landed(moved)
                     moved = None
