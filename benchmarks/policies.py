@@ -36,11 +36,16 @@ import json
 import math
 import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 
 from psrl.sim import Result, Workload, simulate
 from psrl.sim.report import best_at, format_frontier, frontier, plot
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results as stored  # noqa: E402
 
 SIGMAS = (0.5, 1.0, 1.5)
 SETTINGS = ("gen-bound", "balanced", "trainer-bound", "sync-balanced")
@@ -194,18 +199,20 @@ def reference_table(steps: int, seed: int) -> dict:
     return out
 
 
-def model_vs_real(results: dict, steps: int, seed: int) -> None:
-    """The psrl model next to psrl train's real coordinator (virtual time) on the same workloads, eta = 2."""
+def model_vs_real(results: dict, steps: int, seed: int) -> list[dict]:
+    """The psrl model next to psrl train's real coordinator (virtual time) on the same workloads, eta = 2; the pairs."""
     checks = [
         ("psrl, sigma 0.5, no redundancy", 0.5, "psrl", {}),
         ("psrl, sigma 0.5, B'=1.25B", 0.5, "psrl B'=1.25B", {"redundant_batch_size": 20}),
         ("psrl, sigma 1.0, B'=1.5B", 1.0, "psrl B'=1.5B", {"redundant_batch_size": 24}),
     ]
+    pairs = []
     for setting in ("balanced", "sync-balanced"):
         print(f"model vs real (eta = 2, {setting}; model = the psrl policy, real = psrl train's coordinator):")
         for text, sigma, label, changes in checks:
             r = results[(sigma, setting, label)]
             real = simulate(workload(sigma, setting, steps, seed=seed, **changes), "coordinator")
+            pairs.append({"case": text, "setting": setting, "model": r.to_json(), "real": real.to_json()})
             print(
                 f"  {text:<32} ratio model {r.ratio_to_ideal:.3f} real {real.ratio_to_ideal:.3f}  "
                 f"(violations {r.violations}/{real.violations}, wasted {r.wasted_fraction:.3f}, "
@@ -218,6 +225,7 @@ def model_vs_real(results: dict, steps: int, seed: int) -> None:
         f"length_bias in [{min(r.length_bias for r in no_red):.3f}, {max(r.length_bias for r in no_red):.3f}]"
     )
     print()
+    return pairs
 
 
 def _knob_runs(label, policy, changes, knob, sigma, steps, seed) -> list[Result]:
@@ -460,6 +468,9 @@ def main(argv: list[str]) -> int:
         help="with --markdown: add the head-truncate column measured on psrl train's coordinator (virtual time; "
         "about 10 s per run) and print the model-vs-real agreement for every seed (one JSON line)",
     )
+    ap.add_argument(
+        "--results", type=Path, default=None, help="store the reference table's runs here (with the command)"
+    )
     ns = ap.parse_args(argv)
     steps = 12 if ns.quick else ns.steps
     seeds = [int(x) for x in ns.seeds.split(",") if x.strip()]
@@ -484,7 +495,10 @@ def main(argv: list[str]) -> int:
         return 0
     t0 = time.perf_counter()
     results = reference_table(steps, seeds[0])
-    model_vs_real(results, steps, seeds[0])
+    pairs = model_vs_real(results, steps, seeds[0])
+    if ns.results:  # the reference table's runs and the model-vs-real pairs (docs/simulate.md renders them)
+        reference = [{"sigma": k[0], "setting": k[1], "label": k[2], **asdict(r)} for k, r in results.items()]
+        stored.write(ns.results, {"steps": steps, "seed": seeds[0], "reference": reference, "model_vs_real": pairs})
     verdicts = frontier_section(steps, seeds[:1] if ns.quick else seeds, ns.plot)
     million_s = million() if ns.million else None
     print(f"({time.perf_counter() - t0:.1f} s)")
