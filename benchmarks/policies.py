@@ -391,40 +391,46 @@ def head_agreement(results: list[Result], family: dict[str, str], sigma: float, 
     return out
 
 
-def markdown_frontier(steps: int, seed: int, measured: bool = False) -> list[dict]:
-    """The frontier tables of docs/simulate.md: ratio to ideal of each family's best point with true max
-    staleness <= s (s = 0..4), with its discarded fraction d and length bias b when they are not 0 / 1.
-    ``measured``: with the head-truncate column measured on psrl train's coordinator, and the agreement."""
+def frontier_table(results: list[Result], family: dict[str, str], min_length_bias: float) -> str:
+    """One frontier table of docs/simulate.md: ratio to ideal of each family's best point with true max staleness
+    <= s (s = 0..4), with its discarded fraction d and length bias b when they are not 0 / 1."""
+    plain = [r for r in results if r.policy == "psrl"]
+    fr = frontier(plain + _relabel(results, family), min_length_bias)
+    names = list(fr)
+    lines = ["| s | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for s in ACCEPT_S:
+        cells = []
+        for n in names:
+            pt = best_at(fr[n], s)
+            if pt is None:
+                cells.append("-")
+                continue
+            r = pt.result
+            cell = f"{r.ratio_to_ideal:.2f}"
+            if r.discarded_fraction >= 0.005 or r.length_bias < 0.995:
+                cell += f" (d {r.discarded_fraction:.2f}, b {r.length_bias:.2f})"
+            if "best config" in n or "tuned" in n or "head" in n:
+                cell += f" {_config(r).replace('psrl ', '').replace(' (coordinator)', '')}"
+            cells.append(cell)
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_frontier(steps: int, seed: int, measured: bool = False, store: list | None = None) -> list[dict]:
+    """The frontier tables of docs/simulate.md (``frontier_table``) for each sigma, without and with a length-bias
+    floor of 0.95. ``measured``: with the head-truncate column measured on psrl train's coordinator, and the
+    agreement. ``store``: each sigma's runs and families are appended to it (``--results``)."""
     agreement = []
     for sigma in ACCEPT_SIGMAS:
         results, family = frontier_runs(sigma, steps, seed, measured)
+        if store is not None:
+            store.append({"sigma": sigma, "family": family, "runs": [asdict(r) for r in results]})
         if measured:
             agreement.append(head_agreement(results, family, sigma, seed))
-        by_family = _relabel(results, family)
-        plain = [r for r in results if r.policy == "psrl"]
         for mlb in (0.0, 0.95):
-            fr = frontier(plain + by_family, mlb)
-            names = list(fr)
             cond = "any length bias" if mlb == 0 else f"length_bias >= {mlb:g}"
             print(f"sigma {sigma}, {cond} (ratio to ideal; d = discarded fraction, b = length bias):\n")
-            print("| s | " + " | ".join(names) + " |")
-            print("|---|" + "---|" * len(names))
-            for s in ACCEPT_S:
-                cells = []
-                for n in names:
-                    pt = best_at(fr[n], s)
-                    if pt is None:
-                        cells.append("-")
-                        continue
-                    r = pt.result
-                    cell = f"{r.ratio_to_ideal:.2f}"
-                    if r.discarded_fraction >= 0.005 or r.length_bias < 0.995:
-                        cell += f" (d {r.discarded_fraction:.2f}, b {r.length_bias:.2f})"
-                    if "best config" in n or "tuned" in n or "head" in n:
-                        cell += f" {_config(r).replace('psrl ', '').replace(' (coordinator)', '')}"
-                    cells.append(cell)
-                print(f"| {s} | " + " | ".join(cells) + " |")
-            print()
+            print(frontier_table(results, family, mlb) + "\n")
     return agreement
 
 
@@ -475,7 +481,10 @@ def main(argv: list[str]) -> int:
     steps = 12 if ns.quick else ns.steps
     seeds = [int(x) for x in ns.seeds.split(",") if x.strip()]
     if ns.markdown:
-        agreement = markdown_frontier(steps, seeds[0], ns.measured)
+        store: list[dict] = []
+        agreement = markdown_frontier(steps, seeds[0], ns.measured, store)
+        if ns.results:  # every frontier run of the first seed, with its family (docs/simulate.md renders the tables)
+            stored.write(ns.results, {"steps": steps, "seed": seeds[0], "measured": ns.measured, "frontier": store})
         if ns.measured:
             for seed in seeds[1:]:
                 for sigma in ACCEPT_SIGMAS:
