@@ -163,9 +163,13 @@ def certify(runs: list[dict], correction: str, delta: float, alpha: float, min_s
         for name, metric in METRICS.items():
             diffs = [metric(arm[s]) - metric(sync[s]) for s in seeds]
             row[name] = {"mean": statistics.fmean(diffs) if diffs else None, "lower": paired_lower_bound(diffs, alpha)}
-        row["passes"] = len(seeds) >= min_seeds and all(
-            row[m]["lower"] is not None and row[m]["lower"] > -delta for m in METRICS
-        )
+        row["fails_on"] = [f"{len(seeds)} seeds paired with sync, fewer than {min_seeds}"] * (len(seeds) < min_seeds)
+        row["fails_on"] += [
+            f"{m} lower bound {signed(row[m]['lower'])} not above -{delta:g}"
+            for m in METRICS
+            if row[m]["lower"] is None or row[m]["lower"] <= -delta
+        ]
+        row["passes"] = not row["fails_on"]
         rows.append(row)
     certified = None
     if len(sync) >= min_seeds:
@@ -187,12 +191,17 @@ def certify(runs: list[dict], correction: str, delta: float, alpha: float, min_s
 
 
 def verdict(cert: dict) -> str:
-    """The certificate in one sentence, saying why when there is none."""
+    """The certificate in one sentence, with why the first failing staleness fails."""
     if cert["certified"] is None:
         return f"no certificate: sync has {len(cert['sync_seeds'])} seeds, fewer than {cert['min_seeds']}"
     if cert["certified"] == 0:
-        return f"no staleness above 0 is certified at this margin (delta {cert['delta']:g})"
-    return f"staleness {cert['certified']} is certified (every staleness run up to it passes)"
+        out = f"no staleness above 0 is certified at this margin (delta {cert['delta']:g})"
+    else:
+        out = f"staleness {cert['certified']} is certified (every staleness run up to it passes)"
+    failing = next((r for r in cert["rows"] if not r["passes"]), None)
+    if failing is not None:
+        out += f"; staleness {failing['staleness']} fails: " + "; ".join(failing["fails_on"])
+    return out
 
 
 def signed(x: float | None) -> str:

@@ -102,6 +102,7 @@ def test_an_arm_short_of_seeds_fails_even_when_its_seeds_match():
     runs = arm("default", 0, SYNC) + arm("default", 1, SYNC[:4]) + arm("default", 2, SYNC)
     cert = certify(runs, "default", 0.05, 0.05)
     assert [r["passes"] for r in cert["rows"]] == [False, True] and cert["certified"] == 0
+    assert verdict(cert).endswith("staleness 1 fails: 4 seeds paired with sync, fewer than 5")
 
 
 def test_both_metrics_must_pass():
