@@ -94,17 +94,17 @@ def main() -> None:
                     "sigma": sigma,
                     "setting": setting,
                     "seed": seed,
-                    "fixed_steps_per_hour": [round(r.steps_per_hour, 1) for r in fixed],
+                    "fixed_steps_per_hour": [r.steps_per_hour for r in fixed],
                     "inside_limits": ok,
                     "best_bound": best,
-                    "adaptive_steps_per_hour": round(ad.steps_per_hour, 1),
-                    "adaptive_bound_mean": round(ad.extra["staleness/bound"], 2),
+                    "adaptive_steps_per_hour": ad.steps_per_hour,
+                    "adaptive_bound_mean": ad.extra["staleness/bound"],
                     "adaptive_inside_limits": inside_limits(ad.extra, limits),
-                    "ratio": round(ad.steps_per_hour / ref, 4),
+                    "ratio": ad.steps_per_hour / ref,
                 }
                 if co is not None:
-                    row["coordinator_steps_per_hour"] = round(co.steps_per_hour, 1)
-                    row["coordinator_ratio"] = round(co.steps_per_hour / ref, 4)
+                    row["coordinator_steps_per_hour"] = co.steps_per_hour
+                    row["coordinator_ratio"] = co.steps_per_hour / ref
                 rows.append(row)
                 print(format_row(row), flush=True)
     print(FOOTER)
