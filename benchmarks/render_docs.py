@@ -199,10 +199,32 @@ def simulate_adaptive_result() -> str:
     )
 
 
+def simulate_routing() -> str:
+    """docs/simulate.md's routing table (``benchmarks/routing.py``): per method and queue, means over the seeds;
+    the ratio to ``round_robin`` without the queue is taken per seed, then averaged (the largest in bold)."""
+    runs = stored.read("simulate_routing")["runs"]
+    base = {r["seed"]: r["steps_per_hour"] for r in runs if r["method"] == "round_robin" and not r["mlq"]}
+    cells: dict[tuple[str, bool], list[dict]] = {}
+    for r in runs:
+        cells.setdefault((r["method"], r["mlq"]), []).append(r)
+    ratio = {k: statistics.fmean(r["steps_per_hour"] / base[r["seed"]] for r in rs) for k, rs in cells.items()}
+    rows = []
+    for (method, mlq), rs in cells.items():
+        x = f"{ratio[(method, mlq)]:.3f}x"
+        rows.append(
+            [method, "on" if mlq else "off", f"{statistics.fmean(r['steps_per_hour'] for r in rs):.1f}"]
+            + [f"**{x}**" if ratio[(method, mlq)] == max(ratio.values()) else x]
+            + [f"{statistics.fmean(r['staleness_mean'] for r in rs):.2f} / {max(r['staleness_max'] for r in rs)}"]
+        )
+    header = ["routing method", "multi-level queue", "steps/hour", "vs round_robin", "staleness mean / max"]
+    return _table(header, rows)
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "simulate-reference": simulate_reference,
     "simulate-model-vs-real": simulate_model_vs_real,
     "simulate-adaptive": simulate_adaptive,
+    "simulate-routing": simulate_routing,
     "simulate-adaptive-result": simulate_adaptive_result,
     **{
         f"simulate-frontier-{str(sigma).replace('.', '')}-{tag}": functools.partial(simulate_frontier, sigma, mlb)
