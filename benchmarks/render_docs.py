@@ -220,11 +220,36 @@ def simulate_routing() -> str:
     return _table(header, rows)
 
 
+def simulate_head_scope() -> str:
+    """docs/simulate.md's head-scope runs (``benchmarks/head_scope_real.py``): measured against both replays, the
+    audit, then the errors' spread in one sentence."""
+    data = stored.read("simulate_head_scope")
+    rows = []
+    for r in data["runs"]:
+        rows.append(
+            [str(r["seed"]), f"{r['measured_s_per_step']:.3f}"]
+            + [f"{r[k + 'predicted_s_per_step']:.3f} ({100 * r[k + 'error']:+.1f} %)" for k in ("", "coordinator_")]
+            + [str(r["trained"]), str(r["truncated"]), str(r["max_staleness"]), str(r["violations"])]
+        )
+    eta = data["runs"][0]["eta"]
+    header = ["seed", "measured s/step", "`psrl` model", "real coordinator", "trained", "truncated"]
+    header += [f"max staleness (bound {eta})", "violations"]
+    err = data["error"]
+    sentence = (
+        f"Error of the `psrl` model {100 * err['mean']:+.1f} % +- {100 * err['std']:.1f} % (worst of both "
+        f"{100 * data['worst_abs_error']:.1f} %, the acceptance allows {100 * data['tolerance']:.0f} %), audit "
+        f"{'clean' if data['audit_clean'] else 'NOT clean'}; {data['seconds'] / 60:.0f} min for the "
+        f"{len(data['runs'])} runs on the shared 2-core CPU."
+    )
+    return _table(header, rows) + "\n" + sentence + "\n"
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "simulate-reference": simulate_reference,
     "simulate-model-vs-real": simulate_model_vs_real,
     "simulate-adaptive": simulate_adaptive,
     "simulate-routing": simulate_routing,
+    "simulate-head-scope": simulate_head_scope,
     "simulate-adaptive-result": simulate_adaptive_result,
     **{
         f"simulate-frontier-{str(sigma).replace('.', '')}-{tag}": functools.partial(simulate_frontier, sigma, mlb)
