@@ -40,7 +40,7 @@ Workloads:
 
 Usage: ``python benchmarks/learning.py [--workload agentic|smollm2] [--steps N] [--seeds 1 2 3]
 [--staleness 0 1 2 4] [--corrections default m2po ess_lr] [--correction-staleness 4 8]
-[--val-every K] [--out DIR] [--figure PNG] [key=value ...]``; the measured table and figure are in ``docs/learning.md``.
+[--val-every K] [--out DIR] [--figure PNG] [--delta D] [--alpha A] [--min-seeds N] [--results FILE] [key=value ...]``; the measured table and figure are in ``docs/learning.md``.
 """
 
 from __future__ import annotations
