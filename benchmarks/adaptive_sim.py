@@ -35,6 +35,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policies import SETTINGS, workload  # noqa: E402
 
 
+def header(ceiling: int) -> str:
+    """The table's header line (the table is ``header`` then one ``format_row`` per workload and seed)."""
+    return (
+        f"{'sigma':>5} {'setting':<13} {'seed':>4}  {'steps/h at fixed bound 0..' + str(ceiling):<44}"
+        f" {'best in':>7} {'psrl+ad':>8} {'bound':>5} {'ratio':>6} {'coord+ad':>8} {'ratio':>6}"
+    )
+
+
+def format_row(row: dict) -> str:
+    """One workload and seed: steps/h per fixed bound (``*``: outside the limits), the best bound inside them, the
+    controller's steps/h, mean bound and ratio in the ``psrl`` and (when run) ``coordinator`` policies."""
+    ok = row["inside_limits"]
+    fx = " ".join(f"{v:7.0f}{'' if s in ok else '*'}" for s, v in enumerate(row["fixed_steps_per_hour"]))
+    coord = ""
+    if "coordinator_ratio" in row:
+        coord = f"{row['coordinator_steps_per_hour']:8.0f} {row['coordinator_ratio']:6.3f}"
+    return (
+        f"{row['sigma']:>5} {row['setting']:<13} {row['seed']:>4}  {fx:<44} {row['best_bound']:>7} "
+        f"{row['adaptive_steps_per_hour']:>8.0f} {row['adaptive_bound_mean']:>5.2f} {row['ratio']:>6.3f} {coord}"
+    )
+
+
+FOOTER = "(* = run-mean divergence outside the limits; ratio = controller steps/h / best-in-limits fixed bound's)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 7])
@@ -42,6 +67,7 @@ def main() -> None:
     ap.add_argument("--ceiling", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--no-coordinator", action="store_true", help="skip the coordinator policy (faster)")
+    ap.add_argument("--results", type=Path, default=None, help="store the rows and the command here")
     ap.add_argument("overrides", nargs="*", help="psrl.adaptive_staleness.* / sim.divergence.* overrides")
     ns = ap.parse_args()
     base = Workload.from_config(load_config(None, ["psrl.adaptive_staleness.enable=true", *ns.overrides]))
@@ -52,11 +78,7 @@ def main() -> None:
         f"limits: ess >= {limits.ess_min}, m2 <= {limits.m2_max}, kl <= {limits.kl_max}; every {limits.every}, "
         f"idle_frac {limits.idle_frac}, min {limits.min}, start {limits.start}; divergence model {model}; ceiling {ns.ceiling}"
     )
-    head = (
-        f"{'sigma':>5} {'setting':<13} {'seed':>4}  {'steps/h at fixed bound 0..' + str(ns.ceiling):<44}"
-        f" {'best in':>7} {'psrl+ad':>8} {'bound':>5} {'ratio':>6} {'coord+ad':>8} {'ratio':>6}"
-    )
-    print(head)
+    print(header(ns.ceiling))
     for sigma in ns.sigmas:
         for setting in SETTINGS:
             for seed in ns.seeds:
@@ -72,24 +94,20 @@ def main() -> None:
                     "sigma": sigma,
                     "setting": setting,
                     "seed": seed,
-                    "fixed_steps_per_hour": [round(r.steps_per_hour, 1) for r in fixed],
+                    "fixed_steps_per_hour": [r.steps_per_hour for r in fixed],
                     "inside_limits": ok,
                     "best_bound": best,
-                    "adaptive_steps_per_hour": round(ad.steps_per_hour, 1),
-                    "adaptive_bound_mean": round(ad.extra["staleness/bound"], 2),
+                    "adaptive_steps_per_hour": ad.steps_per_hour,
+                    "adaptive_bound_mean": ad.extra["staleness/bound"],
                     "adaptive_inside_limits": inside_limits(ad.extra, limits),
-                    "ratio": round(ad.steps_per_hour / ref, 4),
+                    "ratio": ad.steps_per_hour / ref,
                 }
                 if co is not None:
-                    row["coordinator_ratio"] = round(co.steps_per_hour / ref, 4)
+                    row["coordinator_steps_per_hour"] = co.steps_per_hour
+                    row["coordinator_ratio"] = co.steps_per_hour / ref
                 rows.append(row)
-                fx = " ".join(f"{r.steps_per_hour:7.0f}{'' if s in ok else '*'}" for s, r in enumerate(fixed))
-                coord = "" if co is None else f"{co.steps_per_hour:8.0f} {co.steps_per_hour / ref:6.3f}"
-                print(
-                    f"{sigma:>5} {setting:<13} {seed:>4}  {fx:<44} {best:>7} {ad.steps_per_hour:>8.0f} "
-                    f"{ad.extra['staleness/bound']:>5.2f} {row['ratio']:>6.3f} {coord}"
-                )
-    print("(* = run-mean divergence outside the limits; ratio = controller steps/h / best-in-limits fixed bound's)")
+                print(format_row(row), flush=True)
+    print(FOOTER)
     ratios = [r["ratio"] for r in rows]
     co_ratios = [r["coordinator_ratio"] for r in rows if "coordinator_ratio" in r]
     summary = {
@@ -106,6 +124,10 @@ def main() -> None:
         "seconds": round(time.perf_counter() - t0, 1),
         "rows": rows,
     }
+    if ns.results:
+        import results as stored
+
+        stored.write(ns.results, summary)
     print(json.dumps(summary))
 
 

@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--nocache-tokens", type=int, default=32)
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--repeats", type=int, default=1, help="hf and hf_shared in turn this many times (medians)")
+    ap.add_argument("--results", type=Path, default=None, help="store the per-engine figures and the command here")
     args = ap.parse_args()
     _in_netns()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -179,20 +180,24 @@ def main() -> None:
     targets = {"hf_over_nocache": 5.0, "hf_seeded_over_shared": 0.95, "hf_over_vllm": 0.5, "vllm_over_vllm_raw": 0.8}
     for k, v in ratios.items():
         print(f"  {k:20s} {v:6.2f}  (target >= {targets[k]}: {'met' if v >= targets[k] else 'NOT met'})")
-    print(
-        json.dumps(
-            {
-                "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
-                "seconds": {k: round(v, 2) for k, v in secs.items()},
-                "ratios": {k: round(v, 3) for k, v in ratios.items()},
-                "requests": n,
-                "new_tokens": budget,
-                "nocache_tokens": args.nocache_tokens,
-                "repeats": args.repeats,
-                "model": "SmolLM2-135M-Instruct fp32",
-            }
-        )
-    )
+    summary = {
+        "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
+        "seconds": {k: round(v, 2) for k, v in secs.items()},
+        "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        "targets": targets,
+        "requests": n,
+        "new_tokens": budget,
+        "nocache_tokens": args.nocache_tokens,
+        "repeats": args.repeats,
+        "prompt_tokens": [min(map(len, ctxs)), max(map(len, ctxs))],
+        "model": "SmolLM2-135M-Instruct fp32",
+    }
+    if args.results:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import results as stored
+
+        stored.write(args.results, summary)
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", type=Path, default=None, help="where the runs go (default: a new temporary directory)")
     ap.add_argument("--tolerance", type=float, default=0.10)
+    ap.add_argument("--results", type=Path, default=None, help="store the per-run figures and the command here")
     ap.add_argument("overrides", nargs="*", help="dotted key=value config overrides for every run")
     ns = ap.parse_args(argv)
     root = ns.out or Path(tempfile.mkdtemp(prefix="head-scope-"))
@@ -135,21 +136,24 @@ def main(argv: list[str] | None = None) -> int:
         f"{cerr['mean']:+.1%} +- {cerr['std']:.1%}; worst {worst:.1%} "
         f"(tolerance {ns.tolerance:.0%}); audit {'clean' if clean else 'NOT clean'}  (runs: {root})"
     )
-    print(
-        json.dumps(
-            {
-                "seeds": ns.seeds,
-                "steps": ns.steps,
-                "config": HEAD + ns.overrides,
-                "runs": rows,
-                "error": err,
-                "coordinator_error": cerr,
-                "worst_abs_error": worst,
-                "tolerance": ns.tolerance,
-                "audit_clean": clean,
-            }
-        )
-    )
+    summary = {
+        "seeds": ns.seeds,
+        "steps": ns.steps,
+        "config": HEAD + ns.overrides,
+        "runs": rows,
+        "error": err,
+        "coordinator_error": cerr,
+        "worst_abs_error": worst,
+        "tolerance": ns.tolerance,
+        "audit_clean": clean,
+        "seconds": time.perf_counter() - started,
+    }
+    if ns.results:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import results as stored
+
+        stored.write(ns.results, summary)
+    print(json.dumps(summary))
     return 0 if worst <= ns.tolerance and clean else 1
 
 

@@ -11,8 +11,9 @@ trainer's weights are copied aside, and after the run each copy is validated
 (:func:`psrl.runtime.validate.validate`: greedy ``val/accuracy``, ``val/pass@k``) outside the
 timed loop, so validating does not slow the run it measures.
 
-A run counts only if it reached its staleness (its largest ``staleness/max`` equals the bound) and
-ran at least 4 x staleness steps; the others are listed and left out of the figures. Each run's
+A run is "counted" in the table only if it reached its staleness (its largest ``staleness/max``
+equals the bound) and ran at least 4 x staleness steps; the others are listed and left out of the
+table's figures, but not out of the certificate (``learning_report.certify``), where every run counts. Each run's
 record is written as ``OUT/<correction>-staleness<k>-seed<s>.json``, and a later invocation on the
 same ``--out`` reads it instead of running again, so a long plan can be made in stages.
 
@@ -20,9 +21,12 @@ Printed: one line per run, then a table per (correction, staleness) over the cou
 validation accuracy mean, std and min-max; seconds per step and speedup over sync of the same
 seed; the wall-clock time to reach sync's final mean accuracy, with how many seeds did; the run
 means of ``divergence/ess``, ``divergence/m2`` and ``divergence/kl``; the realised
-``staleness/max``), the runs that did not count, the largest staleness within one std of sync's
-final accuracy per correction, one figure (``--figure``, default ``OUT/learning.png``) and, last, one JSON line (it also
-holds measured vs ``psrl simulate``'s seconds per step, as ``sync_vs_async.py`` computes them).
+``staleness/max``), the runs that did not count, the certificate per correction (its rule, each
+staleness's paired differences with sync and their lower bounds; ``--delta``, ``--alpha``,
+``--min-seeds``), one figure (``--figure``, default ``OUT/learning.png``) and, last, one JSON line (it
+also holds measured vs ``psrl simulate``'s seconds per step, as ``sync_vs_async.py`` computes them).
+``--results FILE`` writes every run's record, the settings and the command to ``FILE`` (the stored
+results under ``docs/results/`` that ``benchmarks/render_docs.py`` renders into ``docs/learning.md``).
 
 Workloads:
 
@@ -36,7 +40,7 @@ Workloads:
 
 Usage: ``python benchmarks/learning.py [--workload agentic|smollm2] [--steps N] [--seeds 1 2 3]
 [--staleness 0 1 2 4] [--corrections default m2po ess_lr] [--correction-staleness 4 8]
-[--val-every K] [--out DIR] [--figure PNG] [key=value ...]``; the measured table and figure are in ``docs/learning.md``.
+[--val-every K] [--out DIR] [--figure PNG] [--delta D] [--alpha A] [--min-seeds N] [--results FILE] [key=value ...]``; the measured table and figure are in ``docs/learning.md``.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning_report import draw, print_table, summarise, summarise_run, within_one_std  # noqa: E402
+import results as stored  # noqa: E402
+from learning_report import certify, draw, print_certificates, print_table, summarise, summarise_run  # noqa: E402
 from psrl.config import load_config  # noqa: E402
 from psrl.heap import return_freed_memory  # noqa: E402
 from psrl.runtime.local import build  # noqa: E402
@@ -155,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--val-every", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None, help="run root (default: a new temporary directory)")
     ap.add_argument("--figure", type=Path, default=None, help="where to draw the figure (default: OUT/learning.png)")
+    ap.add_argument("--delta", type=float, default=0.05, help="the certificate's margin on accuracy")
+    ap.add_argument("--alpha", type=float, default=0.05, help="the certificate's one-sided paired-t level")
+    ap.add_argument("--min-seeds", type=int, default=5, help="fewer seeds paired with sync: no certificate")
+    ap.add_argument("--results", type=Path, default=None, help="write every run's record and the command here")
     ap.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
     args = ap.parse_args(argv)
     return_freed_memory()  # as psrl train does: SmolLM2's runs otherwise grow past 20 GB (psrl/heap.py)
@@ -201,9 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     all_runs = [r for runs in results.values() for r in runs]
     print_table(summary, all_runs)
-    parity = {corr: within_one_std(summary, corr) for corr in summary}
-    for corr, eta in parity.items():
-        print(f"{corr}: largest staleness within one std of sync's final validation accuracy: {eta}")
+    certs = {corr: certify(all_runs, corr, args.delta, args.alpha, args.min_seeds) for corr in summary}
+    print_certificates(certs)
+    if args.results:  # every run, counted or not, and the settings the certificate was made with
+        settings = {"workload": args.workload, "steps": args.steps, "seeds": args.seeds, "val_every": args.val_every}
+        rule = {"delta": args.delta, "alpha": args.alpha, "min_seeds": args.min_seeds}
+        stored.write(args.results, {**settings, "overrides": args.overrides, **rule, "runs": all_runs})
     figure = args.figure or root / "learning.png"
     draw(results, summary, figure)
     print(f"figure: {figure}  (run directories: {root})")
@@ -213,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 "workload": args.workload,
                 "steps": args.steps,
                 "seeds": args.seeds,
-                "max_staleness_within_one_std_of_sync": parity,
+                "certified_staleness": {corr: cert["certified"] for corr, cert in certs.items()},
                 "not_counted": [
                     [r["correction"], r["seed"], r["staleness"], r["realised_max"]]
                     for r in all_runs

@@ -85,16 +85,143 @@ def summarise(runs: list[dict], sync_final: float, sync_sps: dict[int, float]) -
     }
 
 
-def within_one_std(summary: dict[str, dict], correction: str) -> int | None:
-    """The largest staleness of ``correction`` whose counted mean final accuracy is within one std of sync's
-    (default corrections, staleness 0); None when no staleness of it is."""
-    sync = summary["default"]["0"]["val_accuracy"]
-    best = None
-    for eta, cell in summary[correction].items():
-        a = cell["val_accuracy"]
-        if a["n"] and abs(a["mean"] - sync["mean"]) <= sync["std"] + 1e-12:
-            best = max(best or 0, int(eta))
-    return best
+def _incomplete_beta(x: float, a: float, b: float) -> float:
+    """The regularised incomplete beta function I_x(a, b): its continued fraction (Numerical Recipes' ``betacf``,
+    modified Lentz), on the side of the symmetry I_x(a, b) = 1 - I_(1-x)(b, a) where it converges fast."""
+    if x <= 0.0 or x >= 1.0:
+        return max(0.0, min(1.0, x))
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _incomplete_beta(1.0 - x, b, a)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    c, d = 1.0, 1.0 / (1.0 - (a + b) * x / (a + 1))
+    h = d
+    for m in range(1, 200):
+        even = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        odd = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        for num in (even, odd):
+            d = 1.0 / (1.0 + num * d)
+            c = 1.0 + num / c
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return front * h / a
+
+
+def student_t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom: bisection on its upper tail
+    P(T > t) = I_x(df/2, 1/2) / 2 with x = df / (df + t^2). Standard library only; checked against tables."""
+    lo, hi = 0.0, 1e4
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if _incomplete_beta(df / (df + mid * mid), df / 2, 0.5) / 2 > 1 - p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def paired_lower_bound(diffs: list[float], alpha: float) -> float | None:
+    """One-sided (1 - alpha) lower confidence bound of the mean of paired differences (paired t); None below 2."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    return statistics.fmean(diffs) - student_t_quantile(1 - alpha, n - 1) * statistics.stdev(diffs) / math.sqrt(n)
+
+
+def final_accuracy(run: dict) -> float:
+    """The run's last validation accuracy."""
+    return run["vals"][-1]["val/accuracy"]
+
+
+def last_quarter_accuracy(run: dict) -> float:
+    """Mean validation accuracy over the run's last quarter: the validations at step >= 3/4 of its last step."""
+    last = run["vals"][-1]["step"]
+    return statistics.fmean(v["val/accuracy"] for v in run["vals"] if v["step"] >= 0.75 * last)
+
+
+METRICS = {"final": final_accuracy, "last_quarter": last_quarter_accuracy}
+RULE = (
+    "certified: the largest staleness such that every staleness run at or below it passes; passes: at least "
+    "{min_seeds} seeds paired with sync (the default corrections at staleness 0) on the same seeds, and for both "
+    "the final validation accuracy and the mean over the run's last quarter, the one-sided {level:g} % paired-t "
+    "lower confidence bound of (run - sync) is above -{delta:g}; every run counts, also one that never reached "
+    "its bound"
+)
+
+
+def certify(runs: list[dict], correction: str, delta: float, alpha: float, min_seeds: int = 5) -> dict:
+    """The certificate of ``correction`` over ``runs`` (run records, every one: none is left out for not reaching
+    its bound). ``certified`` is None when sync has fewer than ``min_seeds`` seeds (no certificate), else the
+    largest staleness whose every run staleness at or below it passes (0: none above sync does)."""
+    sync = {r["seed"]: r for r in runs if r["correction"] == "default" and r["staleness"] == 0}
+    etas = sorted({r["staleness"] for r in runs if r["correction"] == correction and r["staleness"] > 0})
+    rows = []
+    for eta in etas:
+        arm = {r["seed"]: r for r in runs if r["correction"] == correction and r["staleness"] == eta}
+        seeds = sorted(set(arm) & set(sync))
+        row: dict = {"staleness": eta, "seeds": seeds, "below_bound": sum(not r["counted"] for r in arm.values())}
+        for name, metric in METRICS.items():
+            diffs = [metric(arm[s]) - metric(sync[s]) for s in seeds]
+            row[name] = {"mean": statistics.fmean(diffs) if diffs else None, "lower": paired_lower_bound(diffs, alpha)}
+        row["fails_on"] = [f"{len(seeds)} seeds paired with sync, fewer than {min_seeds}"] * (len(seeds) < min_seeds)
+        row["fails_on"] += [
+            f"{m} lower bound {signed(row[m]['lower'])} not above -{delta:g}"
+            for m in METRICS
+            if row[m]["lower"] is None or row[m]["lower"] <= -delta
+        ]
+        row["passes"] = not row["fails_on"]
+        rows.append(row)
+    certified = None
+    if len(sync) >= min_seeds:
+        certified = 0
+        for row in rows:  # ascending: the first failure ends it, whatever passes above
+            if not row["passes"]:
+                break
+            certified = row["staleness"]
+    return {
+        "correction": correction,
+        "certified": certified,
+        "sync_seeds": sorted(sync),
+        "rows": rows,
+        "delta": delta,
+        "alpha": alpha,
+        "min_seeds": min_seeds,
+        "rule": RULE.format(min_seeds=min_seeds, level=100 * (1 - alpha), delta=delta),
+    }
+
+
+def verdict(cert: dict) -> str:
+    """The certificate in one sentence, with why the first failing staleness fails."""
+    if cert["certified"] is None:
+        return f"no certificate: sync has {len(cert['sync_seeds'])} seeds, fewer than {cert['min_seeds']}"
+    if cert["certified"] == 0:
+        out = f"no staleness above 0 is certified at this margin (delta {cert['delta']:g})"
+    else:
+        out = f"staleness {cert['certified']} is certified (every staleness run up to it passes)"
+    failing = next((r for r in cert["rows"] if not r["passes"]), None)
+    if failing is not None:
+        out += f"; staleness {failing['staleness']} fails: " + "; ".join(failing["fails_on"])
+    return out
+
+
+def signed(x: float | None) -> str:
+    """``+0.012`` / ``-0.250``; ``-`` for no value (no seed, or one)."""
+    return "-" if x is None else f"{x:+.3f}"
+
+
+def print_certificates(certs: dict[str, dict]) -> None:
+    """The rule, then per correction each staleness's paired differences, their lower bounds and the verdict."""
+    print(next(iter(certs.values()))["rule"])
+    for corr, cert in certs.items():
+        for row in cert["rows"]:
+            figures = ", ".join(
+                f"{m} {signed(row[m]['mean'])} (lower bound {signed(row[m]['lower'])})" for m in METRICS
+            )
+            print(
+                f"{corr} staleness {row['staleness']}: {len(row['seeds'])} seeds paired with sync, {figures}, "
+                f"{row['below_bound']} below their bound: {'passes' if row['passes'] else 'fails'}"
+            )
+        print(f"{corr}: {verdict(cert)}")
 
 
 def print_table(summary: dict[str, dict], runs: list[dict]) -> None:

@@ -36,11 +36,16 @@ import json
 import math
 import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 
 from psrl.sim import Result, Workload, simulate
 from psrl.sim.report import best_at, format_frontier, frontier, plot
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results as stored  # noqa: E402
 
 SIGMAS = (0.5, 1.0, 1.5)
 SETTINGS = ("gen-bound", "balanced", "trainer-bound", "sync-balanced")
@@ -194,18 +199,20 @@ def reference_table(steps: int, seed: int) -> dict:
     return out
 
 
-def model_vs_real(results: dict, steps: int, seed: int) -> None:
-    """The psrl model next to psrl train's real coordinator (virtual time) on the same workloads, eta = 2."""
+def model_vs_real(results: dict, steps: int, seed: int) -> list[dict]:
+    """The psrl model next to psrl train's real coordinator (virtual time) on the same workloads, eta = 2; the pairs."""
     checks = [
         ("psrl, sigma 0.5, no redundancy", 0.5, "psrl", {}),
         ("psrl, sigma 0.5, B'=1.25B", 0.5, "psrl B'=1.25B", {"redundant_batch_size": 20}),
         ("psrl, sigma 1.0, B'=1.5B", 1.0, "psrl B'=1.5B", {"redundant_batch_size": 24}),
     ]
+    pairs = []
     for setting in ("balanced", "sync-balanced"):
         print(f"model vs real (eta = 2, {setting}; model = the psrl policy, real = psrl train's coordinator):")
         for text, sigma, label, changes in checks:
             r = results[(sigma, setting, label)]
             real = simulate(workload(sigma, setting, steps, seed=seed, **changes), "coordinator")
+            pairs.append({"case": text, "setting": setting, "model": r.to_json(), "real": real.to_json()})
             print(
                 f"  {text:<32} ratio model {r.ratio_to_ideal:.3f} real {real.ratio_to_ideal:.3f}  "
                 f"(violations {r.violations}/{real.violations}, wasted {r.wasted_fraction:.3f}, "
@@ -218,6 +225,7 @@ def model_vs_real(results: dict, steps: int, seed: int) -> None:
         f"length_bias in [{min(r.length_bias for r in no_red):.3f}, {max(r.length_bias for r in no_red):.3f}]"
     )
     print()
+    return pairs
 
 
 def _knob_runs(label, policy, changes, knob, sigma, steps, seed) -> list[Result]:
@@ -383,40 +391,46 @@ def head_agreement(results: list[Result], family: dict[str, str], sigma: float, 
     return out
 
 
-def markdown_frontier(steps: int, seed: int, measured: bool = False) -> list[dict]:
-    """The frontier tables of docs/simulate.md: ratio to ideal of each family's best point with true max
-    staleness <= s (s = 0..4), with its discarded fraction d and length bias b when they are not 0 / 1.
-    ``measured``: with the head-truncate column measured on psrl train's coordinator, and the agreement."""
+def frontier_table(results: list[Result], family: dict[str, str], min_length_bias: float) -> str:
+    """One frontier table of docs/simulate.md: ratio to ideal of each family's best point with true max staleness
+    <= s (s = 0..4), with its discarded fraction d and length bias b when they are not 0 / 1."""
+    plain = [r for r in results if r.policy == "psrl"]
+    fr = frontier(plain + _relabel(results, family), min_length_bias)
+    names = list(fr)
+    lines = ["| s | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for s in ACCEPT_S:
+        cells = []
+        for n in names:
+            pt = best_at(fr[n], s)
+            if pt is None:
+                cells.append("-")
+                continue
+            r = pt.result
+            cell = f"{r.ratio_to_ideal:.2f}"
+            if r.discarded_fraction >= 0.005 or r.length_bias < 0.995:
+                cell += f" (d {r.discarded_fraction:.2f}, b {r.length_bias:.2f})"
+            if "best config" in n or "tuned" in n or "head" in n:
+                cell += f" {_config(r).replace('psrl ', '').replace(' (coordinator)', '')}"
+            cells.append(cell)
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_frontier(steps: int, seed: int, measured: bool = False, store: list | None = None) -> list[dict]:
+    """The frontier tables of docs/simulate.md (``frontier_table``) for each sigma, without and with a length-bias
+    floor of 0.95. ``measured``: with the head-truncate column measured on psrl train's coordinator, and the
+    agreement. ``store``: each sigma's runs and families are appended to it (``--results``)."""
     agreement = []
     for sigma in ACCEPT_SIGMAS:
         results, family = frontier_runs(sigma, steps, seed, measured)
+        if store is not None:
+            store.append({"sigma": sigma, "family": family, "runs": [asdict(r) for r in results]})
         if measured:
             agreement.append(head_agreement(results, family, sigma, seed))
-        by_family = _relabel(results, family)
-        plain = [r for r in results if r.policy == "psrl"]
         for mlb in (0.0, 0.95):
-            fr = frontier(plain + by_family, mlb)
-            names = list(fr)
             cond = "any length bias" if mlb == 0 else f"length_bias >= {mlb:g}"
             print(f"sigma {sigma}, {cond} (ratio to ideal; d = discarded fraction, b = length bias):\n")
-            print("| s | " + " | ".join(names) + " |")
-            print("|---|" + "---|" * len(names))
-            for s in ACCEPT_S:
-                cells = []
-                for n in names:
-                    pt = best_at(fr[n], s)
-                    if pt is None:
-                        cells.append("-")
-                        continue
-                    r = pt.result
-                    cell = f"{r.ratio_to_ideal:.2f}"
-                    if r.discarded_fraction >= 0.005 or r.length_bias < 0.995:
-                        cell += f" (d {r.discarded_fraction:.2f}, b {r.length_bias:.2f})"
-                    if "best config" in n or "tuned" in n or "head" in n:
-                        cell += f" {_config(r).replace('psrl ', '').replace(' (coordinator)', '')}"
-                    cells.append(cell)
-                print(f"| {s} | " + " | ".join(cells) + " |")
-            print()
+            print(frontier_table(results, family, mlb) + "\n")
     return agreement
 
 
@@ -460,11 +474,17 @@ def main(argv: list[str]) -> int:
         help="with --markdown: add the head-truncate column measured on psrl train's coordinator (virtual time; "
         "about 10 s per run) and print the model-vs-real agreement for every seed (one JSON line)",
     )
+    ap.add_argument(
+        "--results", type=Path, default=None, help="store the reference table's runs here (with the command)"
+    )
     ns = ap.parse_args(argv)
     steps = 12 if ns.quick else ns.steps
     seeds = [int(x) for x in ns.seeds.split(",") if x.strip()]
     if ns.markdown:
-        agreement = markdown_frontier(steps, seeds[0], ns.measured)
+        store: list[dict] = []
+        agreement = markdown_frontier(steps, seeds[0], ns.measured, store)
+        if ns.results:  # every frontier run of the first seed, with its family (docs/simulate.md renders the tables)
+            stored.write(ns.results, {"steps": steps, "seed": seeds[0], "measured": ns.measured, "frontier": store})
         if ns.measured:
             for seed in seeds[1:]:
                 for sigma in ACCEPT_SIGMAS:
@@ -484,7 +504,10 @@ def main(argv: list[str]) -> int:
         return 0
     t0 = time.perf_counter()
     results = reference_table(steps, seeds[0])
-    model_vs_real(results, steps, seeds[0])
+    pairs = model_vs_real(results, steps, seeds[0])
+    if ns.results:  # the reference table's runs and the model-vs-real pairs (docs/simulate.md renders them)
+        reference = [{"sigma": k[0], "setting": k[1], "label": k[2], **asdict(r)} for k, r in results.items()]
+        stored.write(ns.results, {"steps": steps, "seed": seeds[0], "reference": reference, "model_vs_real": pairs})
     verdicts = frontier_section(steps, seeds[:1] if ns.quick else seeds, ns.plot)
     million_s = million() if ns.million else None
     print(f"({time.perf_counter() - t0:.1f} s)")

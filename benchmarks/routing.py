@@ -23,6 +23,8 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import asdict
+from pathlib import Path
 
 from psrl.config import load_config
 from psrl.sim import Workload, simulate
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--results", type=Path, default=None, help="store every run (method, queue, seed) and the command")
     ns = ap.parse_args(sys.argv[1:] if argv is None else argv)
     import torch  # the coordinator's layers import it; one thread, the machine is shared
 
@@ -87,6 +90,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         out[f"{method}{'+mlq' if mlq else ''}"] = round(ratio, 4)
         assert all(r.violations == 0 for r in res)
+    if ns.results:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import results as stored
+
+        runs = [
+            {"method": method, "mlq": mlq, "seed": seed, **asdict(r)}
+            for (method, mlq), res in rows.items()
+            for seed, r in zip(seeds, res)
+        ]
+        stored.write(ns.results, {"steps": ns.steps, "seeds": seeds, "runs": runs})
     print(json.dumps({"benchmark": "routing", "steps": ns.steps, "seeds": seeds, "ratio_to_round_robin": out}))
     return 0
 

@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seqs", type=int, default=8)
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--response", type=int, default=32)
+    p.add_argument("--results", type=Path, default=None, help="store the figures and the command here")
     ns = p.parse_args(argv)
     torch.set_num_threads(1)
     from psrl.config import AlgorithmConfig
@@ -119,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         "loss_1rank": one["loss"],
         "loss_2ranks": two["loss"],
     }
+    if ns.results:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import results as stored
+
+        stored.write(ns.results, out)
     print(json.dumps(out))
     return 0
 

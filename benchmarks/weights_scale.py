@@ -22,7 +22,7 @@ vLLM (one server) and the collective transport are not run here (see the JSON li
 JSON line: per configuration the figures, per figure its slope per GB of model from small to large, and the
 headline keys ``driver_weight_ratio_vllm`` (null: not run), ``rank_publish_excess_ratio``, ``sync_over_copy``.
 
-    python benchmarks/weights_scale.py                   # both sizes, 1 and 2 ranks (~10-20 min on 2 cores)
+    python benchmarks/weights_scale.py --results docs/results/weights_scale.json   # both sizes (~10 min, 2 cores)
     python benchmarks/weights_scale.py --sizes small     # the small size only
 """
 
@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worlds", default="1,2")
     p.add_argument("--bucket-mb", type=float, default=64.0)
     p.add_argument("--layers", type=int, default=None, help="override the depth of both sizes (smoke tests)")
+    p.add_argument("--results", type=Path, default=None, help="store the runs and the command here (docs/results)")
     p.add_argument("--one", nargs=3, metavar=("SIZE", "WORLD", "TRANSPORT"), help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.one:
@@ -192,21 +194,23 @@ def main(argv: list[str] | None = None) -> int:
                 "sync_s_per_gb": (b["sync_s"] - a["sync_s"]) / gb,
             }
     head = pick("large", 2, "files") or pick("small", 2, "files") or runs[-1]
-    print(
-        json.dumps(
-            {
-                "runs": runs,
-                "slopes": slopes,
-                "driver_weight_ratio_vllm": None,
-                "driver_weight_ratio_hf": head["driver_ratio"],
-                "rank_publish_excess_ratio": head.get("rank_publish_excess"),
-                "sync_over_copy": head["sync_over_copy"],
-                "headline": f"{head['size']} at {head['world']} ranks, {head['transport']}",
-                "bucket_mb": ns.bucket_mb,
-                "not_run": "vLLM engines and the collective transport (not built this round: see the issue's note)",
-            }
-        )
-    )
+    summary = {
+        "runs": runs,
+        "slopes": slopes,
+        "driver_weight_ratio_vllm": None,
+        "driver_weight_ratio_hf": head["driver_ratio"],
+        "rank_publish_excess_ratio": head.get("rank_publish_excess"),
+        "sync_over_copy": head["sync_over_copy"],
+        "headline": f"{head['size']} at {head['world']} ranks, {head['transport']}",
+        "bucket_mb": ns.bucket_mb,
+        "not_run": "vLLM engines and the collective transport (not built this round: see the issue's note)",
+    }
+    if ns.results is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import results as stored
+
+        stored.write(ns.results, summary)
+    print(json.dumps(summary))
     return 0
 
 

@@ -29,6 +29,8 @@ def test_learning_benchmark_runs_and_ends_with_one_json_line(tmp_path):
         "1",
         "--out",
         str(tmp_path),
+        "--results",
+        str(tmp_path / "results.json"),
         "trainer.val_size=4",
         "trainer.warm_start_steps=5",
         "model.n_layer=1",
@@ -46,7 +48,11 @@ def test_learning_benchmark_runs_and_ends_with_one_json_line(tmp_path):
     # a run counts only if it reached its staleness over >= 4 x eta steps: 2 steps cannot reach staleness 2
     assert last["per_correction"]["m2po"]["2"]["counted"] == "0/2"
     assert {(c, s) for c, _, s, _ in last["not_counted"]} == {("default", 2), ("m2po", 2)}
-    assert set(last["max_staleness_within_one_std_of_sync"]) == {"default", "m2po", "adaptive"}
+    # 2 seeds: no certificate (it needs 5 paired with sync), for every correction
+    assert last["certified_staleness"] == {"default": None, "m2po": None, "adaptive": None}
+    stored = json.loads((tmp_path / "results.json").read_text())  # --results: every run and the command
+    assert stored["command"].startswith("PYTHONPATH=src python benchmarks/learning.py --steps 2")
+    assert len(stored["runs"]) == 8 and stored["min_seeds"] == 5
     assert (tmp_path / "learning.png").exists()
     # every run leaves psrl train's timeline, so psrl viz draws it and an adaptive run's bound moves are in it
     runs = sorted(tmp_path.rglob("metrics.jsonl"))

@@ -1,0 +1,312 @@
+"""The docs' tables of measured numbers, rendered from the stored results (``docs/results/*.json``).
+
+A table in ``docs/*.md`` sits between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``; NAME is a
+renderer of ``RENDERERS``, a function of the stored results only. ``python benchmarks/render_docs.py`` rewrites
+what lies between the markers; ``--check`` changes nothing and exits 1 naming every block that differs
+(``tests/benchmarks/test_render_docs.py`` does the same in the default suite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results as stored  # noqa: E402
+from learning_report import DIVERGENCE, METRICS, certify, signed, spread, summarise, verdict  # noqa: E402
+
+DOCS = stored.ROOT / "docs"
+BLOCK = re.compile(r"<!-- results:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n" + "\n".join("| " + " | ".join(cells) + " |" for cells in lines) + "\n"
+
+
+def _command(name: str) -> str:
+    return f"\n```\n{stored.read(name)['command']}\n```\n"
+
+
+def _sci(x: float) -> str:
+    """``4.5e-8``: one decimal, no zero-padded exponent."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _spread(s: dict, digits: int = 3) -> str:
+    return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
+def _summaries(data: dict) -> dict[tuple[str, int], dict]:
+    """``summarise`` per (correction, staleness), in the order the runs were stored (sync first)."""
+    runs = data["runs"]
+    sync = [r for r in runs if r["correction"] == "default" and r["staleness"] == 0]
+    sync_final = sum(r["vals"][-1]["val/accuracy"] for r in sync) / len(sync)
+    sync_sps = {r["seed"]: r["s_per_step"] for r in sync}
+    cells: dict[tuple[str, int], list[dict]] = {}
+    for r in runs:
+        cells.setdefault((r["correction"], r["staleness"]), []).append(r)
+    return {cell: summarise(rs, sync_final, sync_sps) for cell, rs in cells.items()}
+
+
+def learning_table(name: str) -> str:
+    """Per (correction, staleness): runs counted (reached their bound), final accuracy, speed, divergence."""
+    rows = []
+    for (corr, eta), s in _summaries(stored.read(name)).items():
+        acc, sps, up, mx = s["val_accuracy"], s["seconds_per_step"], s["speedup_over_sync"], s["realised_staleness_max"]
+        div = " / ".join(f"{s[k]['mean']:.3g}" for k in ("ess", "m2", "kl"))
+        rows.append(
+            [corr, f"{eta}{' (sync)' if eta == 0 else ''}", s["counted"], _spread(acc) if acc["n"] else "-"]
+            + [f"{sps['mean']:.2f} ± {sps['std']:.2f}", f"{up['mean']:.2f}", div, f"{mx['min']:.0f}–{mx['max']:.0f}"]
+        )
+    header = ["correction", "staleness", "counted", "val/accuracy mean ± std [min–max], counted runs"]
+    header += ["s/step", "speedup over sync", "divergence ess / m2 / kl", "realised staleness/max"]
+    return _table(header, rows)
+
+
+def learning_certificate(name: str) -> str:
+    """Per correction and staleness: the paired differences with sync, their lower bounds, the verdict; the rule."""
+    data = stored.read(name)
+    out, rows = [], []
+    corrections = list(dict.fromkeys(r["correction"] for r in data["runs"]))
+    for corr in corrections:
+        cert = certify(data["runs"], corr, data["delta"], data["alpha"], data["min_seeds"])
+        out.append(f"`{corr}`: {verdict(cert)}.")
+        for row in cert["rows"]:
+            figures = [f"{signed(row[m]['mean'])} (lower {signed(row[m]['lower'])})" for m in METRICS]
+            passes = "passes" if row["passes"] else "fails"
+            rows.append(
+                [corr, str(row["staleness"]), str(len(row["seeds"])), str(row["below_bound"]), *figures, passes]
+            )
+    header = ["correction", "staleness", "seeds paired with sync", "runs below their bound"]
+    header += ["final accuracy - sync's (lower bound)", "last quarter - sync's (lower bound)", "verdict"]
+    seeds = ", ".join(map(str, cert["sync_seeds"]))
+    rule = f"Rule: {cert['rule']}. Here delta = {data['delta']:g}, alpha = {data['alpha']:g}; sync's seeds: {seeds}."
+    return _table(header, rows) + "\n" + "\n".join([*out, "", rule]) + "\n"
+
+
+def learning_arms(name: str, arms: list[tuple[str, int]]) -> str:
+    """Chosen arms side by side over every run (none left out): final accuracy, paired with sync, per seed, speed,
+    divergence and the mean ``staleness/bound`` per seed (the adaptive arm's bound moves; a fixed one's does not)."""
+    runs = stored.read(name)["runs"]
+    sync = {
+        r["seed"]: r["vals"][-1]["val/accuracy"] for r in runs if r["correction"] == "default" and r["staleness"] == 0
+    }
+    rows = []
+    for corr, eta in arms:
+        arm = sorted((r for r in runs if r["correction"] == corr and r["staleness"] == eta), key=lambda r: r["seed"])
+        final = [r["vals"][-1]["val/accuracy"] for r in arm]
+        paired = spread([f - sync[r["seed"]] for f, r in zip(final, arm)])
+        div = " / ".join(f"{round(statistics.fmean(r['divergence'][k] for r in arm), 4):.3g}" for k in DIVERGENCE)
+        label = "fixed 0 (sync)" if eta == 0 else f"fixed {eta}" if corr == "default" else f"{corr}, ceiling {eta}"
+        rows.append(
+            [label, _spread(spread(final)), f"{paired['mean']:+.3f} ± {paired['std']:.3f}"]
+            + [" / ".join(f"{f:.2f}" for f in final), _spread(spread([r["s_per_step"] for r in arm]), 2), div]
+            + [", ".join(f"{r['bound_mean']:.1f}" for r in arm)]
+        )
+    seeds = " / ".join(str(r["seed"]) for r in arm)
+    header = ["arm", "val/accuracy mean ± std [min–max]", "paired with sync, mean ± std", f"per seed {seeds}"]
+    header += ["s/step", "divergence ess / m2 / kl", "mean `staleness/bound` per seed"]
+    return _table(header, rows)
+
+
+def trainer_scale() -> str:
+    """docs/trainer.md's 1-vs-2-rank figures (``benchmarks/trainer_scale.py``), as one sentence."""
+    r = stored.read("trainer_scale")
+    gb = 1e9
+    return (
+        f"`state_bytes_ratio` {r['state_bytes_ratio']:.2f} (parameters + AdamW of one rank over the single process's), "
+        f"`step_time_ratio` {r['step_time_ratio']:.2f} ({r['step_s_1rank']:.1f} s -> {r['step_s_2ranks']:.1f} s), "
+        f"`publish_s` {r['publish_s']:.1f} (1 rank: {r['publish_s_1rank']:.1f}), peak RSS "
+        f"{r['peak_rss_bytes_1rank'] / gb:.1f} GB at 1 rank vs {r['peak_rss_bytes_per_rank_2ranks'] / gb:.1f} GB per "
+        f"rank, loss {r['loss_1rank']:.4f} at 1 rank and {r['loss_2ranks']:.4f} at 2"
+    )
+
+
+def trainer_resume(part: str) -> str:
+    """The resume figures of docs/trainer.md (``benchmarks/resume_world_size.py``): the text's and the table's."""
+    r = stored.read("trainer_resume")["resume"]
+    if part == "text":
+        return (
+            f"measured {_sci(r['1_to_2'])} (1 -> 2) and {_sci(r['2_to_1'])} (2 -> 1) from the uninterrupted run after "
+            f"the next step, where restarting AdamW would differ by {_sci(r['adamw_restarted'])}"
+        )
+    return (
+        f"{_sci(r['1_to_2'])} / {_sci(r['2_to_1'])} (1 -> 2 / 2 -> 1; AdamW restarted: {_sci(r['adamw_restarted'])}), "
+        f"{r['1_to_2_s']:.0f} s / {r['2_to_1_s']:.0f} s with the ranks' start"
+    )
+
+
+def simulate_reference() -> str:
+    """docs/simulate.md's reference comparison (``benchmarks/policies.py``): the capacity- and sync-balanced rows,
+    in the script's own format."""
+    from policies import HEADER, Result, row
+
+    data = stored.read("simulate_reference")
+    lines = [HEADER]
+    for r in data["reference"]:
+        if r["setting"] in ("balanced", "sync-balanced"):
+            fields = {k: v for k, v in r.items() if k not in ("sigma", "setting", "label")}
+            lines.append(row(r["sigma"], r["setting"], r["label"], Result(**fields)))
+    return "\n```\n" + "\n".join(lines) + "\n```\n"
+
+
+def simulate_model_vs_real() -> str:
+    """psrl's model against ``psrl train``'s coordinator in virtual time: ratio to ideal, per case and setting."""
+    pairs = stored.read("simulate_reference")["model_vs_real"]
+    cells = {
+        (p["case"], p["setting"]): f"{p['model']['ratio_to_ideal']:.3f} / {p['real']['ratio_to_ideal']:.3f}"
+        for p in pairs
+    }
+    cases = list(dict.fromkeys(p["case"] for p in pairs))
+    header = ["case", "sync-balanced (model / real)", "capacity-balanced (model / real)"]
+    return _table(header, [[c, cells[(c, "sync-balanced")], cells[(c, "balanced")]] for c in cases])
+
+
+def simulate_frontier(sigma: float, min_length_bias: float) -> str:
+    """One frontier table of docs/simulate.md (``benchmarks/policies.py --markdown``), from its stored runs."""
+    from policies import Result, frontier_table
+
+    part = next(f for f in stored.read("simulate_frontier")["frontier"] if f["sigma"] == sigma)
+    return "\n" + frontier_table([Result(**r) for r in part["runs"]], part["family"], min_length_bias) + "\n"
+
+
+def simulate_adaptive() -> str:
+    """docs/simulate.md's controller-against-fixed-bounds table (``benchmarks/adaptive_sim.py``), its own format."""
+    from adaptive_sim import FOOTER, format_row, header
+
+    data = stored.read("simulate_adaptive")
+    lines = [header(data["ceiling"]), *map(format_row, data["rows"]), FOOTER]
+    return "\n```\n" + "\n".join(lines) + "\n```\n"
+
+
+def simulate_adaptive_result() -> str:
+    """The controller's ratios over the workloads of that table, in one sentence."""
+    data = stored.read("simulate_adaptive")
+    rows = data["rows"]
+    ratios = [r["ratio"] for r in rows]
+    agree = max(abs(r["coordinator_ratio"] - r["ratio"]) / r["ratio"] for r in rows)
+    return (
+        f"{sum(x >= 0.95 for x in ratios)} of {len(rows)} workloads at >= 0.95 (mean {statistics.fmean(ratios):.3f}, "
+        f"min {min(ratios):.3f}), the controller's run-mean divergence inside the limits on "
+        f"{data['adaptive_inside_limits']} of {len(rows)}, both policies agreeing within {100 * agree:.1f} %"
+    )
+
+
+def simulate_routing() -> str:
+    """docs/simulate.md's routing table (``benchmarks/routing.py``): per method and queue, means over the seeds;
+    the ratio to ``round_robin`` without the queue is taken per seed, then averaged (the largest in bold)."""
+    runs = stored.read("simulate_routing")["runs"]
+    base = {r["seed"]: r["steps_per_hour"] for r in runs if r["method"] == "round_robin" and not r["mlq"]}
+    cells: dict[tuple[str, bool], list[dict]] = {}
+    for r in runs:
+        cells.setdefault((r["method"], r["mlq"]), []).append(r)
+    ratio = {k: statistics.fmean(r["steps_per_hour"] / base[r["seed"]] for r in rs) for k, rs in cells.items()}
+    rows = []
+    for (method, mlq), rs in cells.items():
+        x = f"{ratio[(method, mlq)]:.3f}x"
+        rows.append(
+            [method, "on" if mlq else "off", f"{statistics.fmean(r['steps_per_hour'] for r in rs):.1f}"]
+            + [f"**{x}**" if ratio[(method, mlq)] == max(ratio.values()) else x]
+            + [f"{statistics.fmean(r['staleness_mean'] for r in rs):.2f} / {max(r['staleness_max'] for r in rs)}"]
+        )
+    header = ["routing method", "multi-level queue", "steps/hour", "vs round_robin", "staleness mean / max"]
+    return _table(header, rows)
+
+
+def simulate_head_scope() -> str:
+    """docs/simulate.md's head-scope runs (``benchmarks/head_scope_real.py``): measured against both replays, the
+    audit, then the errors' spread in one sentence."""
+    data = stored.read("simulate_head_scope")
+    rows = []
+    for r in data["runs"]:
+        rows.append(
+            [str(r["seed"]), f"{r['measured_s_per_step']:.3f}"]
+            + [f"{r[k + 'predicted_s_per_step']:.3f} ({100 * r[k + 'error']:+.1f} %)" for k in ("", "coordinator_")]
+            + [str(r["trained"]), str(r["truncated"]), str(r["max_staleness"]), str(r["violations"])]
+        )
+    eta = data["runs"][0]["eta"]
+    header = ["seed", "measured s/step", "`psrl` model", "real coordinator", "trained", "truncated"]
+    header += [f"max staleness (bound {eta})", "violations"]
+    err = data["error"]
+    sentence = (
+        f"Error of the `psrl` model {100 * err['mean']:+.1f} % +- {100 * err['std']:.1f} % (worst of both "
+        f"{100 * data['worst_abs_error']:.1f} %, the acceptance allows {100 * data['tolerance']:.0f} %), audit "
+        f"{'clean' if data['audit_clean'] else 'NOT clean'}; {data['seconds'] / 60:.0f} min for the "
+        f"{len(data['runs'])} runs on the shared 2-core CPU."
+    )
+    return _table(header, rows) + "\n" + sentence + "\n"
+
+
+def weights_scale() -> str:
+    """docs/trainer.md's weight-path figures (``benchmarks/weights_scale.py``): one row per configuration."""
+    rows = []
+    for r in stored.read("weights_scale")["runs"]:
+        excess = f"{r['rank_publish_excess']:.2f}" if "rank_publish_excess" in r else "--"
+        rows.append(
+            [f"{r['size']} ({r['model_bytes'] / 2**30:.2f} GiB)", str(r["world"]), r["transport"]]
+            + [f"{r['publish_s']:.2f}", f"{r['sync_s']:.2f}", f"{r['sync_over_copy']:.0f}", f"{r['driver_ratio']:.2f}"]
+            + [excess]
+        )
+    header = ["model", "ranks", "versions go", "publish s", "sync s", "sync / plain copy"]
+    header += ["driver peak / model bytes", "rank publish peak / allowance"]
+    return _table(header, rows)
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "weights_scale": weights_scale,
+    "simulate-reference": simulate_reference,
+    "simulate-model-vs-real": simulate_model_vs_real,
+    "simulate-adaptive": simulate_adaptive,
+    "simulate-routing": simulate_routing,
+    "simulate-head-scope": simulate_head_scope,
+    "simulate-adaptive-result": simulate_adaptive_result,
+    **{
+        f"simulate-frontier-{str(sigma).replace('.', '')}-{tag}": functools.partial(simulate_frontier, sigma, mlb)
+        for sigma in (0.5, 1.0)
+        for tag, mlb in (("any", 0.0), ("lb95", 0.95))
+    },
+    "trainer-resume-text": lambda: trainer_resume("text"),
+    "trainer-resume-cells": lambda: trainer_resume("cells"),
+    "trainer-scale": trainer_scale,
+    "learning-agentic-command": lambda: _command("learning_agentic"),
+    "learning-agentic-table": lambda: learning_table("learning_agentic"),
+    "learning-agentic-certificate": lambda: learning_certificate("learning_agentic"),
+    "learning-adaptive": lambda: learning_arms(
+        "learning_agentic", [("default", 0), ("default", 2), ("default", 8), ("adaptive", 8)]
+    ),
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every marked block replaced by what its renderer makes of the stored results now."""
+    return BLOCK.sub(
+        lambda m: f"<!-- results:{m['name']} -->{RENDERERS[m['name']]()}<!-- /results:{m['name']} -->", text
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block differs")
+    args = ap.parse_args(argv)
+    stale = []
+    for doc in sorted(DOCS.glob("*.md")):
+        text = doc.read_text()
+        new = render(text)
+        if new != text:
+            stale.append(doc.relative_to(stored.ROOT))
+            if not args.check:
+                doc.write_text(new)
+    for doc in stale:
+        print(f"{doc}: {'differs from' if args.check else 'rendered from'} docs/results/")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""benchmarks/weights_scale.py smoke-tested as a subprocess at 1 layer, the small size, 1 and 2 ranks: it runs, ends
+with one JSON line holding the headline keys, each configuration publishes the model's tensors once per version
+(tied ones included), and a rank's publish peak stays within one bucket + 10 % of its shard."""
+
+import pytest
+
+from tests.benchmarks.run import run_benchmark
+
+
+@pytest.mark.slow
+def test_weights_scale_benchmark_runs_and_ends_with_one_json_line():
+    last = run_benchmark("weights_scale.py", "--sizes", "small", "--layers", "1", env={"OMP_NUM_THREADS": "1"})
+    assert {"driver_weight_ratio_vllm", "rank_publish_excess_ratio", "sync_over_copy"} <= set(last)
+    assert [(r["world"], r["transport"]) for r in last["runs"]] == [(1, "memory"), (1, "files"), (2, "files")]
+    assert all(r["weights_bytes"] >= r["model_bytes"] and r["sync_s"] > 0 for r in last["runs"])
+    assert last["rank_publish_excess_ratio"] <= 1.0
