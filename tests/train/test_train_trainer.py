@@ -92,6 +92,37 @@ def test_same_seed_same_weights_and_checkpoint_resume(tmp_path):
     assert all(torch.allclose(a[k], c[k], atol=1e-7) for k in a)
 
 
+def test_a_checkpoint_of_the_earlier_one_process_layout_loads_and_continues(tmp_path):
+    """``trainer.pt`` as the one-process trainer wrote it before issue #33 (weights and AdamW inside, no ``ranks/``):
+    the one Trainer loads it -- weights, version, AdamW moments -- and the next step equals the reference trainer's
+    continuing from the same state."""
+    from psrl.train.steps import rng_state
+    from tests.train.reference_trainer import ReferenceTrainer
+
+    task, policy = _setup()
+    ref = ReferenceTrainer(policy, AlgorithmConfig(), TrainerConfig(lr=0.01))
+    ref.step(random_batch(task, 0, seed=1))
+    policy.version = 1
+    old = {
+        "model": policy.export_state(),
+        "version": 1,
+        **rng_state(ref.rng, policy.generator),
+        "skipped": (0, 0),
+        "optimizer": ref.optimizer.state_dict(),
+    }
+    torch.save(old, tmp_path / "trainer.pt")
+    _, fresh = _setup(seed=5)
+    tr = Trainer(fresh, AlgorithmConfig(), TrainerConfig(lr=0.01), work_dir=tmp_path / "work")
+    assert tr.load(tmp_path) == 1
+    assert all(torch.equal(fresh.model.state_dict()[k], v) for k, v in policy.model.state_dict().items())
+    assert tr.start().worker.optimizer.state  # type: ignore[attr-defined]  # AdamW's moments came across
+    batch = random_batch(task, 1, seed=2)
+    ref.step(batch)
+    tr.step(batch)
+    diff = max(float((fresh.model.state_dict()[k] - v).abs().max()) for k, v in policy.model.state_dict().items())
+    assert diff < 1e-6
+
+
 def test_warm_start_lowers_the_demo_loss():
     """Supervised warm start on scripted demos reduces the masked cross-entropy."""
     task, policy = _setup()
