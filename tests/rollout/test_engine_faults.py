@@ -15,8 +15,7 @@ from psrl.rollout.engines.base import NoCacheEngine
 from psrl.rollout.fakes import FakeEngine, FakeTask, FakeTrainer
 from psrl.rollout.serving.instance import RolloutInstance
 from psrl.rollout.serving.sync import GreedySync
-from psrl.runtime.coordinator import Coordinator
-from psrl.runtime.local import publish_first_version
+from psrl.runtime.local import publish_first_version, wire
 from psrl.runtime.vloop import run_virtual
 from psrl.weights import ParameterStore
 from tests.rollout.harness import check_bound, config, run, statuses
@@ -44,7 +43,7 @@ class FlakyEngine(NoCacheEngine):
 def _coord(cfg, engines, sink):
     task = FakeTask(turns=2, turn_tokens=4)
     trainer = FakeTrainer(train_time=0.5)
-    return Coordinator(cfg, task, trainer, engines, publish_first_version(cfg, trainer), sink=sink, log=lambda _: None)
+    return wire(cfg, task, trainer, engines, publish_first_version(cfg, trainer), sink=sink, log=lambda _: None)
 
 
 def test_failed_requests_are_rerun_with_their_tokens_and_the_engine_restarted():

@@ -16,8 +16,8 @@ import pytest
 from psrl.errors import RunError
 from psrl.rollout.fakes import FakeEngine, FakeTrainer
 from psrl.runtime.checkpoint import CheckpointWriteError, resume, save_checkpoint
-from psrl.runtime.coordinator import Coordinator, build_staleness_manager
-from psrl.runtime.local import publish_first_version
+from psrl.runtime.coordinator import build_staleness_manager
+from psrl.runtime.local import publish_first_version, wire
 from psrl.runtime.recorder import EventLog, RunRecorder, read_jsonl
 from psrl.runtime.vloop import run_virtual
 from tests.rollout.harness import check_bound, config
@@ -45,7 +45,7 @@ def build(cfg, run_dir, log=None, events=False):
     ck = resume(run_dir, trainer, rec, log=log, on_event=ev)
     manager = ck["manager"] if ck else build_staleness_manager(cfg, trainer.version, ev)
     engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.deployment.n_rollout_instances)]
-    coord = Coordinator(cfg, task(), trainer, engines, publish_first_version(cfg, trainer), sink=rec, manager=manager)
+    coord = wire(cfg, task(), trainer, engines, publish_first_version(cfg, trainer), manager, sink=rec)
     if ck:
         coord.agents.load_state_dict(ck["agents"])
     return coord, rec, ck, ev

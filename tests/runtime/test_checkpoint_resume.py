@@ -7,8 +7,7 @@ import pytest
 
 from psrl.rollout.fakes import FakeEngine, FakeTrainer
 from psrl.runtime.checkpoint import resume, save_checkpoint
-from psrl.runtime.coordinator import Coordinator
-from psrl.runtime.local import publish_first_version
+from psrl.runtime.local import publish_first_version, wire
 from psrl.runtime.recorder import RunRecorder, read_jsonl
 from psrl.runtime.vloop import run_virtual
 from tests.rollout.harness import check_bound, config, run
@@ -30,15 +29,15 @@ def build(cfg, run_dir, trainer, log=None):
     rec = RunRecorder(run_dir)
     ck = resume(run_dir, trainer, rec)
     engines = [FakeEngine(token_cost=0.01) for _ in range(cfg.psrl.deployment.n_rollout_instances)]
-    coord = Coordinator(
+    coord = wire(
         cfg,
         task(),
         trainer,
         engines,
         publish_first_version(cfg, trainer),
+        ck["manager"] if ck else None,
         sink=rec,
-        manager=ck["manager"] if ck else None,
-        log=log,
+        log=log or print,
     )
     if ck:
         coord.agents.load_state_dict(ck["agents"])

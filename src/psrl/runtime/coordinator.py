@@ -31,14 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from psrl.algo.filters import build_group_filter
 from psrl.errors import RunError
-from psrl.rollout.build import build_rollout
-from psrl.rollout.engines.base import TokenModel
+from psrl.rollout.client import AgentManager
+from psrl.rollout.serving import InstancePool
 from psrl.rollout.types import RolloutStatus, TrainerWaiting
 from psrl.runtime.adaptive import Move, StalenessController
 from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import Batch, Event, StalenessManager
-from psrl.tasks.base import Task
-from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, Trajectory, WeightSource, WeightStore
+from psrl.types import PublishingTrainer, Sink, StepTrainer, Trajectory, WeightSource, WeightStore
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -86,20 +85,22 @@ class TrainerWait:
 
 
 class Coordinator:
-    """Wires the staleness manager, the rollout side (:func:`psrl.rollout.build_rollout`) and the trainer over the
-    published versions the run builder made (``weights``), and runs the trainer loop.
+    """Runs the trainer loop over the parts the run builder made and wired (:func:`psrl.runtime.local.wire`):
+    the staleness manager, the rollout side (:func:`psrl.rollout.build_rollout`: instance pool and agent manager),
+    the trainer and where its versions are published; it builds none of them.
 
     Args:
         cfg: the validated :class:`psrl.config.Config`.
-        task: the task (prompts, episodes, rewards).
-        trainer: ``step(batch) -> metrics`` (sync or async) and ``policy`` (``export_state``,
-            ``version``), e.g. :class:`psrl.train.Trainer`.
-        engines: one inference engine per rollout instance (or a bare model, which the no-cache engine wraps).
+        trainer: ``step(batch) -> metrics`` (sync or async) and ``policy`` (``export_state``, ``version``), e.g.
+            :class:`psrl.train.Trainer`.
         weights: where the engines read published versions (:mod:`psrl.weights`), holding the trainer's current
             version: a trainer with ``publish`` (:class:`psrl.train.Trainer`) fills it; for one without (the fakes)
             it is a :class:`~psrl.types.WeightStore` the coordinator puts the policy's state into.
+        manager: the staleness manager (fresh or restored).
+        pool, agents: the rollout side over ``manager`` and ``weights``.
+        idle: the trainer's wait, which this loop sets and the rollout side (the proactive filter) reads.
+        controller: ``psrl.adaptive_staleness``'s controller over ``manager`` (None: off).
         sink: ``trajectory(record)`` / ``metric(row)`` (a RunRecorder or a MemorySink).
-        manager: a (restored) staleness manager; default: a fresh one at the trainer's version.
         log: where to say that a cancelled run is finishing its training step (default: print).
         on_bound: hears each move of ``psrl.adaptive_staleness``'s bound (``psrl train``: a line of
             ``events.jsonl``, :meth:`psrl.runtime.recorder.EventLog.bound`).
@@ -113,13 +114,15 @@ class Coordinator:
     def __init__(
         self,
         cfg: Config,
-        task: Task,
         trainer: StepTrainer,
-        engines: Sequence[Engine | TokenModel],
         weights: WeightSource,
+        manager: StalenessManager,
+        pool: InstancePool,
+        agents: AgentManager,
+        idle: TrainerWait,
         *,
+        controller: StalenessController | None = None,
         sink: Sink | None = None,
-        manager: StalenessManager | None = None,
         log: Callable[[str], None] | None = None,
         on_bound: Callable[[Move], Any] | None = None,
     ):
@@ -129,17 +132,12 @@ class Coordinator:
         self.trainer = trainer
         self.sink = sink
         self.store = weights
-        self.manager = manager or build_staleness_manager(cfg, int(trainer.policy.version))
-        adaptive = cfg.psrl.adaptive_staleness
-        self.controller = (
-            StalenessController(adaptive, cfg.psrl.staleness, self.manager.set_staleness) if adaptive.enable else None
-        )
+        self.manager = manager
+        self.controller = controller
         """``psrl.adaptive_staleness``: moves the bound of new reservations after the steps (None: off)."""
-        self.idle = TrainerWait()
+        self.idle = idle
         """Which buffer the trainer waits on and since when (the proactive filter's head scope reads it)."""
-        self.pool, self.agents = build_rollout(
-            cfg, engines, self.store, self.manager, task=task, sink=sink, log=self.log, trainer=self.idle
-        )
+        self.pool, self.agents = pool, agents
         self.rows: list[dict] = []
         self.in_step = False
         self.watchdog: Watchdog | None = None

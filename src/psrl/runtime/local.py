@@ -22,10 +22,11 @@ import torch
 
 from psrl.algo.filters import build_group_filter
 from psrl.models import Policy
+from psrl.rollout.build import build_rollout
 from psrl.rollout.engines.base import TokenModel
-from psrl.runtime.adaptive import Move
+from psrl.runtime.adaptive import Move, StalenessController
 from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
-from psrl.runtime.coordinator import Coordinator, build_staleness_manager
+from psrl.runtime.coordinator import Coordinator, TrainerWait, build_staleness_manager
 from psrl.runtime.engines import build_engines
 from psrl.runtime.recorder import EventLog, RunRecorder
 from psrl.runtime.watch import RunWatch
@@ -39,7 +40,7 @@ from psrl.weights import ParameterStore
 if TYPE_CHECKING:
     from psrl.config import Config
 
-__all__ = ["build", "train", "progress_line", "publish_first_version"]
+__all__ = ["build", "wire", "train", "progress_line", "publish_first_version"]
 
 
 def progress_line(row: dict, total: int) -> str:
@@ -202,10 +203,35 @@ def _build(
     if manager is None:
         manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)
     sink = sink if sink is not None else recorder
-    coord = Coordinator(cfg, task, trainer, engines, versions, sink=sink, manager=manager, log=log, on_bound=on_bound)
+    coord = wire(cfg, task, trainer, engines, versions, manager, sink=sink, log=log, on_bound=on_bound)
     if ck is not None:
         coord.load_state_dict(ck)
     return coord
+
+
+def wire(
+    cfg: Config,
+    task: Task,
+    trainer: StepTrainer,
+    engines: Sequence[Engine | TokenModel],
+    weights: WeightSource,
+    manager: StalenessManager | None = None,
+    *,
+    sink: Sink | None = None,
+    log: Callable[[str], None] = print,
+    on_bound: Callable[[Move], Any] | None = None,
+) -> Coordinator:
+    """Make the coordinator's parts and wire them, every wire here: the staleness manager (``manager``, else a fresh
+    one at the trainer's version), the adaptive controller over it (``psrl.adaptive_staleness``), the trainer's
+    wait, and the rollout side (:func:`psrl.rollout.build_rollout`) over ``engines`` and ``weights``."""
+    manager = manager if manager is not None else build_staleness_manager(cfg, int(trainer.policy.version))
+    adaptive = cfg.psrl.adaptive_staleness
+    controller = StalenessController(adaptive, cfg.psrl.staleness, manager.set_staleness) if adaptive.enable else None
+    idle = TrainerWait()
+    pool, agents = build_rollout(cfg, engines, weights, manager, task=task, sink=sink, log=log, trainer=idle)
+    return Coordinator(
+        cfg, trainer, weights, manager, pool, agents, idle, controller=controller, sink=sink, log=log, on_bound=on_bound
+    )
 
 
 def publish_first_version(cfg: Config, trainer: StepTrainer) -> WeightSource:
