@@ -317,8 +317,9 @@ class TrainerConfig:
 
     micro_batch_tokens: int | None = _f(
         None,
-        "Sharded trainer (psrl.deployment.train_ngpus_per_node > 1): token budget of one micro-batch on one rank "
-        "(prompt + response tokens; a longer trajectory runs alone); null = one micro-batch per rank and minibatch.",
+        "Sharded trainer (psrl.deployment.train_ngpus_per_node > 1): budget of one micro-batch on one rank in "
+        "padded tokens, rows x its longest row (prompt + response: what the right-padded forward holds; a longer "
+        "trajectory runs alone); null = one micro-batch per rank and minibatch.",
         ge=1,
         fix="set trainer.micro_batch_tokens to a positive token count, e.g. 4096, or null for no limit",
     )
