@@ -140,6 +140,7 @@ class ShardedTrainer:
             dtype=self.dtype,
             reshard_after_forward=self.cfg.reshard_after_forward,
             collective_timeout_s=self.cfg.rank_timeout_s,
+            heartbeat_s=self.cfg.rank_heartbeat_s,
         )
 
     def close(self) -> None:

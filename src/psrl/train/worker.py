@@ -86,6 +86,9 @@ class WorkerSpec:
     reshard_after_forward: bool = True
     collective_timeout_s: float = 300.0
     """A collective that waits longer (a peer dead or stuck) raises instead of hanging."""
+    heartbeat_s: float = 10.0
+    """``trainer.rank_heartbeat_s``: a rank process's side thread beats this often; the driver reports a rank that
+    misses :data:`psrl.train.launch.SILENT_BEATS` beats as silent (:class:`~psrl.train.launch.LocalRanks`)."""
 
 
 @dataclass(frozen=True)
