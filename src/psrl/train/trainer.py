@@ -30,7 +30,7 @@ import torch
 from psrl.algo.advantages import ADV_ESTIMATORS
 from psrl.algo.corrections import batch_corrections
 from psrl.algo.divergence import divergence_metrics
-from psrl.algo.losses import policy_loss
+from psrl.algo.losses import policy_loss, token_loss
 from psrl.heap import trim
 from psrl.types import WeightStore
 
@@ -100,7 +100,7 @@ class Trainer:
         chunks = _split(len(trajs), self.cfg.minibatches)
         before = self._snapshot() if len(chunks) > 1 else None  # a later minibatch may go NaN
         self.last_skip = None
-        per_mb = []
+        per_mb, empty = [], 0
         for k, idx in enumerate(chunks):
             logp = self.policy.sequence_logprobs([prompts[i] for i in idx], [responses[i] for i in idx], temp)
             width = logp.shape[1]
@@ -110,6 +110,13 @@ class Trainer:
             where = f" (minibatch {k + 1}/{len(chunks)})" if len(chunks) > 1 else ""
             if not math.isfinite(float(loss.detach())):
                 return self._skip(f"loss is {float(loss.detach())!r}{where}", before, divergence)
+            _, eff = token_loss(
+                logp.detach(), old[idx, :width], behav[idx, :width], adv[idx], mask[idx, :width], self.algo_cfg
+            )
+            if not bool((eff > 0).any()):  # no token in the loss: AdamW would still move the weights (as RankWorker)
+                empty += 1
+                per_mb.append({**m, "train/grad_norm": 0.0, "train/loss": float(loss.detach())})
+                continue
             norm = self._optimise(loss, lr_scale)
             if norm is None:
                 return self._skip(f"gradient norm is not finite{where}", before, divergence)
@@ -124,6 +131,7 @@ class Trainer:
             **corrections,
             "train/adv_abs_mean": float(adv.abs().mean()),
             "train/skipped_steps": self.skipped_steps,
+            "train/empty_minibatches": float(empty),
         }
 
     def _skip(self, reason: str, before: tuple | None, divergence: dict[str, float]) -> dict[str, float]:
