@@ -31,7 +31,6 @@ from psrl.algo.advantages import ADV_ESTIMATORS
 from psrl.algo.corrections import batch_corrections
 from psrl.algo.divergence import divergence_metrics
 from psrl.algo.losses import policy_loss, token_loss
-from psrl.heap import trim
 from psrl.types import WeightStore
 
 if TYPE_CHECKING:
@@ -78,7 +77,6 @@ class Trainer:
         pre-update policy, per staleness level ``batch.version - V_traj`` too); what the batch was is the
         coordinator's row. The batch-global corrections (M2PO's mask, VCPO's learning-rate scale) are computed
         once, before the first minibatch."""
-        trim()  # what the last step (and the rollouts since) freed goes back to the kernel (psrl/heap.py)
         trajs, flat_adv = batch_advantages(batch, self.algo_cfg, "Trainer.step")
         dev = self.policy.device
         adv = torch.tensor(flat_adv, dtype=torch.float32, device=dev)

@@ -53,7 +53,6 @@ from torch.distributed.tensor import DTensor
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
-from psrl.heap import trim
 from psrl.models.builder import DTYPES
 from psrl.train.planner import Plan, loss_weights
 from psrl.train.publish import finish_version, write_share
@@ -172,12 +171,9 @@ class RankWorker:
         if cmd not in COMMANDS:
             raise ValueError(f"unknown trainer command {cmd!r}, use one of {COMMANDS}")
         method = getattr(self, cmd)
-        try:
-            if cmd in ("digest", "state", "usage"):
-                return method()
-            return method(*arg) if isinstance(arg, tuple) else method(arg)
-        finally:
-            trim()  # what the command freed goes back to the kernel once, not tensor by tensor (psrl/heap.py)
+        if cmd in ("digest", "state", "usage"):
+            return method()
+        return method(*arg) if isinstance(arg, tuple) else method(arg)
 
     def _forward(self, inp: StepInput, rows: tuple[int, ...]) -> Tensor:
         """``[b, T]`` log-probs of the rows' response tokens, one right-padded forward (as
