@@ -16,8 +16,9 @@ PROBE = textwrap.dedent(
         assert return_freed_memory()
     import torch
     torch.set_num_threads(1)
-    def rss():
-        return int(open("/proc/self/statm").read().split()[1]) * 4096
+    def rss():  # anonymous pages only: file-backed ones (torch's libraries) come and go with the machine's load
+        line = next(ln for ln in open("/proc/self/status") if ln.startswith("RssAnon:"))
+        return int(line.split()[1]) * 1024
     torch.empty(4 << 20, dtype=torch.uint8).fill_(1)  # freed: glibc's dynamic threshold rises to 4 MiB
     small = []
     for i in range(100):  # growing blocks, each freed under a small one kept: what a trainer's steps leave

@@ -15,6 +15,7 @@ RANK = {
     "errors": 0,
     "metrics": 0,
     "heap": 0,
+    "lifeline": 0,
     "models": 2,
     "algo": 2,
     "tasks": 3,

@@ -45,6 +45,7 @@ def _m(name: str, unit: str, meaning: str, owner: str, members: str = "") -> Met
 
 _C = "psrl.runtime.coordinator"
 _T = "psrl.train.trainer"
+_W = "psrl.train.worker"
 _L = "psrl.algo.losses"
 _X = "psrl.algo.corrections"
 _A = "psrl.rollout.client.records"
@@ -143,6 +144,13 @@ METRICS: tuple[Metric, ...] = (
     _m("train/loss", "nats", "Total loss of the step (mean over minibatches).", _T),
     _m("train/grad_norm", "-", "Gradient norm before clipping (mean over minibatches).", _T),
     _m("train/adv_abs_mean", "-", "Mean |advantage| over the batch.", _T),
+    _m(
+        "train/empty_minibatches",
+        "count",
+        "Minibatches of this step with no token in the loss (all masked: loss mask, rejection sampling, M2PO): "
+        "not stepped, as AdamW's momentum and weight decay would still move the weights.",
+        _W,
+    ),
     _m(
         "train/skipped_steps",
         "count",

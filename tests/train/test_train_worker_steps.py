@@ -23,8 +23,11 @@ SKEWED = [62, 3, 2, 40, 30, 45, 30, 3]
 the other; [40, 30, 45] is one micro-batch a rank under 256 tokens, two beside one (and a padding one) under 64."""
 
 
-def _skewed_step(ranks, world: int, budget: int | None, nan_minibatch: int | None = None) -> dict[str, float]:
-    """One step on the SKEWED batch (3 minibatches); ``nan_minibatch``: that minibatch's advantages are NaN."""
+def _skewed_step(
+    ranks, world: int, budget: int | None, nan_minibatch: int | None = None, masked: tuple[int, ...] = ()
+) -> dict[str, float]:
+    """One step on the SKEWED batch (3 minibatches); ``nan_minibatch``: that minibatch's advantages are NaN;
+    ``masked``: those minibatches' loss masks are all zero."""
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(1, 40, (2,), generator=g).tolist() for _ in SKEWED]
     responses = [torch.randint(1, 40, (n - 2,), generator=g).tolist() for n in SKEWED]
@@ -34,6 +37,9 @@ def _skewed_step(ranks, world: int, budget: int | None, nan_minibatch: int | Non
     if nan_minibatch is not None:
         for i in p.rows(nan_minibatch):
             adv[i] = float("nan")
+    for k in masked:
+        for i in p.rows(k):
+            masks[i] = [0.0] * len(masks[i])
     old: dict[int, list[float]] = {}
     for part in ranks.call("logprobs", StepInput(p, prompts, responses)):
         old.update(part)
@@ -106,6 +112,29 @@ def test_a_nan_in_the_second_minibatch_leaves_no_update_at_two_ranks(two_ranks, 
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert _skewed_step(two_ranks, 2, 64)["skipped_minibatch"] == 0.0
     assert _max_diff(_state(one), _state(two_ranks)) > 1e-4
+
+
+def test_an_all_masked_minibatch_does_not_step_adamw(two_ranks, tmp_path):
+    """A minibatch with no token in the loss (all masked: the loss mask here; M2PO's and RS's keep masks reach the
+    ranks the same way, through the driver's weights) is not stepped: a step of AdamW on its zero gradient would
+    still move the weights (momentum; weight decay). Every minibatch masked: weights and AdamW state bit-identical
+    at 2 ranks, counted in ``train/empty_minibatches``; one of three masked: two steps, not three (and both ranks
+    agree: a rank stepping alone would deadlock here)."""
+    one = InProcess(_spec("token-mean"))
+    _step(one, "token-mean", 1, 0, None)  # AdamW has moments: a zero-gradient step would move the weights
+    one.call("save", str(tmp_path / "start"))
+    two_ranks.call("load", str(tmp_path / "start"))
+    before = _saved(two_ranks, tmp_path / "before")
+    m = _skewed_step(two_ranks, 2, 64, masked=(0, 1, 2))
+    after = _saved(two_ranks, tmp_path / "after")
+    assert before.keys() == after.keys() and any(k.startswith("/optim/state") for k in before)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    assert m["train/empty_minibatches"] == 3.0 and m["skipped_minibatch"] == 0.0
+    m = _skewed_step(two_ranks, 2, 64, masked=(1,))
+    assert m["train/empty_minibatches"] == 1.0
+    stepped = _saved(two_ranks, tmp_path / "stepped")
+    steps = {float(stepped[k] - before[k]) for k in before if k.startswith("/optim/state") and k.endswith("/step")}
+    assert steps == {2.0}
 
 
 @pytest.mark.slow

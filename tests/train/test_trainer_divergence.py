@@ -38,6 +38,7 @@ ROW_BEFORE = {  # the keys a step returned before the divergence metrics (issue 
     "train/loss",
     "train/adv_abs_mean",
     "train/skipped_steps",
+    "train/empty_minibatches",  # issue 33
 }
 
 

@@ -317,8 +317,9 @@ class TrainerConfig:
 
     micro_batch_tokens: int | None = _f(
         None,
-        "Sharded trainer (psrl.deployment.train_ngpus_per_node > 1): token budget of one micro-batch on one rank "
-        "(prompt + response tokens; a longer trajectory runs alone); null = one micro-batch per rank and minibatch.",
+        "Sharded trainer (psrl.deployment.train_ngpus_per_node > 1): budget of one micro-batch on one rank in "
+        "padded tokens, rows x its longest row (prompt + response: what the right-padded forward holds; a longer "
+        "trajectory runs alone); null = one micro-batch per rank and minibatch.",
         ge=1,
         fix="set trainer.micro_batch_tokens to a positive token count, e.g. 4096, or null for no limit",
     )
@@ -329,14 +330,28 @@ class TrainerConfig:
     )
     rank_timeout_s: float = _f(
         600.0,
-        "Sharded trainer: seconds to wait for every rank's reply to one command (a step, a publish, a save) and "
-        "for a collective; past it the run stops naming the silent rank and its log tail.",
+        "Sharded trainer: seconds one command of the ranks (a step, a publish, a save) may take, and a collective "
+        "may wait; past it the run stops naming the ranks still working and a log tail.",
+        gt=0,
+    )
+    rank_heartbeat_s: float = _f(
+        10.0,
+        "Sharded trainer, local ranks: seconds between the heartbeats each rank's side thread sends while it works "
+        "or waits; a rank that misses 3 in a row (stopped, hung) stops the run naming that rank alone, not the "
+        "peers blocked behind it. Must be under a third of trainer.rank_timeout_s.",
         gt=0,
     )
 
     def check(self) -> None:
         for name in self.logger:
             one_of("trainer.logger", name, ["console", "tensorboard", "wandb"])
+        require(
+            3 * self.rank_heartbeat_s < self.rank_timeout_s,
+            "trainer.rank_heartbeat_s",
+            f"is {self.rank_heartbeat_s:g}: 3 missed heartbeats would take longer than trainer.rank_timeout_s "
+            f"({self.rank_timeout_s:g}), so a silent rank would be reported as a long command",
+            f"set trainer.rank_heartbeat_s below {self.rank_timeout_s / 3:g}, or raise trainer.rank_timeout_s",
+        )
 
 
 # --------------------------------------------------------------------------- weights.*

@@ -2,10 +2,19 @@
 
 :class:`LocalRanks` spawns ``world_size`` processes running :func:`serve` (a :class:`~psrl.train.worker.RankWorker`
 answering commands), one pipe each, and
-:meth:`LocalRanks.call` sends every rank the same command and waits -- bounded -- for every reply. A rank that dies,
-errs or stays silent past ``reply_timeout_s`` raises :class:`RankFailure` naming the rank, its exit code and the tail
-of its log, and every rank is then killed: never a hang, never a rank left behind. The ranks also exit on their own
-when the driver dies (they watch their parent), so a SIGKILLed psrl leaves none.
+:meth:`LocalRanks.call` sends every rank the same command and waits -- bounded -- for every reply. A rank that dies
+or errs raises :class:`RankFailure` naming the rank, its exit code and the tail of its log, and every rank is then
+killed: never a hang, never a rank left behind. Silence is told apart from a long command: each rank's side thread
+beats every ``WorkerSpec.heartbeat_s`` (``trainer.rank_heartbeat_s``) into shared memory, so a rank that misses
+:data:`SILENT_BEATS` beats (stopped, hung, its machine gone) is named -- alone, not the peers blocked behind it in a
+collective, which keep beating -- while a rank that beats may run one command for up to ``reply_timeout_s``
+(``trainer.rank_timeout_s``).
+
+The ranks die with the driver, SIGKILL included (:mod:`psrl.lifeline`, what a rank runs before it imports torch):
+the kernel kills each one when the driver's thread that started it ends (``PR_SET_PDEATHSIG``), so
+:class:`LocalRanks` starts them from a thread of its own that lives as long as they do; each rank also exits when
+it finds itself re-parented (its side thread compares ``getppid()`` with the driver's pid, passed in: no race
+with a driver that dies while the rank is starting).
 
 :class:`InProcess` is world size 1: the same :class:`~psrl.train.worker.RankWorker` in the driver, no process group.
 Both answer ``call`` (blocking) and ``acall`` (awaitable: the blocking wait runs in a thread, so the coordinator's
@@ -17,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
+import pickle
 import socket
 import sys
 import tempfile
@@ -33,6 +43,7 @@ from typing import Any, Protocol, Self
 import torch
 import torch.distributed as dist
 
+from psrl import lifeline
 from psrl.heap import return_freed_memory
 from psrl.train.worker import RankWorker, WorkerSpec
 
@@ -45,6 +56,7 @@ __all__ = [
     "InProcess",
     "free_port",
     "serve",
+    "SILENT_BEATS",
     "join_group",
     "leave_group",
     "redirect_output",
@@ -52,6 +64,12 @@ __all__ = [
 
 LOG_TAIL = 20
 """Lines of a failed rank's log quoted in the error."""
+
+Beats = Any
+"""``beats[rank]``: a shared array of unsigned counters (``multiprocessing``'s ``Array("Q", world_size)``)."""
+
+SILENT_BEATS = 3
+"""Heartbeats a rank may miss before the driver reports it silent (``3 x trainer.rank_heartbeat_s``)."""
 
 
 class RankFailure(RuntimeError):
@@ -142,7 +160,8 @@ class RankGroup:
 
 
 class LocalRanks(RankGroup):
-    """``world_size`` rank processes on this machine (spawned, so nothing of the driver's state is inherited)."""
+    """``world_size`` rank processes on this machine (spawned, so nothing of the driver's state is inherited),
+    started from a thread of their own that ends only after they do (``PR_SET_PDEATHSIG`` follows that thread)."""
 
     def __init__(
         self,
@@ -152,21 +171,46 @@ class LocalRanks(RankGroup):
         log_dir: str | Path | None = None,
     ):
         super().__init__(world_size, reply_timeout_s, log_dir)
+        self.heartbeat_s = spec.heartbeat_s
         ctx = mp.get_context("spawn")
-        port = free_port()
+        self.beats: Beats = ctx.Array("Q", world_size, lock=False)
         self.conns: list[Connection] = []
         self.procs: list[BaseProcess] = []
-        for rank in range(world_size):
-            ours, theirs = ctx.Pipe()
-            log = str(self.log_path(rank))
-            p = ctx.Process(
-                target=serve, args=(theirs, spec, rank, world_size, port, log), daemon=True, name=f"psrl-rank{rank}"
-            )
-            p.start()
-            theirs.close()
-            self.conns.append(ours)
-            self.procs.append(p)
-        self._gather()  # each rank answers "ready" once its model is built and loaded
+        self._released = threading.Event()
+        started = threading.Event()
+        failed: list[BaseException] = []
+        self._holder = threading.Thread(
+            target=self._start_and_hold, args=(ctx, spec, started, failed), name="psrl-ranks", daemon=True
+        )
+        self._holder.start()
+        started.wait()
+        if failed:
+            self.kill()
+            raise failed[0]
+        self._gather("start", heartbeats=False)  # "ready" once a rank's model is built and loaded; importing
+        # torch holds the interpreter's lock for seconds at a time (its libraries loading): no beats then
+
+    def _start_and_hold(self, ctx: Any, spec: WorkerSpec, started: threading.Event, failed: list) -> None:
+        """The ranks' parent thread: spawn them, then wait until :meth:`kill` has reaped them. Were this thread to
+        end first, the kernel would SIGKILL the ranks (their parent-death signal fires when the thread that forked
+        them exits, not the process)."""
+        try:
+            port = free_port()
+            for rank in range(self.world_size):
+                ours, theirs = ctx.Pipe()
+                log = str(self.log_path(rank))
+                payload = pickle.dumps((serve, (spec, rank, self.world_size, port, log)))
+                args = (os.getpid(), self.beats, rank, spec.heartbeat_s, payload, theirs)
+                p = ctx.Process(target=lifeline.run, args=args, daemon=True, name=f"psrl-rank{rank}")
+                p.start()
+                theirs.close()
+                self.conns.append(ours)
+                self.procs.append(p)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the constructor, which raises it
+            failed.append(exc)
+        finally:
+            started.set()
+        self._released.wait()
 
     @property
     def pids(self) -> list[int | None]:
@@ -179,26 +223,27 @@ class LocalRanks(RankGroup):
                 c.send((cmd, arg))
             except (BrokenPipeError, OSError):
                 self._fail(rank, f"is gone (exit code {self.procs[rank].exitcode})")
-        return self._gather()
+        return self._gather(cmd)
 
     async def acall(self, cmd: str, arg: Any = None) -> list[Any]:
         """:meth:`call` in a worker thread: the driver's event loop is not blocked while the ranks work."""
         return await asyncio.to_thread(self.call, cmd, arg)
 
-    def _gather(self) -> list[Any]:
-        """Every rank's reply within one ``reply_timeout_s`` deadline: the wait wakes on a reply *or* on a rank's
-        death (its process sentinel), so a dead rank is reported at once, not after the timeout."""
+    def _gather(self, cmd: str, heartbeats: bool = True) -> list[Any]:
+        """Every rank's reply to ``cmd`` within one ``reply_timeout_s`` deadline. The wait wakes on a reply, on a
+        rank's death (its process sentinel: reported at once) and every heartbeat period, to look for a rank
+        whose beats stopped for :data:`SILENT_BEATS` periods (with ``heartbeats``; else the deadline alone)."""
         out: dict[int, Any] = {}
-        deadline = time.monotonic() + self.reply_timeout_s
+        now = time.monotonic()
+        deadline = now + self.reply_timeout_s
+        silence = SILENT_BEATS * self.heartbeat_s
+        heard = {r: (self.beats[r], now) for r in range(self.world_size)}  # last beat count, when it changed
         while len(out) < self.world_size:
             pending = [r for r in range(self.world_size) if r not in out]
             ready = wait(
                 [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending],
-                timeout=max(0.0, deadline - time.monotonic()),
+                timeout=max(0.0, min(deadline - time.monotonic(), self.heartbeat_s)),
             )
-            if not ready:
-                names = ", ".join(str(r) for r in pending)
-                self._fail(pending[0], f"did not answer within {self.reply_timeout_s:g} s (silent ranks: {names})")
             for r in pending:
                 c, p = self.conns[r], self.procs[r]
                 if c.poll():
@@ -212,6 +257,29 @@ class LocalRanks(RankGroup):
                     out[r] = value
                 elif not p.is_alive():
                     self._fail(r, f"died (exit code {p.exitcode})")
+            if ready:
+                continue
+            now = time.monotonic()
+            for r in pending:
+                if self.beats[r] != heard[r][0]:
+                    heard[r] = (self.beats[r], now)
+            silent = [r for r in pending if heartbeats and r not in out and now - heard[r][1] > silence]
+            if silent:
+                others = [r for r in pending if r not in out and r not in silent]
+                self._fail(
+                    silent[0],
+                    f"went silent during {cmd!r}: no heartbeat for {now - heard[silent[0]][1]:.1f} s "
+                    f"(trainer.rank_heartbeat_s={self.heartbeat_s:g}; stopped or hung)"
+                    + (f"; silent ranks: {', '.join(map(str, silent))}" if len(silent) > 1 else "")
+                    + (f"; alive and waiting: {', '.join(map(str, others))}" if others else ""),
+                )
+            if now >= deadline:
+                names = ", ".join(str(r) for r in pending if r not in out)
+                self._fail(
+                    pending[0],
+                    f"did not finish {cmd!r} within {self.reply_timeout_s:g} s (trainer.rank_timeout_s; "
+                    f"still working: {names})",
+                )
         return [out[r] for r in range(self.world_size)]
 
     def _fail(self, rank: int, what: str, tail: str | None = None) -> None:
@@ -235,7 +303,8 @@ class LocalRanks(RankGroup):
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL every rank still alive (a rank blocked in a collective cannot be asked)."""
+        """SIGKILL every rank still alive (a rank blocked in a collective cannot be asked); then the thread that
+        started them may end."""
         for p in self.procs:
             if p.is_alive():
                 p.kill()
@@ -243,15 +312,14 @@ class LocalRanks(RankGroup):
             p.join(timeout=10)
         for c in self.conns:
             c.close()
+        self._released.set()
 
 
 def serve(conn: Connection, spec: WorkerSpec, rank: int, world_size: int, port: int, log: str | None) -> None:
-    """The rank process: join the group, then answer ``(command, arg)`` messages with ``("ok", result)`` or
-    ``("error", traceback)`` until ``("close", None)`` or the driver goes away (pipe closed, or this process
-    re-parented: the driver was killed). ``log``: a file that takes this rank's stdout and stderr."""
+    """The rank process (started through :func:`psrl.lifeline.run`: it dies with the driver and beats): join the
+    group, then answer ``(command, arg)`` messages with ``("ok", result)`` or ``("error", traceback)`` until
+    ``("close", None)`` or the driver goes away (pipe closed). ``log``: a file that takes its stdout and stderr."""
     redirect_output(log)
-    parent = os.getppid()
-    threading.Thread(target=_orphan_watch, args=(parent,), daemon=True).start()
     join_group(spec, rank, world_size, f"tcp://127.0.0.1:{port}", cuda_index=rank)
     try:
         try:
@@ -317,11 +385,3 @@ def _loop(conn: Connection, worker: RankWorker) -> None:
             conn.send(("error", traceback.format_exc()))
             continue
         conn.send(("ok", result))
-
-
-def _orphan_watch(parent: int) -> None:
-    """Exit at once when the driver dies (this process is re-parented): no rank outlives psrl, even after SIGKILL,
-    and a rank blocked in a collective is not waited for."""
-    while os.getppid() == parent:
-        threading.Event().wait(1.0)
-    os._exit(1)

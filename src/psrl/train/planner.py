@@ -3,8 +3,9 @@
 The driver sees the whole batch, so it decides, for every minibatch (``trainer.minibatches``):
 
 * which rank trains which trajectories -- balanced by tokens (longest first, onto the lightest rank);
-* how each rank's share is packed into micro-batches under a token budget per micro-batch
-  (first-fit decreasing; a trajectory longer than the budget gets a micro-batch of its own);
+* how each rank's share is packed into micro-batches under a token budget per micro-batch -- a budget of the
+  *padded* area, rows x longest row, since a micro-batch is one right-padded forward (first-fit decreasing; a
+  trajectory longer than the budget gets a micro-batch of its own);
 * the same number of micro-batches on every rank: the short ranks get empty, zero-weight micro-batches
   that the worker still runs forward and backward, so no rank does one collective fewer (verl #6176);
 * per-token loss weights with the minibatch's **global** denominators, so that
@@ -65,23 +66,25 @@ def balance(lengths: dict[int, int], world_size: int) -> list[list[int]]:
 
 
 def pack(lengths: dict[int, int], budget: int | None) -> list[list[int]]:
-    """First-fit decreasing of ``index -> tokens`` into micro-batches of at most ``budget`` tokens (None: one
-    micro-batch); a trajectory over the budget is alone in its micro-batch."""
+    """First-fit decreasing of ``index -> tokens`` into micro-batches whose padded area (rows x longest row: what a
+    right-padded forward allocates) is at most ``budget`` (None: one micro-batch); a trajectory over the budget is
+    alone in its micro-batch. Rows go in longest first, so a micro-batch's first row is its longest and it holds
+    ``budget // that length`` rows."""
     if not lengths:
         return []
     if budget is None:
         return [sorted(lengths)]
     bins: list[list[int]] = []
-    room: list[int] = []
+    room: list[int] = []  # rows each micro-batch can still take
     for i in sorted(lengths, key=lambda j: (-lengths[j], j)):
         for b, free in enumerate(room):
-            if lengths[i] <= free:
+            if free > 0:
                 bins[b].append(i)
-                room[b] -= lengths[i]
+                room[b] -= 1
                 break
         else:
             bins.append([i])
-            room.append(budget - lengths[i])
+            room.append(budget // max(lengths[i], 1) - 1)
     return [sorted(b) for b in bins]
 
 

@@ -171,6 +171,7 @@ class Trainer:
             dtype=self.dtype,
             reshard_after_forward=self.cfg.reshard_after_forward,
             collective_timeout_s=self.cfg.rank_timeout_s,
+            heartbeat_s=self.cfg.rank_heartbeat_s,
         )
 
     def close(self) -> None:

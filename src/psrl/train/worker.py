@@ -4,7 +4,8 @@ The driver never joins the process group; it sends each rank the same command an
 picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Commands:
 
 * ``logprobs(inp)`` -- the pre-update log-probs of the rank's rows (no grad), ``{row: [logp per response token]}``;
-* ``train_step(inp)`` -- one AdamW step per minibatch: per micro-batch ``sum(weight * token_loss)`` with the global
+* ``train_step(inp)`` -- one AdamW step per minibatch that has a token in the loss (a minibatch whose every token
+  is masked is not run: ``train/empty_minibatches``): per micro-batch ``sum(weight * token_loss)`` with the global
   weights the driver computed (:func:`step_input`), backward scaled by the world size (FSDP averages gradients), so
   the sharded gradient is the single-process one; clipping over the full norm; a non-finite loss or norm skips the
   step on every rank alike (both are global), undoing the minibatches before it (as the in-process trainer does);
@@ -86,6 +87,9 @@ class WorkerSpec:
     reshard_after_forward: bool = True
     collective_timeout_s: float = 300.0
     """A collective that waits longer (a peer dead or stuck) raises instead of hanging."""
+    heartbeat_s: float = 10.0
+    """``trainer.rank_heartbeat_s``: a rank process's side thread beats this often; the driver reports a rank that
+    misses :data:`psrl.train.launch.SILENT_BEATS` beats as silent (:class:`~psrl.train.launch.LocalRanks`)."""
 
 
 @dataclass(frozen=True)
@@ -224,9 +228,15 @@ class RankWorker:
         loss summed over ranks (the single-process aggregate)."""
         assert inp.old is not None and inp.adv is not None and inp.mask is not None
         dev = torch.device(self.spec.device)
-        losses, norms, actor, skipped, why = [], [], [], 0, ""
+        losses, norms, actor, skipped, empty, why = [], [], [], 0, 0, ""
         before = self._snapshot() if len(inp.plan.minibatches) > 1 else None  # a later minibatch may go NaN
         for k in range(len(inp.plan.minibatches)):
+            if not any(v > 0 for row in inp.weights[k].values() for v in row):  # the same on every rank
+                empty += 1  # no token in the loss: AdamW would still move the weights (momentum, weight decay)
+                losses.append(0.0)  # what its forward would report: a zero loss, a zero gradient
+                norms.append(0.0)
+                actor.append(actor_metrics(torch.zeros(len(ACTOR_SUMS))))
+                continue
             self.optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), device=dev)
             sums = torch.zeros(len(ACTOR_SUMS), device=dev)
@@ -264,6 +274,7 @@ class RankWorker:
             "train/loss": sum(losses) / len(losses),
             "train/grad_norm": sum(norms) / len(norms),
             **{name: sum(m[name] for m in actor) / len(actor) for name in actor[0]},
+            "train/empty_minibatches": float(empty),
             "skipped_minibatch": float(skipped),  # not a metric: 0, or the minibatch (1-based) that skipped the step
             "skip_reason": why,  # not a metric: why it skipped ("" when it did not)
         }
