@@ -130,13 +130,13 @@ def test_reference_rows_have_five_cells():
         assert len(re.split(r"(?<!\\)\|", row.strip())) - 2 == 3, row
 
 
-def test_psrl_use_dcp_save_is_accepted_and_says_checkpoints_are_dcp_when_sharded():
-    """PSRL's ``psrl.checkpoint.use_dcp_save`` (Megatron's switch there) loads either way: a sharded trainer always
-    writes DCP, the in-process one trainer.pt, and the fate table says so; another key of the section is unknown."""
+def test_psrl_use_dcp_save_is_accepted_and_says_checkpoints_are_always_dcp():
+    """PSRL's ``psrl.checkpoint.use_dcp_save`` (Megatron's switch there) loads either way: the trainer writes DCP at
+    every world size, and the fate table says so; another key of the section is unknown."""
     for value in ("true", "false"):
         assert load_config(None, [f"psrl.checkpoint.use_dcp_save={value}"]).psrl.checkpoint.use_dcp_save == (
             value == "true"
         )
-    assert "| `psrl.checkpoint.use_dcp_save` | accepted, no effect | a sharded trainer" in reference_markdown()
+    assert "| `psrl.checkpoint.use_dcp_save` | accepted, no effect | the trainer always writes" in reference_markdown()
     with pytest.raises(ConfigError, match="psrl.checkpoint.format"):
         load_config(None, ["psrl.checkpoint.format=dcp"])

@@ -28,7 +28,7 @@ MOVED = {
 """Keys that were renamed or removed: the old name is rejected with the new one in the message."""
 _GPU = "needs PSRL's GPU infrastructure, which this project does not run"
 OUT_OF_SCOPE = {
-    "psrl.ps_mode": f"the parameter-server transport (cpu_ref / NIXL) {_GPU}; weights go through an in-process store",
+    "psrl.ps_mode": f"the parameter-server transport (cpu_ref / NIXL) {_GPU}; weights go through psrl.weights (the ranks' files, or memory at one rank with hf engines)",
     "psrl.nixl": f"NIXL RDMA weight transfer {_GPU}",
     "psrl.lmcache": f"LMCache KV offloading {_GPU}",
     "psrl.tms": f"the torch memory saver (TMS) {_GPU}",

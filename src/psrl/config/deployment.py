@@ -37,8 +37,8 @@ class DeploymentConfig:
     )
     train_ngpus_per_node: int = _f(
         1,
-        "Trainer ranks per node: GPUs with model.device=cuda, processes with cpu (FSDP2 over gloo). 1 = the "
-        "in-process trainer (no process group); more = that many rank processes (Ray actors with "
+        "Trainer ranks per node: GPUs with model.device=cuda, processes with cpu (FSDP2 over gloo). 1 = one "
+        "rank in the driver's own process (no process group); more = that many rank processes (Ray actors with "
         "runtime.backend=ray), sharded (docs/trainer.md).",
         ge=1,
     )
@@ -78,6 +78,6 @@ class CheckpointConfig:
     use_dcp_save: bool = _f(
         False,
         "PSRL's switch to save the trainer with torch.distributed.checkpoint (DCP; PSRL: Megatron).",
-        effect="a sharded trainer (world size > 1) always writes model and AdamW as DCP (checkpoint/ranks/), the "
-        "in-process one (world size 1) trainer.pt; either resumes at any world size (docs/trainer.md)",
+        effect="the trainer always writes model and AdamW as DCP (checkpoint/ranks/), at every world size; a "
+        "checkpoint resumes at any world size (docs/trainer.md)",
     )
