@@ -259,7 +259,33 @@ def weights_scale() -> str:
     return _table(header, rows)
 
 
+ENGINE_NOTES = {
+    "nocache": "first {nocache_tokens} tokens of each request only (O(L^2): slower still at {new_tokens})",
+    "hf_shared": "`hf` with unseeded requests, one shared generator (before issue 34)",
+    "hf": "KV cache, continuous batching, 2 torch threads, a seed per request",
+    "vllm": "psrl's streaming client, one server, KV cache 2 GiB",
+    "vllm_raw": "same server and endpoint, a plain concurrent HTTP client (no psrl), non-streamed",
+}
+
+
+def engines() -> str:
+    """docs/engines.md's tokens/s per engine (``benchmarks/engines.py``): the command, the table, the ratios."""
+    r = stored.read("engines")
+    setting = _command("engines") + (
+        f"\n{r['measured']}: {r['model']}, {r['requests']} requests x {r['new_tokens']} new tokens, temperature 1,\n"
+        f"prompts of {r['prompt_tokens'][0]}-{r['prompt_tokens'][1]} tokens (chat template), each engine given both "
+        f"cores in turn,\n`hf` and `hf_shared` alternating {r['repeats']} times (medians):\n"
+    )
+    rows = [[f"`{name}`", f"{tps:.1f}", ENGINE_NOTES[name].format(**r)] for name, tps in r["tokens_per_s"].items()]
+    ratios = ",\n".join(
+        f"`{k}` {v:.2f} (target >= {r['targets'][k]}{'' if v >= r['targets'][k] else ': not met'})"
+        for k, v in r["ratios"].items()
+    )
+    return setting + _table(["engine", "tokens/s", "note"], rows) + f"\nRatios: {ratios}.\n"
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "engines": engines,
     "weights_scale": weights_scale,
     "simulate-reference": simulate_reference,
     "simulate-model-vs-real": simulate_model_vs_real,
