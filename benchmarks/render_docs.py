@@ -284,8 +284,36 @@ def engines() -> str:
     return setting + _table(["engine", "tokens/s", "note"], rows) + f"\nRatios: {ratios}.\n"
 
 
+def smollm2_repro(name: str) -> str:
+    """docs/coordinator.md's SmolLM2 reproducibility (``benchmarks/smollm2_repro.py``): identical trajectories."""
+    r = stored.read(name)
+    rows = []
+    for engine, e in r["engines"].items():
+        first = e["first_reward_row_difference"]
+        rows.append(
+            [
+                f"`{engine}`",
+                f"{e['identical']} / {e['trajectories']}",
+                f"{e['fraction_identical']:.3f}",
+                str(e["tokens"]),
+            ]
+            + ["identical" if e["reward_rows_identical"] else f"differ from step {first}"]
+            + [f"{e['seconds'][0]:.0f} / {e['seconds'][1]:.0f}"]
+        )
+    header = ["engine", "identical trajectories", "fraction", "response tokens (first run)", "`reward/*` rows"]
+    header += ["s alone / beside the hog"]
+    return (
+        _command(name)
+        + f"\n{r['measured']}: {r['model']}, `{r['config']}` with\n"
+        + f"{', '.join(f'`{s}`' for s in r['settings'])}, `trainer.total_steps={r['total_steps']}`, "
+        + f"`trainer.seed={r['seed']}`;\nthe second run of each pair {r['second_run']}:\n"
+        + _table(header, rows)
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "engines": engines,
+    "smollm2-repro": lambda: smollm2_repro("smollm2_repro"),
     "weights_scale": weights_scale,
     "simulate-reference": simulate_reference,
     "simulate-model-vs-real": simulate_model_vs_real,
