@@ -314,6 +314,7 @@ def smollm2_repro(name: str) -> str:
 RENDERERS: dict[str, Callable[[], str]] = {
     "engines": engines,
     "smollm2-repro": lambda: smollm2_repro("smollm2_repro"),
+    "smollm2-repro-long": lambda: smollm2_repro("smollm2_repro_long"),
     "weights_scale": weights_scale,
     "simulate-reference": simulate_reference,
     "simulate-model-vs-real": simulate_model_vs_real,
