@@ -259,7 +259,62 @@ def weights_scale() -> str:
     return _table(header, rows)
 
 
+ENGINE_NOTES = {
+    "nocache": "first {nocache_tokens} tokens of each request only (O(L^2): slower still at {new_tokens})",
+    "hf_shared": "`hf` with unseeded requests, one shared generator (before issue 34)",
+    "hf": "KV cache, continuous batching, 2 torch threads, a seed per request",
+    "vllm": "psrl's streaming client, one server, KV cache 2 GiB",
+    "vllm_raw": "same server and endpoint, a plain concurrent HTTP client (no psrl), non-streamed",
+}
+
+
+def engines() -> str:
+    """docs/engines.md's tokens/s per engine (``benchmarks/engines.py``): the command, the table, the ratios."""
+    r = stored.read("engines")
+    setting = _command("engines") + (
+        f"\n{r['measured']}: {r['model']}, {r['requests']} requests x {r['new_tokens']} new tokens, temperature 1,\n"
+        f"prompts of {r['prompt_tokens'][0]}-{r['prompt_tokens'][1]} tokens (chat template), each engine given both "
+        f"cores in turn,\n`hf` and `hf_shared` alternating {r['repeats']} times (medians):\n"
+    )
+    rows = [[f"`{name}`", f"{tps:.1f}", ENGINE_NOTES[name].format(**r)] for name, tps in r["tokens_per_s"].items()]
+    ratios = ",\n".join(
+        f"`{k}` {v:.2f} (target >= {r['targets'][k]}{'' if v >= r['targets'][k] else ': not met'})"
+        for k, v in r["ratios"].items()
+    )
+    return setting + _table(["engine", "tokens/s", "note"], rows) + f"\nRatios: {ratios}.\n"
+
+
+def smollm2_repro(name: str) -> str:
+    """docs/coordinator.md's SmolLM2 reproducibility (``benchmarks/smollm2_repro.py``): identical trajectories."""
+    r = stored.read(name)
+    rows = []
+    for engine, e in r["engines"].items():
+        first = e["first_reward_row_difference"]
+        rows.append(
+            [
+                f"`{engine}`",
+                f"{e['identical']} / {e['trajectories']}",
+                f"{e['fraction_identical']:.3f}",
+                str(e["tokens"]),
+            ]
+            + ["identical" if e["reward_rows_identical"] else f"differ from step {first}"]
+            + [f"{e['seconds'][0]:.0f} / {e['seconds'][1]:.0f}"]
+        )
+    header = ["engine", "identical trajectories", "fraction", "response tokens (first run)", "`reward/*` rows"]
+    header += ["s alone / beside the hog"]
+    return (
+        _command(name)
+        + f"\n{r['measured']}: {r['model']}, `{r['config']}` with\n"
+        + f"{', '.join(f'`{s}`' for s in r['settings'])}, `trainer.total_steps={r['total_steps']}`, "
+        + f"`trainer.seed={r['seed']}`;\nthe second run of each pair {r['second_run']}:\n"
+        + _table(header, rows)
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "engines": engines,
+    "smollm2-repro": lambda: smollm2_repro("smollm2_repro"),
+    "smollm2-repro-long": lambda: smollm2_repro("smollm2_repro_long"),
     "weights_scale": weights_scale,
     "simulate-reference": simulate_reference,
     "simulate-model-vs-real": simulate_model_vs_real,
