@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,20 +33,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from engines import _in_netns  # noqa: E402  # the same loopback-only namespace as the engines benchmark
 
 SETTINGS = ["psrl.staleness=0", "trainer.warm_start_steps=0", "model.gguf_file=null"]
 """Departures from examples/smollm2_arith.yaml: synchronous, no warm start, the converted directory (not the GGUF)."""
 
 ENGINE_SETTINGS = {"hf": [], "vllm": ["rollout.engine=vllm", "psrl.deployment.n_rollout_instances=1"]}
-
-
-def _in_netns() -> None:
-    """Re-run this script in a network namespace with only loopback up (vLLM probes outside at start-up)."""
-    if os.environ.get("PSRL_BENCH_NETNS") or shutil.which("unshare") is None:
-        return
-    env = {**os.environ, "PSRL_BENCH_NETNS": "1"}
-    cmd = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv]
-    sys.exit(subprocess.call(cmd, env=env))
 
 
 def train(run_dir: Path, overrides: list[str], beside_hog: bool) -> tuple[list[dict], dict[str, list[int]], float]:
