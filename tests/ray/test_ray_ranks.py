@@ -95,14 +95,16 @@ FAULTS = textwrap.dedent(
     spec = WorkerSpec(build=write_start_state(policy.model, work / "start.pt", "float32"), pad_id=policy.pad_id,
                       algo=cfg.algorithm, collective_timeout_s=60)
 
-    class NoStore:  # the engine must not need the driver's copy of a published version
+    from psrl.weights import FileVersions
+
+    class NoStore(FileVersions):  # the engine reads the directory itself: it must not ask the driver for the state
         def get(self, version=None):
             raise AssertionError("the engine asked the store for the state")
 
     ranks = RayRanks(spec, 2, 120, work / "ranks")
-    ranks.call("publish", (1, str(work / "weights"), 2))
+    ranks.call("publish", (1, str(work / "weights"), 2, 256, torch.float32))
     engine = build_ray_engines(cfg, 1, seed=0, run_dir=work)[0]
-    asyncio.run(engine.update_weights(1, NoStore()))
+    asyncio.run(engine.update_weights(1, NoStore(work / "weights")))
     assert engine.version == 1, engine.version
     os.kill(ranks.pids[1], signal.SIGKILL)
     try:

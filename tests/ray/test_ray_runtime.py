@@ -24,13 +24,14 @@ SCRIPT = textwrap.dedent(
     from psrl.rollout.engines.hf import HFEngine
     from psrl.runtime.ray_runtime import build_ray_engines
     from psrl.train import build_task_and_policy
-    from psrl.weights import ParameterStore
+    import tempfile
+    from psrl.weights import FileVersions, publish_model
     from psrl.types import Engine, GenRequest, Sampling
 
     cfg = load_config(None, ["trainer.temperature=0"])
     task, policy = build_task_and_policy(cfg)
-    store = ParameterStore(keep=2)
-    store.publish(4, policy.export_state())
+    store = FileVersions(tempfile.mkdtemp(prefix="psrl-ray-test-"))  # what the trainer's ranks write
+    publish_model(policy.model, store.root, 4)
     remote = build_ray_engines(cfg, 2, seed=0)
     local = [HFEngine(policy.replica(1 + i), sampling=Sampling(temperature=0, stop_ids=frozenset(task.stop_ids)))
              for i in range(2)]
