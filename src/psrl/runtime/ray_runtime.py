@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from pathlib import Path
 from typing import Any
 
 from psrl.types import EngineLoad, GenRequest, WeightSource
@@ -72,15 +71,12 @@ class EngineWorker:
     async def resume(self) -> None:
         await self.engine.resume()
 
-    async def update_weights_from(self, directory: str, version: int) -> int:
-        """Load the published ``directory`` (``weights/v{version}``, every bucket checked against its manifest);
-        returns the version the engine then holds."""
+    async def update_weights_from(self, root: str, version: int) -> int:
+        """Load ``version`` of the versions the ranks publish under ``root`` (``RUN_DIR/weights``; every bucket
+        checked against its manifest); returns the version the engine then holds."""
         from psrl.weights import FileVersions
 
-        source = FileVersions(Path(directory).parent)
-        if source.directory(int(version)) != Path(directory):
-            raise ValueError(f"{directory} is not version {version} of {source.root}")
-        await self.engine.update_weights(int(version), source)
+        await self.engine.update_weights(int(version), FileVersions(root))
         return self.engine.version
 
     def load(self) -> tuple:
@@ -145,8 +141,8 @@ class RayEngine:
 
         if not isinstance(store, VersionDirectories):
             raise TypeError(f"Ray engine actors read a published directory: {type(store).__name__} has none")
-        path = store.directory(int(version))
-        self.version = int(await self.actor.update_weights_from.remote(str(path), int(version)))
+        store.directory(int(version))  # a version not published is a KeyError here, as before the actor is asked
+        self.version = int(await self.actor.update_weights_from.remote(str(store.root), int(version)))
 
     def load(self) -> EngineLoad:
         return EngineLoad(running=len(self._running), queued=0, tokens_per_s=0.0)

@@ -266,10 +266,9 @@ class Trainer:
         started = time.perf_counter()
         dtype = DTYPES[self.dtype]
         if isinstance(self.out, ParameterStore):
-            state, _digest = self._call("export", (self.bucket_mb, dtype))[0]
+            state = self._call("export", (self.bucket_mb, dtype))[0]
             self.out.publish(int(version), state)
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
-            self._loaded = int(version)
         else:
             root = str(self.out.root)
             nbytes = self._call("publish", (int(version), root, self.keep, self.bucket_mb, dtype))[0]["bytes"]

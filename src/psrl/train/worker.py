@@ -13,7 +13,7 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
   ``usage()`` -- the rank's parameter and optimiser bytes and peak RSS;
 * ``publish((version, root, keep, bucket_mb, dtype))`` -- the weights as ``root/v{version}`` for the engines, each
   rank writing the buckets it owns from its shards (:func:`psrl.weights.publish_model`);
-* ``export((bucket_mb, dtype))`` -- world size 1, in process: the weights as CPU tensors and their digest;
+* ``export((bucket_mb, dtype))`` -- world size 1, in process: the weights as CPU tensors;
 * ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
   loaded at any other.
 
@@ -334,8 +334,8 @@ class RankWorker:
             self.model, root, version, rank=self.rank, world=self.world, bucket_mb=bucket_mb, dtype=dtype, keep=keep
         )
 
-    def export(self, bucket_mb: float, dtype: torch.dtype) -> tuple[dict[str, Tensor], str]:
-        """World size 1: the weights as CPU tensors in ``dtype`` and their version digest (the in-memory store)."""
+    def export(self, bucket_mb: float, dtype: torch.dtype) -> dict[str, Tensor]:
+        """World size 1: the weights as CPU tensors in ``dtype`` (the in-memory store)."""
         if self.world > 1:
             raise RuntimeError("RankWorker.export is world size 1's: sharded ranks publish files (publish)")
         return export_state(self.model, bucket_mb, dtype)

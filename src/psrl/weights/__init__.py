@@ -19,7 +19,7 @@ from psrl.weights.format import (
     version_digest,
     versions,
 )
-from psrl.weights.publish import MB, export_state, iter_buckets, publish_model
+from psrl.weights.publish import MB, export_state, iter_buckets, publish_model, state_digest
 from psrl.weights.store import FileVersions, ParameterStore, VersionDirectories
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "export_state",
     "iter_buckets",
     "publish_model",
+    "state_digest",
     "FileVersions",
     "ParameterStore",
     "VersionDirectories",

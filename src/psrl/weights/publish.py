@@ -15,7 +15,7 @@ driver's own process load from it).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from psrl.weights.format import BucketInfo, bucket_digest, finish_version, plan_buckets, version_digest, write_bucket
 
-__all__ = ["iter_buckets", "publish_model", "export_state", "MB"]
+__all__ = ["iter_buckets", "publish_model", "export_state", "state_digest", "MB"]
 
 MB = 1 << 20
 
@@ -40,7 +40,7 @@ def iter_buckets(
     """``(index, count, tensors)`` per bucket, ``tensors`` (CPU, cast to ``dtype`` where floating) on the rank that
     owns the bucket and None on the others. Every rank must run the whole iteration (the gathers are collectives)."""
     state = model.state_dict()
-    sizes = [(n, t.numel() * torch.empty((), dtype=_cast(t, dtype)).element_size()) for n, t in state.items()]
+    sizes = [(n, t.numel() * _cast(t, dtype).itemsize) for n, t in state.items()]
     buckets = plan_buckets(sizes, bucket_bytes)
     for b, names in enumerate(buckets):
         mine = b % world == rank
@@ -133,15 +133,19 @@ def publish_model(
     return summary[0]
 
 
-def export_state(
-    model: nn.Module, bucket_mb: float = 256, dtype: torch.dtype | None = None
-) -> tuple[dict[str, torch.Tensor], str]:
-    """World size 1 in memory: the model's tensors (CPU copies, in ``dtype``) and the version digest
-    :func:`publish_model` would write for them."""
+def export_state(model: nn.Module, bucket_mb: float = 256, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """World size 1 in memory: the model's tensors (CPU copies, in ``dtype``), bucket by bucket as
+    :func:`publish_model` takes them. No digest: nothing crosses a process (:func:`state_digest` computes the one
+    :func:`publish_model` would write, when a caller wants it)."""
     state: dict[str, torch.Tensor] = {}
-    digests = []
     for _, _, tensors in iter_buckets(model, 0, 1, int(bucket_mb * MB), dtype):
         assert tensors is not None
-        digests.append(bucket_digest(tensors))
         state.update(tensors)
-    return state, version_digest(digests)
+    return state
+
+
+def state_digest(state: Mapping[str, torch.Tensor], bucket_mb: float = 256) -> str:
+    """The version digest :func:`publish_model` writes for these tensors, in this order, at ``bucket_mb``."""
+    sizes = [(n, t.numel() * t.element_size()) for n, t in state.items()]
+    buckets = plan_buckets(sizes, int(bucket_mb * MB))
+    return version_digest([bucket_digest({n: state[n] for n in names}) for names in buckets])
