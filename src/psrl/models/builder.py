@@ -1,11 +1,16 @@
-"""A picklable model builder for the trainer ranks (issue #22): the architecture from a transformers config, the
-weights from a file the driver wrote.
+"""Picklable model builders for the trainer ranks (issues #22, #33 item 5): the architecture from a transformers
+config, the weights from ``model.*`` itself (:class:`ModelRecipe`) or from a file the driver wrote
+(:class:`StateFileModel`).
 
-The driver builds its policy (and warm-starts it) as the single-process trainer does, writes the weights once with
-:func:`write_start_state`, and hands the ranks a :class:`StateFileModel`: rank 0 calls it with ``"cpu"`` or
-``"cuda"`` and reads the file; the other ranks call it with ``"meta"`` (shapes only, no file read, no memory) and
-receive rank 0's weights by broadcast (:func:`psrl.train.shard.load_full_state`). So a model is read from disk
-once, whatever the world size.
+:class:`ModelRecipe` is how every process builds ``model.*``: the driver's policy (:func:`psrl.models.build_policy`),
+and, at world size > 1, rank 0 of the trainer -- so the ranks start from the same weights as a policy built in the
+driver, bit for bit, without the driver holding them. Called with ``"meta"`` it gives the architecture only (no file
+read, no memory): what the other ranks build before rank 0's weights arrive by broadcast
+(:func:`psrl.train.shard.load_full_state`), and the weightless policy of a driver whose engines are vLLM servers or
+Ray actors.
+
+:func:`write_start_state` and :class:`StateFileModel` remain for a driver that changed its policy's weights before
+the ranks start (the supervised warm start, ``build(weights=...)``): it writes them once, rank 0 reads them.
 """
 
 from __future__ import annotations
@@ -15,11 +20,78 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-__all__ = ["StateFileModel", "write_start_state"]
+__all__ = ["ModelRecipe", "StateFileModel", "write_start_state", "is_weightless"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """``build(device) -> model`` from ``model.*`` alone, identical wherever it runs.
+
+    ``path`` set: ``AutoModelForCausalLM.from_pretrained`` (offline; ``gguf_file`` inside it), its embeddings grown
+    to ``vocab_size`` when the task added tokens (the new rows drawn under ``seed``). ``path`` None: ``config``'s
+    architecture initialised from ``seed`` (the built-in model). ``device == "meta"``: the same architecture with no
+    weights.
+    """
+
+    config: PretrainedConfig | None
+    """The architecture of a model built from a seed (``path`` None)."""
+    path: str | None
+    gguf_file: str | None
+    vocab_size: int
+    seed: int
+    dtype: str = "float32"
+
+    def __call__(self, device: str) -> nn.Module:
+        model = self._meta() if device == "meta" else self._built()
+        if device != "meta":
+            model = model.to(device)
+        model.eval()  # no dropout: recorded and recomputed log-probs must agree
+        return model
+
+    def _built(self) -> nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            if self.path is None:
+                assert self.config is not None, "a seeded recipe carries its config"
+                model = AutoModelForCausalLM.from_config(self.config)
+            else:
+                kw: dict = {"local_files_only": True, "dtype": DTYPES[self.dtype]}
+                if self.gguf_file:
+                    kw["gguf_file"] = self.gguf_file
+                model = AutoModelForCausalLM.from_pretrained(self.path, **kw)
+                if self.gguf_file:
+                    from psrl.models.policy import drop_gguf_quantizer
+
+                    drop_gguf_quantizer(model, self.gguf_file)
+                self._grow(model, mean_resizing=True)
+        return model.to(DTYPES[self.dtype])
+
+    def _meta(self) -> nn.Module:
+        config = self.config
+        if self.path is not None:
+            kw = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+            config = AutoConfig.from_pretrained(self.path, local_files_only=True, **kw)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[self.dtype])
+            if self.path is not None:
+                self._grow(model, mean_resizing=False)  # shapes only: nothing to initialise
+        return model
+
+    def _grow(self, model: nn.Module, mean_resizing: bool) -> None:
+        table = model.get_input_embeddings().weight  # type: ignore[operator]
+        if not isinstance(table, torch.Tensor):
+            raise TypeError(f"model.path: {self.path}: its input embeddings have no weight table")
+        if self.vocab_size > table.shape[0]:
+            model.resize_token_embeddings(self.vocab_size, mean_resizing=mean_resizing)  # type: ignore[operator]
+
+
+def is_weightless(model: nn.Module) -> bool:
+    """Whether ``model`` was built on ``meta`` (shapes and config only: a driver that holds no weights)."""
+    return any(p.is_meta for p in model.parameters())
 
 
 @dataclass(frozen=True)

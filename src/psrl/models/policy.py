@@ -28,20 +28,31 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from psrl.models.builder import ModelRecipe, is_weightless
+
 __all__ = ["Policy", "build_policy", "resolve_device", "sample", "inverse_cdf", "left_pad"]
 
 
 class Policy:
     """A causal LM plus its tokenizer, a weight ``version`` and a seeded sampling generator."""
 
-    def __init__(self, model, tokenizer, device: str = "cpu", seed: int = 0):
-        self.model = model.to(device)
+    def __init__(self, model, tokenizer, device: str = "cpu", seed: int = 0, recipe: ModelRecipe | None = None):
+        self.model = model if is_weightless(model) else model.to(device)
         self.model.eval()  # no dropout ever: recorded and recomputed log-probs must agree
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.pad_id = int(tokenizer.pad_id)
         self.version = 0
         self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
+        self.recipe = recipe
+        """How ``model.*`` builds this policy's starting weights (:func:`build_policy`): what trainer ranks build
+        from when the driver holds none (:attr:`weightless`); None for a policy built otherwise."""
+
+    @property
+    def weightless(self) -> bool:
+        """Whether the model is on ``meta``: config, shapes and tokenizer only, no weights (a driver whose engines
+        are vLLM servers or Ray actors and whose ranks build the model themselves)."""
+        return is_weightless(self.model)
 
     # ------------------------------------------------------------------ decoding
 
@@ -250,31 +261,32 @@ def resolve_device(device: str) -> str:
     return device
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def build_policy(model_cfg, tokenizer_or_task, seed: int = 0) -> Policy:
+def build_policy(model_cfg, tokenizer_or_task, seed: int = 0, weights: bool = True) -> Policy:
     """Build the policy of ``model.*``: the tiny built-in GPT-2, or a local HF directory / GGUF file.
 
     ``tokenizer_or_task`` is a tokenizer or anything with a ``.tokenizer`` (a task). The built-in
     model takes its vocabulary size from it; a loaded model gets its embeddings resized when the
-    task added marker tokens to the model's tokenizer.
+    task added marker tokens to the model's tokenizer. ``weights=False``: the architecture on ``meta`` only
+    (:attr:`Policy.weightless`), its :attr:`Policy.recipe` what the trainer ranks build the weights from.
     """
     tok = getattr(tokenizer_or_task, "tokenizer", tokenizer_or_task)
-    device = resolve_device(model_cfg.device)
-    dtype = _DTYPES[model_cfg.dtype]
-    if model_cfg.path is None:
-        model = _tiny_gpt2(model_cfg, tok, seed)
-    else:
-        model = _load_local(model_cfg, tok)
-    return Policy(model.to(dtype), tok, device=device, seed=seed)
+    recipe = model_recipe(model_cfg, tok, seed)
+    model = recipe("cpu" if weights else "meta")
+    return Policy(model, tok, device=resolve_device(model_cfg.device), seed=seed, recipe=recipe)
 
 
-def _tiny_gpt2(model_cfg, tok, seed: int):
-    """A GPT-2 built from ``model.*`` sizes, initialised from ``seed`` (no download, no dropout)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+def model_recipe(model_cfg, tok, seed: int = 0) -> ModelRecipe:
+    """:class:`~psrl.models.builder.ModelRecipe` of ``model.*`` for the tokenizer ``tok``: ``model.path`` (its
+    embeddings grown to the tokenizer's vocabulary), or the built-in GPT-2 of ``model.*`` sizes, from ``seed``."""
+    config = None if model_cfg.path is not None else _tiny_gpt2_config(model_cfg, tok)
+    return ModelRecipe(config, model_cfg.path, model_cfg.gguf_file or None, tok.vocab_size, seed, model_cfg.dtype)
 
-    config = GPT2Config(
+
+def _tiny_gpt2_config(model_cfg, tok):
+    """The built-in GPT-2 of ``model.*`` sizes (no download, no dropout)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
         vocab_size=tok.vocab_size,
         n_positions=model_cfg.n_positions,
         n_embd=model_cfg.n_embd,
@@ -287,30 +299,9 @@ def _tiny_gpt2(model_cfg, tok, seed: int):
         eos_token_id=tok.eos_id,
         pad_token_id=tok.pad_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return GPT2LMHeadModel(config)
 
 
-def _load_local(model_cfg, tok):
-    """``AutoModelForCausalLM`` from ``model.path`` (offline), optionally from ``model.gguf_file``."""
-    from transformers import AutoModelForCausalLM
-
-    kw = {"local_files_only": True, "dtype": _DTYPES[model_cfg.dtype]}
-    if model_cfg.gguf_file:
-        kw["gguf_file"] = model_cfg.gguf_file
-    model = AutoModelForCausalLM.from_pretrained(model_cfg.path, **kw)
-    if model_cfg.gguf_file:
-        _drop_gguf_quantizer(model, model_cfg.gguf_file)
-    table = model.get_input_embeddings().weight
-    if not isinstance(table, torch.Tensor):
-        raise TypeError(f"model.path: {model_cfg.path}: its input embeddings have no weight table")
-    if tok.vocab_size > table.shape[0]:
-        model.resize_token_embeddings(tok.vocab_size)
-    return model
-
-
-def _drop_gguf_quantizer(model, gguf_file: str) -> None:
+def drop_gguf_quantizer(model, gguf_file: str) -> None:
     """A GGUF model we train is dequantized into plain float weights; forget the GGUF quantizer so that
     ``save_pretrained`` writes those weights (transformers refuses to serialise a "gguf-quantized" model)."""
     packed = [n for n, w in model.named_parameters() if not w.is_floating_point()]

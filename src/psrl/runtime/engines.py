@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from psrl.rollout.build import sampling_of
-from psrl.types import Engine
+from psrl.types import Engine, WeightSource
+from psrl.weights import VersionDirectories
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -22,9 +23,12 @@ if TYPE_CHECKING:
 __all__ = ["build_engines"]
 
 
-def build_engines(cfg: Config, policy: Any, task: Task, run_dir: Path | None = None) -> Sequence[Engine]:
+def build_engines(
+    cfg: Config, policy: Any, task: Task, run_dir: Path | None = None, weights: WeightSource | None = None
+) -> Sequence[Engine]:
     """One engine per rollout instance for ``cfg`` (the policy supplies weights, tokenizer and shape), each
-    sampling as :func:`psrl.rollout.sampling_of` says."""
+    sampling as :func:`psrl.rollout.sampling_of` says. ``weights``: the published versions (vLLM servers of a
+    driver that holds no weights start from the newest)."""
     n, seed, r = cfg.psrl.deployment.n_rollout_instances, cfg.trainer.seed, cfg.rollout
     sampling = sampling_of(cfg, task)
     if cfg.runtime.backend == "ray":
@@ -34,10 +38,18 @@ def build_engines(cfg: Config, policy: Any, task: Task, run_dir: Path | None = N
     if r.engine == "vllm":
         from psrl.rollout.engines.vllm import build_vllm_engines
 
-        return build_vllm_engines(cfg, policy, run_dir, sampling)
+        return build_vllm_engines(cfg, policy, run_dir, sampling, start=_newest_directory(weights))
     from psrl.rollout.engines.hf import HFEngine
 
     return [
         HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, sampling=sampling)
         for i in range(n)
     ]
+
+
+def _newest_directory(weights: WeightSource | None) -> Path | None:
+    """The newest published version's directory, where versions are directories (else None)."""
+    if not isinstance(weights, VersionDirectories):
+        return None
+    newest = weights.latest_version()
+    return weights.directory(newest) if newest is not None else None

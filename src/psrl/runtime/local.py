@@ -32,15 +32,15 @@ from psrl.runtime.recorder import EventLog, RunRecorder
 from psrl.runtime.watch import RunWatch
 from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
-from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
+from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start, warm_start_steps
 from psrl.train.launch import Launcher, LocalRanks
-from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, WeightSource, WeightState
-from psrl.weights import ParameterStore
+from psrl.types import Engine, Sink, StepTrainer, WeightSource, WeightState
+from psrl.weights import ParameterStore, VersionDirectories, write_model_directory
 
 if TYPE_CHECKING:
     from psrl.config import Config
 
-__all__ = ["build", "wire", "train", "progress_line", "publish_first_version"]
+__all__ = ["build", "wire", "train", "progress_line", "publish_first_version", "driver_holds_weights", "write_final"]
 
 
 def progress_line(row: dict, total: int) -> str:
@@ -67,7 +67,7 @@ class _LoadsWeights(Protocol):
 class _SavesPretrained(Protocol):
     """A trainer's policy that writes a Hugging Face directory (:class:`psrl.models.Policy`): ``final/``."""
 
-    def save_pretrained(self, directory: str | Path) -> object: ...
+    def save_pretrained(self, directory: str | Path) -> Path: ...
 
 
 class _StepHook:
@@ -127,7 +127,7 @@ def build(
         find_vllm_python(cfg.rollout.vllm.python)  # before the warm start: a missing environment is said at once
     seed_everything(cfg.trainer.seed)
     if task is None or trainer is None:
-        built, policy = build_task_and_policy(cfg)
+        built, policy = build_task_and_policy(cfg, lambda t: weights is not None or driver_holds_weights(cfg, t))
         task = task if task is not None else built
         trainer = trainer if trainer is not None else _trainer(cfg, policy, recorder)
     assert trainer is not None
@@ -137,6 +137,17 @@ def build(
         if isinstance(trainer, Trainer):
             trainer.close()  # no rank outlives a run that could not be built
         raise
+
+
+def driver_holds_weights(cfg: Config, task: Task) -> bool:
+    """Whether the driver's policy is built with weights (issue #33, item 5). It is not when nothing in the driver
+    uses them: the trainer's ranks are other processes (world size > 1) and build the model themselves from
+    ``model.*``, the engines are vLLM servers or Ray actors that read the published versions, and there is no
+    supervised warm start (which runs on the driver's policy before the ranks start from it). Then the driver holds
+    the config, the tokenizer and the architecture on ``meta``; ``final/`` and the servers' start are the published
+    versions' files, and validation runs on engines."""
+    elsewhere = cfg.rollout.engine == "vllm" or cfg.runtime.backend == "ray"
+    return cfg.psrl.deployment.train_world_size == 1 or not elsewhere or warm_start_steps(cfg, task) > 0
 
 
 def in_memory_versions(cfg: Config) -> bool:
@@ -197,9 +208,9 @@ def _build(
         start.load_weights(weights, 0)
     elif isinstance(trainer, Trainer):
         warm_start(cfg, task, trainer, log)
-    if engines is None:
-        engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
     versions = publish_first_version(cfg, trainer)
+    if engines is None:  # after the first version: a driver without weights starts its vLLM servers from it
+        engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None, versions)
     if manager is None:
         manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)
     sink = sink if sink is not None else recorder
@@ -292,11 +303,7 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
                 raise Terminated("SIGTERM") from None
             raise
     saver.close()
-    trainer = coord.trainer
-    final = trainer.latest_policy() if isinstance(trainer, PublishingTrainer) else trainer.policy
-    if not isinstance(final, _SavesPretrained):
-        raise TypeError(f"psrl train writes final/ with the policy's save_pretrained: {type(final).__name__} has none")
-    final.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
+    write_final(coord, run_dir / "final")
     _close_ranks(coord)
     watch.close()
     events.close()
@@ -311,6 +318,21 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
             f"max staleness {max(r['staleness/max'] for r in rows)} (bound {p.staleness}); run dir {run_dir}"
         )
     return rows
+
+
+def write_final(coord: Coordinator, out: Path) -> Path:
+    """``final/``: the newest version as a Hugging Face directory (``AutoModelForCausalLM.from_pretrained``, or
+    ``model.path``). Where versions are directories, made from the version's files
+    (:func:`psrl.weights.write_model_directory`: nothing is loaded into the driver); in memory (world size 1, ``hf``
+    engines), the trained policy's own ``save_pretrained``."""
+    store, policy = coord.store, coord.trainer.policy
+    newest = store.latest_version()
+    if isinstance(store, VersionDirectories) and newest is not None:
+        config = getattr(getattr(policy, "model", None), "config", None)
+        return write_model_directory(store.directory(newest), out, config, getattr(policy, "tokenizer", None))
+    if not isinstance(policy, _SavesPretrained):
+        raise TypeError(f"psrl train writes final/ with the policy's save_pretrained: {type(policy).__name__} has none")
+    return Path(policy.save_pretrained(out))
 
 
 def _close_ranks(coord: Coordinator) -> None:

@@ -13,7 +13,7 @@ from psrl.errors import ConfigError, PsrlError, RunError, describe
 from psrl.models import build_policy, load_tokenizer
 from psrl.tasks import get_task
 
-__all__ = ["seed_everything", "build_task_and_policy", "warm_start"]
+__all__ = ["seed_everything", "build_task_and_policy", "warm_start", "warm_start_steps"]
 
 
 def seed_everything(seed: int) -> None:
@@ -23,9 +23,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_task_and_policy(cfg):
+def build_task_and_policy(cfg, weights: Callable[[Any], bool] | None = None):
     """``(task, policy)`` for ``cfg``: the model's tokenizer (if ``model.path``) is handed to the task
-    first, so the task can add its marker tokens before the model's embeddings are sized."""
+    first, so the task can add its marker tokens before the model's embeddings are sized. ``weights(task)``
+    False: the policy is built without weights (:attr:`psrl.models.Policy.weightless`; default: with)."""
     m = cfg.model
     where = f"model.path={m.path}" + (f" model.gguf_file={m.gguf_file}" if m.gguf_file else "")
     fix = "check the directory holds a complete model that transformers can load offline"
@@ -53,7 +54,7 @@ def build_task_and_policy(cfg):
             f"set trainer.max_new_tokens={turn} or more",
         )
     try:
-        policy = build_policy(m, task, seed=cfg.trainer.seed)
+        policy = build_policy(m, task, seed=cfg.trainer.seed, weights=weights is None or weights(task))
     except PsrlError:
         raise
     except Exception as e:
@@ -64,12 +65,16 @@ def build_task_and_policy(cfg):
 
 def warm_start(cfg: Any, task: Any, trainer: Any, log: Callable[[str], None] = print) -> list[float]:
     """Supervised warm start on the task's demos (``trainer.warm_start_steps``; null = the task's default, 0 = none)."""
-    steps = cfg.trainer.warm_start_steps
-    if steps is None:
-        steps = getattr(task, "warm_start_steps", 0)
+    steps = warm_start_steps(cfg, task)
     if steps <= 0:
         return []
     demos = task.demonstrations(max(256, 4 * steps), random.Random(f"{cfg.trainer.seed}/demos"))
     losses = trainer.warm_start(demos, steps)
     log(f"warm start: {steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     return losses
+
+
+def warm_start_steps(cfg: Any, task: Any) -> int:
+    """The supervised warm start's steps: ``trainer.warm_start_steps``, or (null) the task's default."""
+    steps = cfg.trainer.warm_start_steps
+    return int(getattr(task, "warm_start_steps", 0) if steps is None else steps)

@@ -32,6 +32,7 @@ ranks restore the weights and AdamW from before the batch), ``last_skip`` says w
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import tempfile
@@ -150,13 +151,23 @@ class Trainer:
         return self.ranks
 
     def _spec(self, in_process: bool) -> WorkerSpec:
-        """What each rank builds itself from: in process, the policy's own model; else ``weights/start.pt``, which
-        rank 0 reads (in fp32 on GPUs with a 16-bit ``model.dtype``: the master weights of mixed precision)."""
+        """What each rank builds itself from (in fp32 on GPUs with a 16-bit ``model.dtype``: the master weights of
+        mixed precision): in process, the policy's own model; from ``model.*`` (the policy's recipe: rank 0 builds
+        the weights, bit for bit those a driver's policy would hold) when the driver's policy is weightless; else
+        ``weights/start.pt``, the driver's weights (warm-started or given), which rank 0 reads."""
         model = self.policy.model
+        master = master_dtype(str(self.policy.device), self.dtype)
         if in_process:
+            if self.policy.weightless:
+                raise ValueError(
+                    "Trainer: world size 1 trains the driver's own policy, which was built without weights"
+                )
             build: Any = _Same(model)
+        elif self.policy.weightless:
+            if self.policy.recipe is None:
+                raise ValueError("Trainer: a weightless policy needs the recipe its ranks build from (build_policy)")
+            build = dataclasses.replace(self.policy.recipe, dtype=master)
         else:
-            master = master_dtype(str(self.policy.device), self.dtype)
             build = write_start_state(model, self.work_dir / "weights" / "start.pt", master)
         return WorkerSpec(
             build=build,
@@ -255,6 +266,8 @@ class Trainer:
         """The supervised warm start, in the driver on its policy, before the ranks start from its weights."""
         if self.ranks is not None:
             raise RuntimeError("Trainer.warm_start: the ranks have started already; warm-start before")
+        if self.policy.weightless:
+            raise RuntimeError("Trainer.warm_start runs on the driver's policy, which was built without weights")
         return warm_start_policy(self.policy, self.cfg, self.rng, demos, steps, batch_size, lr)
 
     # ------------------------------------------------------------------ publication

@@ -1,9 +1,11 @@
 """psrl.weights: the one owner of a published version -- its format (:mod:`~psrl.weights.format`), publishing it from
-the trainer's shards (:mod:`~psrl.weights.publish`) and where engines read it (:mod:`~psrl.weights.store`).
+the trainer's shards (:mod:`~psrl.weights.publish`), where engines read it (:mod:`~psrl.weights.store`) and a version as a Hugging
+Face directory (:mod:`~psrl.weights.export`: ``final/``, a vLLM server's start).
 
 Below both ``rollout`` (the engines read versions) and ``train`` (the ranks publish them): neither imports the other.
 """
 
+from psrl.weights.export import VERSION_FILE, write_model_directory
 from psrl.weights.format import (
     INDEX,
     MANIFEST,
@@ -41,6 +43,8 @@ __all__ = [
     "iter_buckets",
     "publish_model",
     "state_digest",
+    "VERSION_FILE",
+    "write_model_directory",
     "FileVersions",
     "ParameterStore",
     "VersionDirectories",

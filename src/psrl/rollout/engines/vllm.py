@@ -55,7 +55,7 @@ from psrl.rollout.engines.vllm_http import (
 )
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource, stream_seed
-from psrl.weights import VersionDirectories
+from psrl.weights import VersionDirectories, write_model_directory
 
 if TYPE_CHECKING:
     import httpx
@@ -376,14 +376,25 @@ class VLLMEngine:
             await asyncio.sleep(every_s)
 
 
-def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Path | None, sampling: Sampling) -> list[VLLMEngine]:
-    """One engine per rollout instance: attached to ``rollout.vllm.urls`` or each with a server psrl starts.
+def build_vllm_engines(
+    cfg: Config,
+    policy: Policy,
+    run_dir: Path | None,
+    sampling: Sampling,
+    start: Path | None = None,
+    n: int | None = None,
+    name: str = "server",
+) -> list[VLLMEngine]:
+    """``n`` engines (default: one per rollout instance): attached to ``rollout.vllm.urls`` or each with a server
+    psrl starts (its log ``run_dir/vllm/{name}-{i}.log``).
 
-    The servers start from the policy itself, saved as a Hugging Face directory in the run directory
-    (so a task's added tokens and a dequantized GGUF model are served as the trainer sees them);
-    every version after that arrives through ``reload_weights``.
+    The servers start from a Hugging Face directory in the run directory: the published version ``start`` (its
+    files linked, the policy's config and tokenizer beside them: :func:`psrl.weights.write_model_directory`) when
+    the driver's policy holds no weights, else the policy itself, saved (so a task's added tokens and a dequantized
+    GGUF model are served as the trainer sees them); every version after that arrives through ``reload_weights``.
     """
-    r, n = cfg.rollout, cfg.psrl.deployment.n_rollout_instances
+    r = cfg.rollout
+    n = cfg.psrl.deployment.n_rollout_instances if n is None else n
     root = Path(run_dir if run_dir is not None else ".") / "vllm"
     model_dir = root / "model"
     engine = functools.partial(
@@ -392,7 +403,12 @@ def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Path | None, sampli
         sampling=sampling,
     )
     if not (model_dir / "config.json").exists():
-        policy.save_pretrained(model_dir)
+        if policy.weightless:
+            if start is None:
+                raise ValueError("build_vllm_engines: a weightless policy's servers start from a published version")
+            write_model_directory(start, model_dir, policy.model.config, policy.tokenizer)
+        else:
+            policy.save_pretrained(model_dir)
     if r.vllm.urls:
         return [engine(url=u) for u in r.vllm.urls]
     python = find_vllm_python(r.vllm.python)
@@ -403,7 +419,7 @@ def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Path | None, sampli
             server=VLLMServer(
                 python,
                 model_dir,
-                root / f"server-{i}.log",
+                root / f"{name}-{i}.log",
                 dtype=cfg.model.dtype,
                 max_model_len=max_len,
                 kv_cache_gb=r.vllm.kv_cache_gb,

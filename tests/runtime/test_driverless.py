@@ -1,0 +1,106 @@
+"""A driver that holds no model it does not use (issue #33, item 5): with vLLM or Ray engines at world size > 1 and
+no warm start, the driver's policy is built on ``meta`` (config, shapes, tokenizer); the ranks build the weights
+from ``model.*`` themselves -- the same start weights as a policy built in the driver, bit for bit -- and
+``final/`` (and a vLLM server's start) is a published version's files with the config and tokenizer beside them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from psrl.config import load_config
+from psrl.models import build_policy
+from psrl.models.builder import is_weightless
+from psrl.runtime.local import driver_holds_weights
+from psrl.tasks import get_task
+from psrl.train import Trainer, build_task_and_policy
+from psrl.weights import VERSION_FILE, FileVersions, publish_model, write_model_directory
+
+SMALL = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.device=cpu"]
+
+
+def _cfg(*extra: str):
+    return load_config(None, SMALL + list(extra))
+
+
+@pytest.mark.parametrize(
+    ("extra", "holds"),
+    [
+        (["rollout.engine=vllm", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], False),
+        (["runtime.backend=ray", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], False),
+        # a warm start runs on the driver's policy; one rank trains the driver's own model; hf engines copy it
+        (["rollout.engine=vllm", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=5"], True),
+        (["rollout.engine=vllm", "trainer.warm_start_steps=0"], True),
+        (["psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], True),
+    ],
+)
+def test_the_driver_builds_weights_only_where_something_in_it_uses_them(extra, holds):
+    """The run builder's rule, and the policy it builds by it: on ``meta`` (no parameter on a real device) exactly
+    where the rule says the driver holds no weights."""
+    cfg = _cfg(*extra)
+    task, policy = build_task_and_policy(cfg, lambda t: driver_holds_weights(cfg, t))
+    assert driver_holds_weights(cfg, task) is holds
+    assert policy.weightless is (not holds)
+    assert all(p.is_meta for p in policy.model.parameters()) is (not holds)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_recipe_builds_the_drivers_start_weights_bit_for_bit(dtype):
+    """What rank 0 builds (``policy.recipe(device)``) is what a policy built with weights holds, every tensor
+    equal; on ``meta`` the same names, shapes and dtypes, and no storage."""
+    cfg = _cfg(f"model.dtype={dtype}")
+    task = get_task(cfg.task, seed=0)
+    held = build_policy(cfg.model, task, seed=7)
+    light = build_policy(cfg.model, task, seed=7, weights=False)
+    assert light.weightless and not held.weightless and light.recipe is not None
+    ranks = light.recipe("cpu").state_dict()
+    reference = held.model.state_dict()
+    assert list(ranks) == list(reference)
+    assert all(torch.equal(ranks[k], reference[k]) and ranks[k].dtype == reference[k].dtype for k in reference)
+    meta = light.model.state_dict()
+    assert [(k, v.shape, v.dtype) for k, v in meta.items()] == [(k, v.shape, v.dtype) for k, v in reference.items()]
+    assert is_weightless(light.model)
+    other = build_policy(cfg.model, task, seed=8, weights=False).recipe("cpu").state_dict()
+    assert not torch.equal(other["lm_head.weight"], reference["lm_head.weight"])  # the seed is what decides
+
+
+def test_final_is_a_published_version_that_transformers_and_model_path_load(tmp_path):
+    """``final/`` made from a version's files and a weightless policy's config and tokenizer: ``from_pretrained``
+    loads the version's tensors exactly, and ``model.path=final/`` builds a policy holding them."""
+    cfg = _cfg()
+    task = get_task(cfg.task, seed=0)
+    trained = build_policy(cfg.model, task, seed=3)
+    with torch.no_grad():
+        for p in trained.model.parameters():
+            p.add_(0.25)  # "trained": not the start weights a recipe would rebuild
+    publish_model(trained.model, tmp_path / "weights", 5, bucket_mb=0.01)  # several buckets
+    light = build_policy(cfg.model, task, seed=3, weights=False)
+    final = write_model_directory(
+        FileVersions(tmp_path / "weights").directory(5), tmp_path / "final", light.model.config, light.tokenizer
+    )
+    assert (final / VERSION_FILE).read_text().strip() == "5"
+    loaded = AutoModelForCausalLM.from_pretrained(str(final), local_files_only=True).state_dict()
+    want = trained.model.state_dict()
+    assert all(torch.equal(loaded[k], want[k]) for k in want)
+    again = build_policy(load_config(None, ["model.device=cpu", f"model.path={final}"]).model, task, seed=0)
+    assert all(torch.equal(again.model.state_dict()[k], want[k]) for k in want)
+
+
+@pytest.mark.slow  # two rank processes
+def test_ranks_of_a_weightless_driver_start_from_model_config_without_start_pt(tmp_path):
+    """World size 2 over a weightless policy: no ``weights/start.pt`` is written, the ranks' gathered state is the
+    start weights a driver would have built, and the driver's policy still holds nothing after publishing."""
+    cfg = _cfg()
+    task = get_task(cfg.task, seed=0)
+    light = build_policy(cfg.model, task, seed=0, weights=False)
+    trainer = Trainer(light, cfg.algorithm, cfg.trainer, 2, tmp_path)
+    try:
+        state = trainer.start().call("state")[0]
+        trainer.publish(0)
+    finally:
+        trainer.close()
+    assert not (tmp_path / "weights" / "start.pt").exists()
+    reference = build_policy(cfg.model, task, seed=0).model.state_dict()
+    assert all(torch.equal(torch.from_numpy(state[k]), reference[k]) for k in reference)
+    assert light.weightless and FileVersions(tmp_path / "weights").latest_version() == 0
