@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from psrl.staleness import Batch
 
 
@@ -230,33 +232,58 @@ class Sink(Protocol):
 
 
 class TrainedPolicy(Protocol):
-    """The policy a trainer trains, as the coordinator sees it: its version and its weights to publish."""
+    """The policy a trainer trains, as the coordinator sees it: the version of its weights."""
 
     version: int
-    """The version of its weights; the coordinator sets it after each step."""
-
-    def export_state(self) -> WeightState:
-        """Its weights, for :meth:`psrl.weights.ParameterStore.publish` (a trainer without ``publish``)."""
+    """The version of the trainer's weights: :meth:`StepTrainer.publish` sets it."""
 
 
 class StepTrainer(Protocol):
-    """What the coordinator trains with (:class:`psrl.train.Trainer`, or a fake in tests and the simulator).
+    """The trainer of a run, as the run builder, the coordinator, checkpointing and validation see it
+    (:class:`psrl.train.Trainer`, or a fake in tests and the simulator): one protocol, no optional parts, so no
+    caller asks which kind of trainer it holds.
 
-    ``step`` may be a plain method (run in a worker thread) or a coroutine (awaited). The coordinator, not
-    the trainer, sets ``policy.version`` and publishes the weights after a step.
+    The life of one: ``start`` (the ranks), ``publish`` of the starting version, then ``step`` and ``publish`` per
+    batch; ``state_dict`` / ``save`` between steps (a checkpoint), ``load`` on resume, ``close`` at the end.
+    ``step`` may be a plain method (run in a worker thread, off the event loop) or a coroutine (awaited);
+    ``publish`` is a plain method (run in a worker thread).
     """
 
     @property
     def policy(self) -> TrainedPolicy:
         """The trained policy (read-only here, so a trainer may hold a more specific one)."""
 
+    @property
+    def out(self) -> WeightSource:
+        """Where :meth:`publish` puts each version: what the engines and the validation instances read."""
+
     last_skip: str | None
     """Why the last step was skipped (a NaN / infinite loss or gradient), None when it trained."""
     skipped_in_a_row: int
     """Steps skipped in a row up to the last one (the run stops at ``trainer.max_skipped_steps``)."""
 
+    def start(self) -> object:
+        """Be ready to step (start the ranks; idempotent)."""
+
     def step(self, batch: Batch) -> dict[str, float] | Awaitable[dict[str, float]]:
         """Train on a consumed batch; returns the ``train/*`` (and loss) metrics."""
+
+    def publish(self, version: int) -> dict[str, float]:
+        """Make the weights as they are now ``version`` in :attr:`out` (and the policy's version); returns
+        ``time/publish_s`` and ``weights/bytes``."""
+
+    def state_dict(self, copied: bool = True) -> dict:
+        """The trainer's state taken now, between two steps, for :meth:`save` to write later (a checkpoint written
+        in the background)."""
+
+    def save(self, directory: str | Path, state: dict | None = None) -> Path:
+        """Write a checkpoint of the trainer into ``directory``: now, or ``state`` from :meth:`state_dict`."""
+
+    def load(self, directory: str | Path) -> int:
+        """Restore what :meth:`save` wrote; returns the restored version."""
+
+    def close(self) -> None:
+        """Stop what :meth:`start` started (idempotent)."""
 
 
 @runtime_checkable
@@ -265,18 +292,3 @@ class WeightStore(WeightSource, Protocol):
 
     def publish(self, version: int, state: WeightState) -> None:
         """Hold ``state`` as ``version`` (versions strictly increase)."""
-
-
-@runtime_checkable
-class PublishingTrainer(Protocol):
-    """A trainer that publishes its own weights after a step (:class:`psrl.train.Trainer`), where the run builder
-    told it to (:mod:`psrl.weights`); the coordinator calls it off the event loop. A trainer without it (the fakes)
-    has its policy's ``export_state`` put into the coordinator's store."""
-
-    def publish(self, version: int) -> dict[str, float]:
-        """Take ``version`` as the policy's version and publish its weights; returns ``time/publish_s`` and
-        ``weights/bytes``."""
-
-    def latest_policy(self) -> Any:
-        """The driver's policy holding the newest published weights (validation, ``final/``): the trained model
-        itself at one rank; loaded from the version's files, once per version, at several."""

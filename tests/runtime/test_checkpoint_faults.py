@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -146,10 +145,10 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     coord, rec, _, ev = build(cfg, tmp_path)
     real = FakeTrainer.save
 
-    def save(self, directory):
+    def save(self, directory, state=None):
         if self.version == 4:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, directory)
+        return real(self, directory, state)
 
     monkeypatch.setattr(FakeTrainer, "save", save)
     with pytest.raises(CheckpointWriteError) as e:
@@ -165,17 +164,9 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     no_duplicates(tmp_path, 6, 1)
 
 
-class CopyingTrainer(FakeTrainer):
-    """A fake trainer with ``state_dict`` (what the real one copies), so the saver writes in its thread."""
-
-    def state_dict(self):
-        return {"version": self.version}
-
-    def save(self, directory, state=None):
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "trainer.json").write_text(json.dumps(state if state is not None else {"version": self.version}))
-        return path / "trainer.json"
+CopyingTrainer = FakeTrainer
+"""A fake trainer's ``state_dict`` is the state of when it was taken (as the real one's copy), so the saver writes
+it in its thread."""
 
 
 def test_a_background_checkpoint_holds_the_state_of_when_it_was_taken(tmp_path):

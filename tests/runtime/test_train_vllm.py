@@ -18,7 +18,7 @@ import pytest
 from psrl.rollout.engines.vllm import VLLMEngine
 from psrl.runtime.recorder import read_jsonl
 from psrl.train_cli import main
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, vllm_python_or_skip
 from tests.rollout.harness import check_bound
 
 pytestmark = pytest.mark.vllm
@@ -207,3 +207,46 @@ def test_train_smollm2_on_a_vllm_server_psrl_starts(tmp_path):
     measured = [m for m in metrics if m["engine/mismatch_tokens"] > 0]
     assert measured and max(m["engine/logprob_mismatch_max"] for m in measured) < 1e-2
     assert _server_pgid(run_dir) is None
+
+
+def test_a_driver_with_vllm_engines_at_two_ranks_holds_no_weights(tmp_path, vllm_urls, monkeypatch):
+    """World size 2, vLLM engines, no warm start (issue #33, item 5): the driver's policy is on ``meta`` when the
+    ranks start and no ``weights/start.pt`` is written (the ranks build the model from ``model.*``); validation runs
+    on a vLLM server of its own, on the newest version (``val/*`` rows at steps 1 and 2); ``final/`` is version 2's
+    files, which ``transformers`` loads tensor for tensor."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from psrl.train import Trainer
+    from psrl.weights import read_version
+
+    seen: list[bool] = []
+    start = Trainer.start
+
+    def start_and_look(self: Trainer):
+        seen.append(self.policy.weightless)
+        return start(self)
+
+    monkeypatch.setattr(Trainer, "start", start_and_look)
+    python = vllm_python_or_skip()
+    extra = [
+        "psrl.deployment.train_ngpus_per_node=2",
+        "trainer.warm_start_steps=0",
+        "trainer.val_every=1",
+        "trainer.val_size=4",
+        "trainer.val_n=2",
+        f"rollout.vllm.python={python}",
+        "rollout.vllm.max_model_len=512",
+    ]
+    metrics, trajs = _train(tmp_path, vllm_urls, extra, steps=2)
+    run_dir = tmp_path / "run"
+    assert seen and all(seen)
+    assert not (run_dir / "weights" / "start.pt").exists()
+    val = [m for m in metrics if "val/accuracy" in m]
+    assert [(m["step"], m["version"]) for m in val] == [(1, 1), (2, 2)] and all(
+        m["val/prompts"] == 4 and m["val/failed"] == 0 for m in val
+    )
+    assert (run_dir / "vllm" / "validate-0.log").exists()
+    version, want = read_version(run_dir / "weights" / "v2")
+    got = AutoModelForCausalLM.from_pretrained(str(run_dir / "final"), local_files_only=True).state_dict()
+    assert version == 2 and all(torch.equal(got[k], want[k]) for k in want)

@@ -77,10 +77,12 @@ def test_validation_rows_every_val_every_steps_and_at_the_end(tmp_path):
 
 
 def test_validation_of_a_builtin_task_is_repeatable(tmp_path):
-    """Same weights, same validation: every episode samples from its own stream; the policy's generator is untouched."""
+    """Same weights, same validation, on one engine or spread over two: every episode samples from its own stream;
+    the policy's generator is untouched."""
     import asyncio
 
     from psrl.config import load_config
+    from psrl.rollout.engines.hf import HFEngine
     from psrl.runtime.validate import validate
     from psrl.train import build_task_and_policy
 
@@ -88,11 +90,28 @@ def test_validation_of_a_builtin_task_is_repeatable(tmp_path):
     task, policy = build_task_and_policy(cfg)
     prompts = task.val_prompts(8)
     before = policy.generator.get_state()
-    a = asyncio.run(validate(task, policy, prompts, 2, 1.0, 1.0, seed=0))
-    b = asyncio.run(validate(task, policy, prompts, 2, 1.0, 1.0, seed=0))
+
+    async def on(engines):  # an engine lives on one event loop
+        try:
+            return await validate(task, engines, prompts, 2, 1.0, 1.0, seed=0)
+        finally:
+            for e in engines:
+                await e.close()
+
+    a = asyncio.run(on([HFEngine(policy)]))
+    b = asyncio.run(on([HFEngine(policy), HFEngine(policy.replica(seed=5))]))  # spread over two: the same numbers
     assert {k: v for k, v in a.items() if k != "val/seconds"} == {k: v for k, v in b.items() if k != "val/seconds"}
     assert bool((policy.generator.get_state() == before).all())
     assert [p.text for p in task.val_prompts(8)] == [p.text for p in prompts]
+
+
+async def _scored_once(task, engine, prompts, stream):
+    from psrl.runtime.validate import _scored
+
+    try:
+        return await _scored(task, [engine], 1.0, 1.0, prompts, 4, "val/sampled", stream)
+    finally:
+        await engine.close()
 
 
 def test_validation_samples_do_not_depend_on_the_other_prompts_in_the_batch():
@@ -103,7 +122,7 @@ def test_validation_samples_do_not_depend_on_the_other_prompts_in_the_batch():
     from collections import Counter
 
     from psrl.config import load_config
-    from psrl.runtime.validate import _scored
+    from psrl.rollout.engines.hf import HFEngine
     from psrl.train import build_task_and_policy
 
     cfg = load_config(None, BUILTIN + ["task.name=arith"])
@@ -126,7 +145,7 @@ def test_validation_samples_do_not_depend_on_the_other_prompts_in_the_batch():
 
     def sampled(ps, stream):
         rec = Recording(task)
-        asyncio.run(_scored(rec, policy, 1.0, 1.0, ps, 4, "val/sampled", stream))
+        asyncio.run(_scored_once(rec, HFEngine(policy), ps, stream))
         return rec.seen
 
     first3 = {p.uid for p in prompts[:3]}

@@ -44,9 +44,13 @@ class DeploymentConfig:
     )
     n_validate_instances: int = _f(
         1,
-        "Validation instances.",
+        "Validation instances: engines of their own (trainer.val_every), apart from the rollout's, each loading "
+        "the newest published version before a validation; its episodes are spread over them. rollout.engine=vllm: "
+        "vLLM servers psrl starts (val/* is then vLLM's sampling, not comparable with figures measured in "
+        "process); hf: engines in the driver's process (the first over the trained policy itself at one rank, "
+        "copies of it otherwise).",
         ge=1,
-        effect="validation runs in the trainer's process on its weights (trainer.val_every)",
+        fix="set psrl.deployment.n_validate_instances=1 or more",
     )
 
     @property

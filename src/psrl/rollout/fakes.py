@@ -17,6 +17,7 @@ from pathlib import Path
 from psrl.staleness import Batch
 from psrl.tasks.base import Episode, GenerateFn, Prompt, Task
 from psrl.types import Trajectory, WeightState
+from psrl.weights import ParameterStore
 
 __all__ = ["FakeEngine", "FakeTask", "FakeTrainer", "random_batch"]
 
@@ -212,13 +213,30 @@ class FakeTrainer:
     skips a step.
     """
 
-    def __init__(self, policy: FakeEngine | None = None, train_time: float = 0.1):
+    def __init__(self, policy: FakeEngine | None = None, train_time: float = 0.1, keep: int = 2):
         self.policy = policy if policy is not None else FakeEngine()
         self.train_time = float(train_time)
+        self.out = ParameterStore(keep)
+        """Where :meth:`publish` puts the policy's state."""
         self.batches: list = []
         self.intervals: list[tuple[float, float]] = []
         self.last_skip: str | None = None
         self.skipped_in_a_row = 0
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def publish(self, version: int) -> dict[str, float]:
+        """The policy's state, as it is, as ``version``."""
+        self.policy.version = int(version)
+        self.out.publish(int(version), self.policy.export_state())
+        return {}
+
+    def state_dict(self, copied: bool = True) -> dict:
+        return {"version": self.version}
+
+    def close(self) -> None:
+        """Nothing to stop."""
 
     @property
     def version(self) -> int:
@@ -233,10 +251,10 @@ class FakeTrainer:
         self.policy.version = int(batch.version) + 1
         return {"train/loss": 0.0}
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, state: dict | None = None) -> Path:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        (path / "trainer.json").write_text(json.dumps({"version": self.version}))
+        (path / "trainer.json").write_text(json.dumps(state if state is not None else self.state_dict()))
         return path / "trainer.json"
 
     def load(self, directory: str | Path) -> int:

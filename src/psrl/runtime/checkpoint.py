@@ -38,6 +38,7 @@ from psrl.errors import RunError, describe
 from psrl.rollout.client.records import trajectory_record
 from psrl.runtime.recorder import RUN_FILES
 from psrl.staleness import Event, StalenessManager
+from psrl.types import StepTrainer
 
 __all__ = ["save_checkpoint", "CheckpointSaver", "load_checkpoint", "restore_manager", "resume", "CheckpointWriteError"]
 
@@ -67,8 +68,8 @@ class CheckpointSaver:
     What a checkpoint holds is captured synchronously, between two steps (weights and AdamW state copied,
     the coordinator's state pickled to bytes), so the run is free to go on; the copy goes to disk in one
     writer thread, one checkpoint at a time. Costs one more copy of weights + optimiser state in memory
-    while it writes. A write that fails is raised at the next save or at :meth:`close`. A trainer without
-    ``state_dict`` (a fake) is saved synchronously.
+    while it writes. A write that fails is raised at the next save or at :meth:`close`. The trainer is a
+    :class:`~psrl.types.StepTrainer`: ``state_dict`` now, ``save`` in the writer thread.
     """
 
     def __init__(self, background: bool = True):
@@ -82,7 +83,7 @@ class CheckpointSaver:
         """Checkpoint now; with ``wait`` (a stop) or no background writer, on disk when this returns."""
         self.wait()
         job = _capture(run_dir, coord, recorder, copy=self.background and not wait)
-        if self._pool is None or wait or not hasattr(coord.trainer, "state_dict"):
+        if self._pool is None or wait:
             _write(*job)
         else:
             self._pending = self._pool.submit(_write, *job)
@@ -109,7 +110,7 @@ def _capture(run_dir: str | Path, coord: Any, recorder: Any, copy: bool = False)
     if events is not None and hasattr(events, "offset"):  # the buffer timeline (psrl.runtime.recorder.EventLog)
         offsets[_EVENTS] = events.offset()
     state = {**coord.state_dict(), "offsets": offsets}
-    trainer_state = coord.trainer.state_dict() if copy and hasattr(coord.trainer, "state_dict") else None
+    trainer_state = coord.trainer.state_dict() if copy else None
     return (
         Path(run_dir),
         int(coord.version),
@@ -120,15 +121,14 @@ def _capture(run_dir: str | Path, coord: Any, recorder: Any, copy: bool = False)
     )
 
 
-def _write(run_dir: Path, version: int, keep: int, trainer_state: Any, coord_state: bytes, trainer: Any) -> Path:
+def _write(
+    run_dir: Path, version: int, keep: int, trainer_state: dict | None, coord_state: bytes, trainer: StepTrainer
+) -> Path:
     """``checkpoint.tmp`` written and renamed into place, the kept ones rotated (see the module docstring)."""
     tmp, final = run_dir / "checkpoint.tmp", run_dir / "checkpoint"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        if trainer_state is not None:
-            trainer.save(tmp, trainer_state)
-        else:
-            trainer.save(tmp)
+        trainer.save(tmp, trainer_state)
         (tmp / _STATE).write_bytes(coord_state)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / _MANIFEST).write_text(json.dumps({"version": version, "files": files}))
@@ -229,7 +229,7 @@ def restore_manager(
 
 def resume(
     run_dir: str | Path,
-    trainer: Any,
+    trainer: StepTrainer,
     recorder: Any,
     group_filter: Any = None,
     log: Callable[[str], None] | None = None,

@@ -37,7 +37,7 @@ from psrl.rollout.types import RolloutStatus, TrainerWaiting
 from psrl.runtime.adaptive import Move, StalenessController
 from psrl.runtime.watchdog import Watchdog
 from psrl.staleness import Batch, Event, StalenessManager
-from psrl.types import PublishingTrainer, Sink, StepTrainer, Trajectory, WeightSource, WeightStore
+from psrl.types import Sink, StepTrainer, Trajectory, WeightSource
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -91,11 +91,10 @@ class Coordinator:
 
     Args:
         cfg: the validated :class:`psrl.config.Config`.
-        trainer: ``step(batch) -> metrics`` (sync or async) and ``policy`` (``export_state``, ``version``), e.g.
-            :class:`psrl.train.Trainer`.
+        trainer: the :class:`~psrl.types.StepTrainer` (:class:`psrl.train.Trainer`, or a fake): ``step`` then
+            ``publish`` per batch.
         weights: where the engines read published versions (:mod:`psrl.weights`), holding the trainer's current
-            version: a trainer with ``publish`` (:class:`psrl.train.Trainer`) fills it; for one without (the fakes)
-            it is a :class:`~psrl.types.WeightStore` the coordinator puts the policy's state into.
+            version: the trainer's ``out``, which its ``publish`` fills.
         manager: the staleness manager (fresh or restored).
         pool, agents: the rollout side over ``manager`` and ``weights``.
         idle: the trainer's wait, which this loop sets and the rollout side (the proactive filter) reads.
@@ -256,14 +255,9 @@ class Coordinator:
         version = int(batch.version) + 1
         metrics = dict(metrics or {})
         step_end = loop.time()
-        if isinstance(self.trainer, PublishingTrainer):  # off the loop: engines keep being served while it writes
-            metrics.update(await asyncio.to_thread(self.trainer.publish, version))
-            self._sync_watch = loop.create_task(self._time_sync(version, step_end), name=f"sync-v{version}")
-        else:  # a fake trainer: its policy's state, as it is
-            policy = self.trainer.policy
-            policy.version = version
-            assert isinstance(self.store, WeightStore), "a trainer without publish needs a store to put versions in"
-            self.store.publish(version, policy.export_state())
+        # off the loop: the engines keep being served while the version is written
+        metrics.update(await asyncio.to_thread(self.trainer.publish, version))
+        self._sync_watch = loop.create_task(self._time_sync(version, step_end), name=f"sync-v{version}")
         self.pool.notify_published()
         row = self._row(batch, metrics, loop.time() - started)
         if self.controller is not None:

@@ -8,19 +8,19 @@ With ``runtime.backend=ray`` each engine lives in a Ray actor (:mod:`psrl.runtim
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from psrl.rollout.build import sampling_of
 from psrl.types import Engine, WeightSource
-from psrl.weights import VersionDirectories
+from psrl.weights import ParameterStore, VersionDirectories
 
 if TYPE_CHECKING:
     from psrl.config import Config
     from psrl.tasks.base import Task
 
-__all__ = ["build_engines"]
+__all__ = ["build_engines", "validation_engines"]
 
 
 def build_engines(
@@ -53,3 +53,30 @@ def _newest_directory(weights: WeightSource | None) -> Path | None:
         return None
     newest = weights.latest_version()
     return weights.directory(newest) if newest is not None else None
+
+
+def validation_engines(
+    cfg: Config, policy: Any, task: Task, run_dir: Path | None, weights: WeightSource
+) -> Callable[[], list[Any]]:
+    """What builds the validation instances (:class:`psrl.runtime.validate.ValidationEngines`):
+    ``psrl.deployment.n_validate_instances`` engines apart from the rollout ones. ``rollout.engine=vllm``: servers
+    psrl starts (also when the rollout attaches to ``rollout.vllm.urls``: those serve the rollout's versions), from
+    the newest version; otherwise ``hf`` engines in this process -- over the driver's policy itself where it is
+    the trained model (versions in memory: world size 1), else over copies of it, which load each version's files."""
+    n, sampling = cfg.psrl.deployment.n_validate_instances, sampling_of(cfg, task)
+    if cfg.rollout.engine == "vllm":
+        from psrl.rollout.engines.vllm import build_vllm_engines
+
+        start = _newest_directory(weights)
+        return lambda: build_vllm_engines(cfg, policy, run_dir, sampling, start, n=n, name="validate", attach=False)
+    from psrl.rollout.engines.hf import HFEngine
+
+    own = isinstance(weights, ParameterStore)  # the policy is the trained model: no copy, no load
+    seed = cfg.trainer.seed + 10_000  # the engines' own generators (validation requests carry their own streams)
+
+    def make() -> list[Any]:
+        return [
+            HFEngine(policy if own and i == 0 else policy.replica(seed=seed + i), sampling=sampling) for i in range(n)
+        ]
+
+    return make

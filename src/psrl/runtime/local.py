@@ -27,15 +27,16 @@ from psrl.rollout.engines.base import TokenModel
 from psrl.runtime.adaptive import Move, StalenessController
 from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.runtime.coordinator import Coordinator, TrainerWait, build_staleness_manager
-from psrl.runtime.engines import build_engines
+from psrl.runtime.engines import build_engines, validation_engines
 from psrl.runtime.recorder import EventLog, RunRecorder
+from psrl.runtime.validate import ValidationEngines
 from psrl.runtime.watch import RunWatch
 from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start, warm_start_steps
 from psrl.train.launch import Launcher, LocalRanks
 from psrl.types import Engine, Sink, StepTrainer, WeightSource, WeightState
-from psrl.weights import ParameterStore, VersionDirectories, write_model_directory
+from psrl.weights import VersionDirectories, write_model_directory
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -126,16 +127,17 @@ def build(
 
         find_vllm_python(cfg.rollout.vllm.python)  # before the warm start: a missing environment is said at once
     seed_everything(cfg.trainer.seed)
+    made: Trainer | None = None  # the trainer built here: the warm start runs on it
     if task is None or trainer is None:
         built, policy = build_task_and_policy(cfg, lambda t: weights is not None or driver_holds_weights(cfg, t))
         task = task if task is not None else built
-        trainer = trainer if trainer is not None else _trainer(cfg, policy, recorder)
+        if trainer is None:
+            trainer = made = _trainer(cfg, policy, recorder)
     assert trainer is not None
     try:
-        return _build(cfg, recorder, log, task, trainer, engines, weights, sink, manager, on_event, on_bound)
+        return _build(cfg, recorder, log, task, trainer, made, engines, weights, sink, manager, on_event, on_bound)
     except BaseException:
-        if isinstance(trainer, Trainer):
-            trainer.close()  # no rank outlives a run that could not be built
+        trainer.close()  # no rank outlives a run that could not be built
         raise
 
 
@@ -143,11 +145,14 @@ def driver_holds_weights(cfg: Config, task: Task) -> bool:
     """Whether the driver's policy is built with weights (issue #33, item 5). It is not when nothing in the driver
     uses them: the trainer's ranks are other processes (world size > 1) and build the model themselves from
     ``model.*``, the engines are vLLM servers or Ray actors that read the published versions, and there is no
-    supervised warm start (which runs on the driver's policy before the ranks start from it). Then the driver holds
-    the config, the tokenizer and the architecture on ``meta``; ``final/`` and the servers' start are the published
-    versions' files, and validation runs on engines."""
+    supervised warm start (which runs on the driver's policy before the ranks start from it), and validation runs on
+    vLLM servers (``hf`` validation engines copy the driver's policy). Then the driver holds the config, the
+    tokenizer and the architecture on ``meta``; ``final/`` and the servers' start are the published versions'
+    files."""
     elsewhere = cfg.rollout.engine == "vllm" or cfg.runtime.backend == "ray"
-    return cfg.psrl.deployment.train_world_size == 1 or not elsewhere or warm_start_steps(cfg, task) > 0
+    validates_here = cfg.trainer.val_every > 0 and cfg.rollout.engine != "vllm"  # hf validation engines copy it
+    single = cfg.psrl.deployment.train_world_size == 1
+    return single or not elsewhere or validates_here or warm_start_steps(cfg, task) > 0
 
 
 def in_memory_versions(cfg: Config) -> bool:
@@ -156,7 +161,7 @@ def in_memory_versions(cfg: Config) -> bool:
     return cfg.psrl.deployment.train_world_size == 1 and cfg.rollout.engine == "hf" and cfg.runtime.backend == "local"
 
 
-def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepTrainer:
+def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> Trainer:
     """The trainer over ``train_nnodes x train_ngpus_per_node`` ranks (started by :func:`build`): in this process at
     world size 1, else processes of this machine or, with ``runtime.backend=ray``, Ray actors; publishing where
     :func:`in_memory_versions` says."""
@@ -187,6 +192,7 @@ def _build(
     log: Callable[[str], None],
     task: Task,
     trainer: StepTrainer,
+    made: Trainer | None,
     engines: Sequence[Engine | TokenModel] | None,
     weights: WeightState | None,
     sink: Sink | None,
@@ -194,7 +200,7 @@ def _build(
     on_event: Callable[[Event], Any] | None,
     on_bound: Callable[[Move], Any] | None,
 ) -> Coordinator:
-    """:func:`build` once the task and the trainer exist."""
+    """:func:`build` once the task and the trainer exist (``made``: the trainer if :func:`build` made it)."""
     ck = None
     if recorder is not None and cfg.trainer.resume:
         ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm), log, on_event)
@@ -206,8 +212,8 @@ def _build(
         if not isinstance(start, _LoadsWeights):
             raise TypeError(f"build(weights=...) loads them into the trainer's policy: {type(start).__name__} cannot")
         start.load_weights(weights, 0)
-    elif isinstance(trainer, Trainer):
-        warm_start(cfg, task, trainer, log)
+    elif made is not None:  # a trainer given is used as it is
+        warm_start(cfg, task, made, log)
     versions = publish_first_version(cfg, trainer)
     if engines is None:  # after the first version: a driver without weights starts its vLLM servers from it
         engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None, versions)
@@ -246,17 +252,11 @@ def wire(
 
 
 def publish_first_version(cfg: Config, trainer: StepTrainer) -> WeightSource:
-    """The trainer's starting version, published where the engines read it: the real trainer's ranks start (from
-    the warm-started or resumed weights; a resume has started them already) and publish it; a trainer without
-    ``publish`` (the fakes) has its policy's state put into an in-memory store."""
-    version = int(trainer.policy.version)
-    if isinstance(trainer, Trainer):
-        trainer.start()
-        trainer.publish(version)
-        return trainer.out
-    store = ParameterStore(keep=cfg.psrl.staleness + 2)
-    store.publish(version, trainer.policy.export_state())
-    return store
+    """The trainer's starting version, published where the engines read it: the trainer starts (the ranks, from the
+    warm-started or resumed weights; a resume has started them already) and publishes it into its ``out``."""
+    trainer.start()
+    trainer.publish(int(trainer.policy.version))
+    return trainer.out
 
 
 async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = print, **parts: Any) -> list[dict]:
@@ -273,7 +273,13 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
         events.close()
         raise
     total = cfg.trainer.total_steps
-    watch = RunWatch(cfg, run_dir, coord, recorder, log, progress_line)
+    try:
+        validator = _validator(cfg, coord, run_dir)
+    except BaseException:
+        _close_ranks(coord)
+        events.close()
+        raise
+    watch = RunWatch(cfg, run_dir, coord, recorder, log, progress_line, validator=validator)
     saver = CheckpointSaver(background=cfg.trainer.checkpoint_in_background)
     on_step = _StepHook(coord, run_dir, recorder, events, total, cfg.trainer.checkpoint_every, watch, saver)
     p = cfg.psrl
@@ -297,6 +303,7 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
                 saver.close()
                 _close_ranks(coord)
             watch.close()
+            _close(validator)
             events.close()
             recorder.close()
             if terminated() and isinstance(exc, asyncio.CancelledError):
@@ -306,6 +313,7 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
     write_final(coord, run_dir / "final")
     _close_ranks(coord)
     watch.close()
+    _close(validator)
     events.close()
     recorder.close()
     if rows:
@@ -335,10 +343,22 @@ def write_final(coord: Coordinator, out: Path) -> Path:
     return Path(policy.save_pretrained(out))
 
 
+def _validator(cfg: Config, coord: Coordinator, run_dir: Path) -> ValidationEngines | None:
+    """The validation instances (``trainer.val_every > 0``): engines of their own over the published versions."""
+    if cfg.trainer.val_every <= 0:
+        return None
+    make = validation_engines(cfg, coord.trainer.policy, coord.agents.task, run_dir, coord.store)
+    return ValidationEngines(make, coord.store)
+
+
+def _close(validator: ValidationEngines | None) -> None:
+    if validator is not None:
+        validator.close()
+
+
 def _close_ranks(coord: Coordinator) -> None:
     """Stop the trainer's rank processes (nothing at world size 1)."""
-    if isinstance(coord.trainer, Trainer):
-        coord.trainer.close()
+    coord.trainer.close()
 
 
 class Terminated(KeyboardInterrupt):

@@ -14,9 +14,10 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from psrl.types import PublishingTrainer
+if TYPE_CHECKING:
+    from psrl.runtime.validate import ValidationEngines
 
 __all__ = ["Trackers", "RunWatch", "scalars"]
 
@@ -95,11 +96,13 @@ class RunWatch:
     Args:
         cfg: the config (``trainer.logger``, ``trainer.val_every``, ``trainer.val_n``, ...).
         run_dir: the run directory.
-        coord: the coordinator (its trainer's policy is validated, its task gives the validation set).
+        coord: the coordinator (its task gives the validation set).
         recorder: where validation rows go (``metrics.jsonl``), next to the step rows; the trackers get both.
         log: the plain-line sink (console without a terminal).
         line: formats one step row as a plain line.
         tty: whether stdout is a terminal (default: ask it).
+        validator: the validation instances (:class:`~psrl.runtime.validate.ValidationEngines`, which load the
+            newest published version); None: no validation (``trainer.val_every=0``).
     """
 
     def __init__(
@@ -111,8 +114,10 @@ class RunWatch:
         log: Callable[[str], None],
         line: Callable[[dict, int], str],
         tty: bool | None = None,
+        validator: ValidationEngines | None = None,
     ):
         self.cfg, self.coord, self.recorder, self.log, self.line = cfg, coord, recorder, log, line
+        self.validator = validator
         self.total = cfg.trainer.total_steps
         self.console = "console" in cfg.trainer.logger
         tty = sys.stdout.isatty() if tty is None else tty
@@ -131,21 +136,20 @@ class RunWatch:
         elif self.console:
             self.log(self.line(row, self.total))
         every, step = self.cfg.trainer.val_every, int(row["step"])
-        if every > 0 and (step % every == 0 or step >= self.total):
+        if self.validator is not None and every > 0 and (step % every == 0 or step >= self.total):
             self.validate(row)
 
     def validate(self, row: dict) -> dict:
-        """Validate the trainer's current weights; the row (with ``step``, ``version``) goes to metrics.jsonl."""
-        from psrl.runtime.validate import validate_blocking
-
+        """Validate the newest published version on the validation engines; the row (with ``step``, ``version``)
+        goes to metrics.jsonl."""
+        assert self.validator is not None, "RunWatch.validate needs the validation engines"
         t = self.cfg.trainer
-        trainer = self.coord.trainer
-        policy = trainer.latest_policy() if isinstance(trainer, PublishingTrainer) else trainer.policy
         task = self.coord.agents.task
         if self._val_prompts is None:
             self._val_prompts = task.val_prompts(t.val_size)
-        metrics = validate_blocking(task, policy, self._val_prompts, t.val_n, t.temperature, t.top_p, seed=t.seed)
-        out = {"step": int(row["step"]), "version": int(policy.version), "val/time": row.get("time", 0.0), **metrics}
+        metrics = self.validator.validate(task, self._val_prompts, t.val_n, t.temperature, t.top_p, seed=t.seed)
+        version = int(metrics.pop("version"))
+        out = {"step": int(row["step"]), "version": version, "val/time": row.get("time", 0.0), **metrics}
         self.recorder.metric(out)
         self.trackers.log(out)
         if self.console:

@@ -33,11 +33,11 @@ import dataclasses
 import random
 from typing import Any
 
+from psrl.rollout.fakes import FakeEngine, FakeTrainer
 from psrl.sim.divergence import StepLog
 from psrl.sim.metrics import Recorder, Result, warmup_steps
 from psrl.sim.workload import Workload
 from psrl.tasks.base import Demo, Episode, GenerateFn, Prompt, Task
-from psrl.types import TrainedPolicy
 
 __all__ = ["CoordinatorPolicy", "coordinator_config"]
 
@@ -146,16 +146,13 @@ class _SimTask(Task):
         return []
 
 
-class _SimTrainer:
-    """``step`` takes the workload's training time in virtual seconds and records the step."""
+class _SimTrainer(FakeTrainer):
+    """``step`` takes the workload's training time in virtual seconds and records the step (the rest of the
+    trainer protocol: :class:`~psrl.rollout.fakes.FakeTrainer`'s)."""
 
     def __init__(self, meter: _Meter):
-        from psrl.rollout.fakes import FakeEngine
-
+        super().__init__(FakeEngine(token_cost=0.0), train_time=0.0)
         self.meter = meter
-        self.policy: TrainedPolicy = FakeEngine(token_cost=0.0)
-        self.last_skip: str | None = None
-        self.skipped_in_a_row = 0
 
     async def step(self, batch: Any) -> dict:
         meter, wl = self.meter, self.meter.wl
@@ -204,8 +201,6 @@ class _Sink:
 
 def _engines(wl: Workload) -> list:
     """One fake engine per rollout instance: free decoding, or the ``sim.decode`` speed model."""
-    from psrl.rollout.fakes import FakeEngine
-
     if not wl.decode:
         return [FakeEngine(token_cost=0.0, sync_cost=wl.sync_time)]
     speeds = wl.decode_speeds or (1.0,) * wl.instances

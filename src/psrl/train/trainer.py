@@ -16,8 +16,10 @@ Per step, in the coordinator's training thread (the event loop keeps serving the
 :meth:`Trainer.publish` then makes the new version the engines' (:mod:`psrl.weights`): the ranks write
 ``weights/v{N}`` bucket by bucket from their shards (:class:`~psrl.weights.FileVersions`: vLLM servers, Ray actors,
 rank processes), or, at world size 1 with ``hf`` engines in this process, the in-process rank hands its tensors to a
-:class:`~psrl.weights.ParameterStore`. The driver's policy at world size > 1 holds no trained weights until
-:meth:`Trainer.latest_policy` loads the newest version for validation or ``final/``.
+:class:`~psrl.weights.ParameterStore`. At world size > 1 the driver's policy holds no trained weights: validation runs
+on engines that load the published versions and ``final/`` is the newest version's files
+(:func:`psrl.weights.write_model_directory`); with vLLM or Ray engines and no warm start it holds none at all (built
+on ``meta``: the ranks build the weights from ``model.*``, :class:`~psrl.models.builder.ModelRecipe`).
 
 Checkpoints, one format at every world size: ``ranks/`` (model and AdamW with ``torch.distributed.checkpoint``,
 loadable at any world size) beside ``trainer.pt`` (version, generator states, skip counters, world size: no
@@ -292,7 +294,10 @@ class Trainer:
 
     def latest_policy(self) -> Policy:
         """The driver's policy holding the newest published weights (read from the version's files at world size
-        > 1, once per version): what validation and ``final/`` use."""
+        > 1, once per version): for tests and benchmarks; a run validates on engines and writes ``final/`` from
+        the version's files."""
+        if self.policy.weightless:
+            raise RuntimeError("Trainer.latest_policy: the driver's policy was built without weights")
         if self._loaded != self.policy.version and isinstance(self.out, FileVersions):
             version, state = read_version(self.out.directory(self.policy.version))
             self.policy.load_weights(state, version)

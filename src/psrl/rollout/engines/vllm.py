@@ -384,9 +384,10 @@ def build_vllm_engines(
     start: Path | None = None,
     n: int | None = None,
     name: str = "server",
+    attach: bool = True,
 ) -> list[VLLMEngine]:
     """``n`` engines (default: one per rollout instance): attached to ``rollout.vllm.urls`` or each with a server
-    psrl starts (its log ``run_dir/vllm/{name}-{i}.log``).
+    psrl starts (its log ``run_dir/vllm/{name}-{i}.log``; always with ``attach=False``).
 
     The servers start from a Hugging Face directory in the run directory: the published version ``start`` (its
     files linked, the policy's config and tokenizer beside them: :func:`psrl.weights.write_model_directory`) when
@@ -409,7 +410,7 @@ def build_vllm_engines(
             write_model_directory(start, model_dir, policy.model.config, policy.tokenizer)
         else:
             policy.save_pretrained(model_dir)
-    if r.vllm.urls:
+    if r.vllm.urls and attach:
         return [engine(url=u) for u in r.vllm.urls]
     python = find_vllm_python(r.vllm.python)
     mcfg = policy.model.config
