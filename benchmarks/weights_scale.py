@@ -18,12 +18,18 @@ only), after one training step on a small batch. It measures:
 * ``sync_over_copy`` -- seconds from the optimiser step's end until the engine serves the version, over the seconds
   of ``torch`` copying the same bytes (one ``copy_`` of a flat tensor) in the same process.
 
-vLLM (one server) and the collective transport are not run here (see the JSON line's ``not_run``). Ends with one
-JSON line: per configuration the figures, per figure its slope per GB of model from small to large, and the
-headline keys ``driver_weight_ratio_vllm`` (null: not run), ``rank_publish_excess_ratio``, ``sync_over_copy``.
+With ``--engines vllm`` (or ``hf,vllm``) it also runs, at 2 ranks (``--vllm-worlds``), the driver ``psrl train`` builds
+for vLLM engines without a warm start (:func:`one_vllm`): its policy on ``meta``, the ranks building the weights
+themselves, one vLLM server starting from version 0's files and reloading version 1 -- the driver's figure there is
+``driver_weight_ratio_vllm`` (<= 0.1 at the larger size, slope <= 0.1 GB per GB: the issue's acceptance). The
+collective transport is not run here (see the JSON line's ``not_run``). Ends with one JSON line: per configuration
+the figures, per figure its slope per GB of model from small to large, and the headline keys
+``driver_weight_ratio_vllm`` (null: not run), ``rank_publish_excess_ratio``, ``sync_over_copy``.
 
     python benchmarks/weights_scale.py --results docs/results/weights_scale.json   # both sizes (~10 min, 2 cores)
     python benchmarks/weights_scale.py --sizes small     # the small size only
+    unshare -rn sh -c 'ip link set lo up && exec python benchmarks/weights_scale.py --engines vllm \
+        --results docs/results/weights_scale_driver.json'  # vLLM runs: loopback only, .venv-vllm
 """
 
 from __future__ import annotations
@@ -51,14 +57,23 @@ SIZES = {
 }
 
 
-def build_llama(size: str, layers: int | None = None) -> torch.nn.Module:
-    """The ``size`` architecture with random weights (seed 0); ``layers`` overrides the depth (smoke tests)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(size: str, layers: int | None = None) -> Any:
+    """The ``size`` architecture's ``transformers`` config; ``layers`` overrides the depth (smoke tests)."""
+    from transformers import LlamaConfig
 
     shape = dict(SIZES[size])
     if layers is not None:
         shape["num_hidden_layers"] = layers
-    cfg = LlamaConfig(vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True, pad_token_id=2, **shape)
+    return LlamaConfig(
+        vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True, pad_token_id=2, **shape
+    )
+
+
+def build_llama(size: str, layers: int | None = None) -> torch.nn.Module:
+    """The ``size`` architecture with random weights (seed 0); ``layers`` overrides the depth (smoke tests)."""
+    from transformers import LlamaForCausalLM
+
+    cfg = llama_config(size, layers)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return LlamaForCausalLM(cfg)
@@ -124,16 +139,12 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
         finally:
             trainer.close()
     driver = _rss()  # before the copy below, which holds two more model-sized buffers
-    src = torch.empty(model_bytes // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # first touch of the pages: not measured
-    t0 = time.perf_counter()
-    dst.copy_(src)
-    copy_s = time.perf_counter() - t0
+    copy_s = _copy_seconds(model_bytes)
     out: dict[str, Any] = {
         "size": size,
         "world": world,
         "transport": transport,
+        "engine": "hf",
         "model_bytes": model_bytes,
         "weights_bytes": pub["weights/bytes"],
         "publish_s": pub["time/publish_s"],
@@ -151,6 +162,91 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
     return out
 
 
+def one_vllm(size: str, world: int, bucket_mb: float, layers: int | None, python: str) -> dict[str, Any]:
+    """One configuration with a vLLM server as the engine, in this (fresh) process, as ``psrl train`` builds it at
+    world size > 1 without a warm start (issue #33, item 5): the driver's policy on ``meta`` (config and tokenizer
+    only), the ranks building the weights from the recipe, the server starting from version 0's files and
+    reloading version 1 from the ranks' directory. The driver's figure is all this process holds above its start."""
+    torch.set_num_threads(1)
+    from psrl.config import AlgorithmConfig, TrainerConfig
+    from psrl.models import CharTokenizer, Policy
+    from psrl.models.builder import ModelRecipe
+    from psrl.rollout.engines.vllm import VLLMEngine
+    from psrl.rollout.engines.vllm_server import VLLMServer
+    from psrl.train import Trainer
+    from psrl.weights import FileVersions, read_manifest, write_model_directory
+
+    base = _rss()["rss_bytes"]
+    config = llama_config(size, layers)
+    recipe = ModelRecipe(config, None, None, config.vocab_size, 0, "float32")  # build_llama's weights, on the ranks
+    policy = Policy(recipe("meta"), CharTokenizer(), seed=0, recipe=recipe)
+    model_bytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
+
+    async def run(trainer: Trainer, tmp: Path) -> tuple[dict, float, list, list]:
+        ranks = trainer.start()
+        trainer.publish(0)
+        assert isinstance(trainer.out, FileVersions)
+        model_dir = write_model_directory(trainer.out.directory(0), tmp / "model", config, policy.tokenizer)
+        server = VLLMServer(python, model_dir, tmp / "server.log", max_model_len=256, kv_cache_gb=1)
+        engine = VLLMEngine(server=server)
+        try:
+            await engine.start()
+            trainer.step(_batch(0))
+            step_end = time.perf_counter()
+            before = ranks.call("usage", True)
+            pub = trainer.publish(1)
+            await engine.update_weights(1, trainer.out)
+            sync_s = time.perf_counter() - step_end
+            after = ranks.call("usage")
+        finally:
+            await engine.close()
+        return pub, sync_s, before, after
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(
+            policy, AlgorithmConfig(), TrainerConfig(lr=1e-5), world, tmp, in_memory=False, keep=2,
+            bucket_mb=bucket_mb,
+        )  # fmt: skip
+        try:
+            pub, sync_s, before, after = asyncio.run(run(trainer, Path(tmp)))
+            assert isinstance(trainer.out, FileVersions)
+            biggest = max(b["bytes"] for b in read_manifest(trainer.out.directory(1))["buckets"])
+        finally:
+            trainer.close()
+    assert policy.weightless, "the driver's policy was given weights"
+    driver = _rss()
+    copy_s = _copy_seconds(model_bytes)
+    out: dict[str, Any] = {
+        "size": size,
+        "world": world,
+        "transport": "files",
+        "engine": "vllm",
+        "model_bytes": model_bytes,
+        "weights_bytes": pub["weights/bytes"],
+        "publish_s": pub["time/publish_s"],
+        "sync_s": sync_s,
+        "copy_s": copy_s,
+        "sync_over_copy": sync_s / copy_s,
+        "driver_ratio": (driver["peak_rss_bytes"] - base) / model_bytes,
+        "driver_peak_above_start_bytes": driver["peak_rss_bytes"] - base,
+    }
+    allowance = [biggest + 0.1 * b["param_bytes"] for b in before]
+    excess = [a["peak_rss_bytes"] - b["rss_bytes"] for a, b in zip(after, before)]
+    out["rank_publish_excess_bytes"] = excess
+    out["rank_publish_excess"] = max(e / w for e, w in zip(excess, allowance))
+    return out
+
+
+def _copy_seconds(nbytes: int) -> float:
+    """Seconds of one ``copy_`` of ``nbytes`` between two flat tensors (their pages touched first)."""
+    src = torch.empty(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch of the pages: not measured
+    t0 = time.perf_counter()
+    dst.copy_(src)
+    return time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="small,large")
@@ -158,52 +254,73 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bucket-mb", type=float, default=64.0)
     p.add_argument("--layers", type=int, default=None, help="override the depth of both sizes (smoke tests)")
     p.add_argument("--results", type=Path, default=None, help="store the runs and the command here (docs/results)")
+    p.add_argument("--engines", default="hf", help="hf, vllm or hf,vllm (vLLM: in a loopback-only namespace)")
+    p.add_argument("--vllm-worlds", default="2", help="world sizes of the vLLM runs")
+    p.add_argument("--vllm-python", default=None, help="the vLLM environment's python (default: .venv-vllm)")
     p.add_argument("--one", nargs=3, metavar=("SIZE", "WORLD", "TRANSPORT"), help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.one:
         size, world, transport = ns.one
-        print(json.dumps(one(size, int(world), transport, ns.bucket_mb, ns.layers)))
-        return 0
-    runs = []
-    for size in ns.sizes.split(","):
-        for world in (int(w) for w in ns.worlds.split(",")):
-            for transport in ("memory", "files") if world == 1 else ("files",):
-                cmd = [sys.executable, __file__, "--one", size, str(world), transport, "--bucket-mb", str(ns.bucket_mb)]
-                if ns.layers is not None:
-                    cmd += ["--layers", str(ns.layers)]
-                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    print(done.stderr[-3000:], file=sys.stderr)
-                    raise SystemExit(f"{size} at {world} rank(s), {transport}: exit {done.returncode}")
-                run = json.loads(done.stdout.strip().splitlines()[-1])
-                print(f"  {run}", file=sys.stderr, flush=True)
-                runs.append(run)
+        if transport == "vllm":
+            from psrl.rollout.engines.vllm_server import find_vllm_python
 
-    def pick(size: str, world: int, transport: str) -> dict[str, Any] | None:
-        return next((r for r in runs if (r["size"], r["world"], r["transport"]) == (size, world, transport)), None)
+            python = find_vllm_python(ns.vllm_python)
+            print(json.dumps(one_vllm(size, int(world), ns.bucket_mb, ns.layers, python)))
+        else:
+            print(json.dumps(one(size, int(world), transport, ns.bucket_mb, ns.layers)))
+        return 0
+    engines = ns.engines.split(",")
+    plan = []
+    for size in ns.sizes.split(","):
+        if "hf" in engines:
+            for world in (int(w) for w in ns.worlds.split(",")):
+                plan += [(size, world, t) for t in (("memory", "files") if world == 1 else ("files",))]
+        if "vllm" in engines:
+            plan += [(size, int(w), "vllm") for w in ns.vllm_worlds.split(",")]
+    runs = []
+    for size, world, transport in plan:
+        cmd = [sys.executable, __file__, "--one", size, str(world), transport, "--bucket-mb", str(ns.bucket_mb)]
+        if ns.layers is not None:
+            cmd += ["--layers", str(ns.layers)]
+        if ns.vllm_python is not None:
+            cmd += ["--vllm-python", ns.vllm_python]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            print(done.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"{size} at {world} rank(s), {transport}: exit {done.returncode}")
+        run = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"  {run}", file=sys.stderr, flush=True)
+        runs.append(run)
+
+    def pick(size: str, world: int, transport: str, engine: str = "hf") -> dict[str, Any] | None:
+        key = (size, world, transport, engine)
+        return next((r for r in runs if (r["size"], r["world"], r["transport"], r.get("engine", "hf")) == key), None)
 
     slopes: dict[str, Any] = {}
-    for world, transport in ((1, "memory"), (1, "files"), (2, "files")):
-        a, b = pick("small", world, transport), pick("large", world, transport)
+    for world, transport, engine in ((1, "memory", "hf"), (1, "files", "hf"), (2, "files", "hf"), (2, "files", "vllm")):
+        a, b = pick("small", world, transport, engine), pick("large", world, transport, engine)
         if a and b:
             gb = (b["model_bytes"] - a["model_bytes"]) / 2**30
-            slopes[f"{world}/{transport}"] = {
+            slopes[f"{world}/{transport}" + ("/vllm" if engine == "vllm" else "")] = {
                 "driver_peak_gb_per_gb": (b["driver_ratio"] * b["model_bytes"] - a["driver_ratio"] * a["model_bytes"])
                 / 2**30
                 / gb,
                 "sync_s_per_gb": (b["sync_s"] - a["sync_s"]) / gb,
             }
-    head = pick("large", 2, "files") or pick("small", 2, "files") or runs[-1]
+    vllm_head = pick("large", 2, "files", "vllm") or pick("small", 2, "files", "vllm")
+    head = pick("large", 2, "files") or pick("small", 2, "files") or vllm_head or runs[-1]
     summary = {
         "runs": runs,
         "slopes": slopes,
-        "driver_weight_ratio_vllm": None,
-        "driver_weight_ratio_hf": head["driver_ratio"],
+        "driver_weight_ratio_vllm": vllm_head["driver_ratio"] if vllm_head else None,
+        "driver_weight_ratio_vllm_at": f"{vllm_head['size']} at {vllm_head['world']} ranks" if vllm_head else None,
+        "driver_weight_ratio_hf": head["driver_ratio"] if head.get("engine", "hf") == "hf" else None,
         "rank_publish_excess_ratio": head.get("rank_publish_excess"),
         "sync_over_copy": head["sync_over_copy"],
-        "headline": f"{head['size']} at {head['world']} ranks, {head['transport']}",
+        "sync_over_copy_vllm": vllm_head["sync_over_copy"] if vllm_head else None,
+        "headline": f"{head['size']} at {head['world']} ranks, {head['transport']}, {head.get('engine', 'hf')}",
         "bucket_mb": ns.bucket_mb,
-        "not_run": "vLLM engines and the collective transport (not built this round: see the issue's note)",
+        "not_run": "the collective transport (another branch)" + ("" if vllm_head else "; vLLM engines (--engines)"),
     }
     if ns.results is not None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
