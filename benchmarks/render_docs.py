@@ -259,6 +259,24 @@ def weights_scale() -> str:
     return _table(header, rows)
 
 
+def weights_scale_driver() -> str:
+    """docs/trainer.md's driver figures with vLLM engines (``benchmarks/weights_scale.py --engines vllm``)."""
+    r = stored.read("weights_scale_driver")
+    rows = [
+        [f"{x['size']} ({x['model_bytes'] / 2**30:.2f} GiB)", str(x["world"])]
+        + [f"{x['driver_peak_above_start_bytes'] / 2**20:.0f}", f"{x['driver_ratio']:.3f}"]
+        + [f"{x['publish_s']:.2f}", f"{x['sync_s']:.2f}", f"{x['rank_publish_excess']:.2f}"]
+        for x in r["runs"]
+    ]
+    header = ["model", "ranks", "driver peak above its start, MiB", "/ model bytes", "publish s", "sync s"]
+    header += ["rank publish peak / allowance"]
+    slope = r["slopes"].get("2/files/vllm", {}).get("driver_peak_gb_per_gb")
+    sentence = f"`driver_weight_ratio_vllm` = {r['driver_weight_ratio_vllm']:.3f} ({r['driver_weight_ratio_vllm_at']})"
+    if slope is not None:
+        sentence += f"; the driver's peak grows {slope:.3f} GB per GB of model from small to large"
+    return _command("weights_scale_driver") + "\n" + _table(header, rows) + "\n" + sentence + ".\n"
+
+
 ENGINE_NOTES = {
     "nocache": "first {nocache_tokens} tokens of each request only (O(L^2): slower still at {new_tokens})",
     "hf_shared": "`hf` with unseeded requests, one shared generator (before issue 34)",
@@ -316,6 +334,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "smollm2-repro": lambda: smollm2_repro("smollm2_repro"),
     "smollm2-repro-long": lambda: smollm2_repro("smollm2_repro_long"),
     "weights_scale": weights_scale,
+    "weights_scale_driver": weights_scale_driver,
     "simulate-reference": simulate_reference,
     "simulate-model-vs-real": simulate_model_vs_real,
     "simulate-adaptive": simulate_adaptive,
