@@ -104,3 +104,41 @@ def test_ranks_of_a_weightless_driver_start_from_model_config_without_start_pt(t
     reference = build_policy(cfg.model, task, seed=0).model.state_dict()
     assert all(torch.equal(torch.from_numpy(state[k]), reference[k]) for k in reference)
     assert light.weightless and FileVersions(tmp_path / "weights").latest_version() == 0
+
+
+def test_validation_engines_load_the_newest_version_before_validating(tmp_path):
+    """Validation instances over files (what world size > 1 with ``hf`` engines builds): a copy of the policy at its
+    start weights loads the newest published version first -- the row's ``version`` is that version, the engine's
+    weights are its tensors -- and a second validation with nothing new published loads nothing again."""
+    from psrl.rollout.engines.hf import HFEngine
+    from psrl.runtime.validate import ValidationEngines
+    from psrl.weights import read_version
+
+    cfg = _cfg("task.name=arith")
+    task = get_task(cfg.task, seed=0)
+    policy = build_policy(cfg.model, task, seed=0)
+    trained = build_policy(cfg.model, task, seed=1)  # "trained": other weights than the policy's
+    root = tmp_path / "weights"
+    publish_model(trained.model, root, 0)
+    publish_model(trained.model, root, 3)
+    copy = policy.replica(seed=5)
+    loads: list[int] = []
+
+    class Counted(HFEngine):
+        async def update_weights(self, version, store):
+            loads.append(version)
+            await super().update_weights(version, store)
+
+    validator = ValidationEngines(lambda: [Counted(copy)], FileVersions(root))
+    try:
+        first = validator.validate(task, task.val_prompts(3), 2, 1.0, 1.0, seed=0)
+        second = validator.validate(task, task.val_prompts(3), 2, 1.0, 1.0, seed=0)
+    finally:
+        validator.close()
+    assert first["version"] == second["version"] == 3 and first["val/prompts"] == 3
+    assert {k: v for k, v in first.items() if k != "val/seconds"} == {
+        k: v for k, v in second.items() if k != "val/seconds"
+    }
+    _, want = read_version(root / "v3")
+    assert all(torch.equal(copy.model.state_dict()[k], want[k]) for k in want)
+    assert copy.version == 3 and loads == [3]
