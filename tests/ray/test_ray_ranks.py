@@ -71,6 +71,26 @@ def test_psrl_train_at_two_ray_ranks_completes_audited(tmp_path):
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
+def test_a_driver_with_ray_engines_and_no_warm_start_writes_no_start_weights(tmp_path):
+    """Ray rank actors and Ray engine actors, no warm start (issue #33, item 5): the driver builds no weights, so the
+    ranks build the model from ``model.*`` (no ``weights/start.pt``); the engines' log-probs still equal the
+    ranks' (the same start weights) and ``final/`` is the last version's tensors."""
+    run_dir = tmp_path / "run"
+    args = [*TINY, "trainer.warm_start_steps=0", f"trainer.run_dir={run_dir}", "psrl.staleness=0"]
+    args += ["psrl.deployment.train_ngpus_per_node=2", "runtime.backend=ray", "trainer.total_steps=3"]
+    out = _loopback_only(["-m", "psrl.cli", "train", *args])
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert not (run_dir / "weights" / "start.pt").exists()
+    assert sum(r["engine/mismatch_tokens"] for r in rows) > 0
+    assert max(r["engine/logprob_mismatch_max"] for r in rows) < 1e-5
+    version, published = read_version(run_dir / "weights" / "v3")
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(str(run_dir / "final"), local_files_only=True).state_dict()
+    assert version == 3 and all(torch.equal(published[k], v) for k, v in final.items())
+
+
 FAULTS = textwrap.dedent(
     """
     import asyncio, os, signal, sys, tempfile
