@@ -7,6 +7,7 @@ need as arguments (:meth:`TaskConfig.check`, :meth:`DataConfig.check`), called f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from psrl.config.fields import _f
@@ -24,8 +25,9 @@ __all__ = ["DataConfig", "TaskConfig"]
 class TaskConfig:
     name: str = _f(
         "tool_arith",
-        "Built-in task name (arith, tool_arith), dataset (rows of data.train_files) or module:Class.",
-        note="arith | tool_arith | dataset (psrl.tasks.TASKS) | module:Class, resolved at load",
+        "Built-in task name (arith, tool_arith), dataset (rows of data.train_files), agent (task.agent plays "
+        "each row through an OpenAI-compatible endpoint; docs/agents.md) or module:Class.",
+        note="arith | tool_arith | dataset | agent (psrl.tasks.TASKS) | module:Class, resolved at load",
     )
     kwargs: dict = _f(
         {},
@@ -51,6 +53,38 @@ class TaskConfig:
         ge=0,
         fix="set task.reward_retries=0 to report a failing reward at once, or a small count",
     )
+    reward_workers: int = _f(
+        4,
+        "Threads of the executor that runs synchronous reward functions (their own, not the event loop's default "
+        "executor the trainer also uses); a reward that never returns holds one until the run ends.",
+        ge=1,
+    )
+    agent: str = _f(
+        "",
+        "task.name=agent: the agent, async def agent(client, row) as module:function or path/to/file.py:function; "
+        "client is an openai.AsyncOpenAI bound to the trajectory, row the dataset row. It returns a float, a dict "
+        "with score, or None (then task.reward scores its last assistant message).",
+        note="module:function | file.py:function (needed when task.name is agent)",
+    )
+    agent_timeout: float = _f(
+        300.0,
+        "task.name=agent: seconds one agent episode may take (all its turns and tools); past it the episode "
+        "fails (retried task.reward_retries times, then status error).",
+        gt=0,
+    )
+    chat_template: str = _f(
+        "auto",
+        "task.name=agent: how requests become prompt text. auto: the tokenizer's template, or psrl's Hermes-style "
+        "one for requests that offer tools the tokenizer's ignores (said once in the log); tokenizer: always the "
+        "tokenizer's (tools it ignores are an error); hermes: always psrl's; or a path to a .jinja template.",
+        note="auto | tokenizer | hermes | path to a .jinja file",
+    )
+    tool_parser: str = _f(
+        "hermes",
+        "task.name=agent: how sampled text becomes OpenAI tool_calls. hermes: <tool_call>{name, arguments}"
+        "</tool_call> JSON (Hermes, Qwen); none: never.",
+        choices=("hermes", "none"),
+    )
     tool_latency_median: float = _f(0.05, "Agentic task: median tool latency in seconds (lognormal).", ge=0)
     tool_latency_sigma: float = _f(1.0, "Agentic task: sigma of the lognormal tool latency (heavy tail).", ge=0)
     max_turns: int = _f(3, "Agentic task: maximum model turns per trajectory.", ge=1)
@@ -70,6 +104,20 @@ class TaskConfig:
             require(
                 ":" in r, "task.reward", f"unknown reward {r!r}", "use math, exact, regex:<pattern> or module:function"
             )
+        if self.name == "agent":
+            require(
+                ":" in self.agent and self.agent.rsplit(":", 1)[1].isidentifier(),
+                "task.agent",
+                f"task.name is agent but task.agent={self.agent!r} names no function",
+                "set task.agent=module:function or path/to/file.py:function",
+            )
+        t = self.chat_template
+        require(
+            t in ("auto", "tokenizer", "hermes") or Path(t).is_file(),
+            "task.chat_template",
+            f"{t!r} is neither auto, tokenizer, hermes nor an existing template file",
+            "use auto, tokenizer, hermes or the path of a .jinja file",
+        )
 
 
 # --------------------------------------------------------------------------- data.*
@@ -79,7 +127,7 @@ class TaskConfig:
 class DataConfig:
     train_files: list = _f(
         [],
-        "task.name=dataset: training rows, one file or a list (.jsonl, .json, .parquet, .csv).",
+        "task.name=dataset or agent: training rows, one file or a list (.jsonl, .json, .parquet, .csv).",
         note="file paths, checked when the task is built",
     )
     val_files: list = _f(
@@ -109,12 +157,12 @@ class DataConfig:
     def check(self, task_name: str, val_every: int, model: ModelConfig) -> None:
         """A dataset task (``task_name``) needs training rows, validation rows when ``val_every`` > 0 (from
         ``trainer.val_every``), and a built-in ``model`` long enough for a prompt and its answer."""
-        if task_name != "dataset":
+        if task_name not in ("dataset", "agent"):
             return
         require(
             bool(self.train_files),
             "data.train_files",
-            "task.name is dataset but no training file is given",
+            f"task.name is {task_name} but no training file is given",
             "set data.train_files=path/to/train.jsonl",
         )
         require(
