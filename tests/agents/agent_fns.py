@@ -69,3 +69,11 @@ async def hanging_agent(client, row):
 
 def not_async_agent(client, row):
     return 1.0
+
+
+async def fails_on_marked_rows(client, row):
+    """One turn, then raises on rows whose extra_info says so; 1.0 elsewhere."""
+    await client.chat.completions.create(model="psrl-policy", messages=row["prompt"], max_tokens=2)
+    if (row.get("extra_info") or {}).get("fail"):
+        raise RuntimeError("agent bug on a marked row")
+    return 1.0

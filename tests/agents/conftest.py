@@ -28,14 +28,15 @@ ROWS = [
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
 
-def agent_config(tmp_path, agent, *overrides):
+def agent_config(tmp_path, agent, *overrides, rows_=ROWS):
+    """``agent`` a function of tests/agents/agent_fns.py, or ``file.py:function``; ``rows_`` the data."""
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    rows.write_text("".join(json.dumps(r) + "\n" for r in rows_))
     return load_config(
         None,
         [
             "task.name=agent",
-            f"task.agent=tests.agents.agent_fns:{agent}",
+            f"task.agent={agent if ':' in agent else 'tests.agents.agent_fns:' + agent}",
             f"data.train_files={rows}",
             "data.max_prompt_length=900",
             "data.max_response_length=96",

@@ -110,3 +110,45 @@ def test_an_agent_that_fails_fails_its_episode(make_task, agent, error, words):
 def test_an_agent_that_is_not_async_is_a_config_error(make_task):
     with pytest.raises(ConfigError, match="task.agent"):
         make_task("not_async_agent")
+
+
+def test_through_a_session_v_traj_is_the_version_the_session_opened_at(make_task):
+    """On the real rollout instance: weights published during the episode are loaded between its turns; the
+    trajectory keeps ``V_traj`` = the first version, its tokens both, and the session's record agrees."""
+    from psrl.rollout.serving.session import Session
+    from psrl.weights import ParameterStore
+    from tests.agents.scripted import ScriptedModel
+    from tests.rollout.harness import pool_of
+
+    task = make_task("tool_agent")
+    model = ScriptedModel(task.tokenizer, [CALL, "5"])
+    store = ParameterStore(keep=4)
+    store.publish(0, {"v": 0})
+    pool = pool_of([model], store)
+
+    async def run():
+        pool.start()
+        await pool.ready()
+        prompt = task.sample_prompt(random.Random(0))
+        session = Session(pool, 0, prompt.ids)
+
+        async def generate(context, budget):
+            seg = await session.generate(context, budget)
+            if model.version == 0:
+                store.publish(1, {"v": 1})
+                pool.notify_published()
+                await pool.wait_version_above(0)
+            return seg
+
+        try:
+            ep = await task.run_episode(prompt, generate, random.Random(0))
+            return ep, session
+        finally:
+            await task.close()
+            await pool.stop()
+
+    agent_fns.SEEN.clear()
+    ep, session = asyncio.run(run())
+    assert session.v_traj == 0 and segment_versions(ep.token_versions) == [0, 1]
+    partial = session.partial_episode()  # what the proactive truncate would complete it with
+    assert partial.response_ids == ep.response_ids and partial.prompt_ids == ep.prompt_ids
