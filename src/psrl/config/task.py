@@ -10,15 +10,80 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from psrl.config.fields import _f
+from psrl.config.fields import _f, _sub
 from psrl.config.rules import check_task, require
+from psrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from psrl.config.schema import ModelConfig
 
-__all__ = ["DataConfig", "TaskConfig"]
+__all__ = ["DataConfig", "JudgeConfig", "TaskConfig"]
 
 # --------------------------------------------------------------------------- task.*
+
+JUDGE_PROMPT = (
+    "Grade an answer. Question: {question} Reference answer: {ground_truth} Answer to grade: {answer} "
+    "Reply 'Score: 1' if it is correct, else 'Score: 0'."
+)
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    url: str = _f(
+        "",
+        "task.reward=judge: base URL of an OpenAI-compatible server that grades (http://host:port/v1).",
+        note="a URL (needed when task.reward is judge)",
+    )
+    model: str = _f("judge", "task.reward=judge: the model name the judge server serves.", note="a model name")
+    api_key: str = _f("EMPTY", "task.reward=judge: the bearer token sent to the judge.", note="a string")
+    prompt: str = _f(
+        JUDGE_PROMPT,
+        "task.reward=judge: the one user message sent; {question} (the row's extra_info.question), {answer}, "
+        "{ground_truth} and {data_source} are filled in.",
+        note="a Python format string with those four names",
+    )
+    parse: str = _f(
+        r"Score:\s*(-?[0-9]+(?:\.[0-9]+)?)",
+        "task.reward=judge: regular expression whose first match in the reply (group 1, else the match) is the score.",
+        note="a regular expression",
+    )
+    concurrency: int = _f(8, "task.reward=judge: most judge requests in flight at once (the rest queue).", ge=1)
+    retries: int = _f(
+        2, "task.reward=judge: retries of one judge call (HTTP error, timeout, unparsable reply) before it fails.", ge=0
+    )
+    timeout: float = _f(10.0, "task.reward=judge: seconds one judge request may take.", gt=0)
+    max_tokens: int = _f(32, "task.reward=judge: most tokens of the judge's reply.", ge=1)
+
+    def check(self, reward_timeout: float) -> None:
+        """The judge is reachable in principle, its prompt and rule are usable, and its retries fit in
+        ``task.reward_timeout`` (so a hanging judge fails the call, visibly, before the reward's own timeout)."""
+        import re
+
+        require(
+            self.url.startswith(("http://", "https://")),
+            "task.judge.url",
+            f"task.reward is judge but task.judge.url={self.url!r} is not an http(s) URL",
+            "set task.judge.url=http://host:port/v1",
+        )
+        try:
+            self.prompt.format(question="", answer="", ground_truth="", data_source="")
+        except (KeyError, IndexError, ValueError, AttributeError) as e:
+            raise ConfigError(
+                "task.judge.prompt",
+                f"cannot be filled in ({type(e).__name__}: {e})",
+                "use only {question}, {answer}, {ground_truth} and {data_source}; write other braces as {{ }}",
+            ) from None
+        try:
+            re.compile(self.parse)
+        except re.error as e:
+            raise ConfigError("task.judge.parse", f"bad regular expression: {e}", "fix the pattern") from None
+        worst = (self.retries + 1) * self.timeout
+        require(
+            worst <= reward_timeout,
+            "task.judge.timeout",
+            f"(task.judge.retries + 1) * task.judge.timeout = {worst:g}s > task.reward_timeout = {reward_timeout:g}s",
+            "lower task.judge.timeout or task.judge.retries, or raise task.reward_timeout",
+        )
 
 
 @dataclass(frozen=True)
@@ -36,10 +101,11 @@ class TaskConfig:
     )
     reward: str = _f(
         "math",
-        "Dataset tasks: math (math-verify) | exact | regex:<pattern> (group 1, else the match, equals the answer) | "
+        "Dataset tasks: math (math-verify) | exact | judge (task.judge asks a model) | regex:<pattern> (group 1, else "
+        "the match, equals the answer) | "
         "module:function or file.py:function (verl's compute_score(data_source, solution_str, ground_truth, extra_info), "
         "sync or async, returning a float or a dict with score and optional acc). Built-in tasks keep their own reward.",
-        note="math | exact | regex:<pattern> | module:function | file.py:function",
+        note="math | exact | judge | regex:<pattern> | module:function | file.py:function",
     )
     reward_timeout: float = _f(
         30.0,
@@ -85,6 +151,7 @@ class TaskConfig:
         "</tool_call> JSON (Hermes, Qwen); none: never.",
         choices=("hermes", "none"),
     )
+    judge: JudgeConfig = _sub(JudgeConfig, "task.reward=judge: the OpenAI-compatible judge that scores answers.")
     tool_latency_median: float = _f(0.05, "Agentic task: median tool latency in seconds (lognormal).", ge=0)
     tool_latency_sigma: float = _f(1.0, "Agentic task: sigma of the lognormal tool latency (heavy tail).", ge=0)
     max_turns: int = _f(3, "Agentic task: maximum model turns per trajectory.", ge=1)
@@ -100,10 +167,15 @@ class TaskConfig:
             f"set model.n_positions >= {longest}",
         )
         r = self.reward  # regex:<pattern>, module:function and file.py:function all hold a ':'
-        if r not in ("math", "exact"):
+        if r not in ("math", "exact", "judge"):
             require(
-                ":" in r, "task.reward", f"unknown reward {r!r}", "use math, exact, regex:<pattern> or module:function"
+                ":" in r,
+                "task.reward",
+                f"unknown reward {r!r}",
+                "use math, exact, judge, regex:<pattern> or module:function",
             )
+        if r == "judge":
+            self.judge.check(self.reward_timeout)
         if self.name == "agent":
             require(
                 ":" in self.agent and self.agent.rsplit(":", 1)[1].isidentifier(),

@@ -117,7 +117,9 @@ class DatasetTask(Task):
         self._bos = [] if bos is None else [int(bos)]
         self.max_context = data.max_prompt_length + len(self._bos) + data.max_response_length
         self.turn_tokens = data.max_response_length  # at most trainer.max_new_tokens (checked when the run is built)
-        self.reward_fn = build_reward(task_cfg.reward, task_cfg.reward_timeout, task_cfg.reward_workers)
+        self.reward_fn = build_reward(
+            task_cfg.reward, task_cfg.reward_timeout, task_cfg.reward_workers, judge=task_cfg.judge
+        )
         self.dropped = 0
         self.rows = self._rows(self.data.train_files, "data.train_files")
         if not self.rows:

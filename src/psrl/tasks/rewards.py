@@ -135,9 +135,16 @@ class RewardExecutor(concurrent.futures.Executor):
                 fut.set_exception(e)
 
 
-def build_reward(spec: str, timeout: float, workers: int = 4) -> RewardFn:
-    """The reward of ``task.reward``, its synchronous calls on a :class:`RewardExecutor` of ``workers`` threads."""
+def build_reward(spec: str, timeout: float, workers: int = 4, judge: Any = None) -> RewardFn:
+    """The reward of ``task.reward``, its synchronous calls on a :class:`RewardExecutor` of ``workers`` threads;
+    ``judge``: the ``task.judge`` section, for ``task.reward: judge``."""
     pool = RewardExecutor(workers)
+    if spec == "judge":
+        from psrl.tasks.judge import JudgeReward
+
+        if judge is None:
+            raise ConfigError("task.reward", "judge needs the task.judge section", "set task.judge.url")
+        return RewardFn("judge", JudgeReward(judge).__call__, timeout, pool)  # a bound coroutine function
     if spec == "math":
         return RewardFn("math", math_score, timeout, pool)
     if spec == "exact":
@@ -149,7 +156,9 @@ def build_reward(spec: str, timeout: float, workers: int = 4) -> RewardFn:
             raise ConfigError("task.reward", f"bad regular expression in {spec!r}: {e}", "fix the pattern") from e
     if ":" in spec:
         return RewardFn(spec, load_function(spec), timeout, pool)
-    raise ConfigError("task.reward", f"unknown reward {spec!r}", "use math, exact, regex:<pattern> or module:function")
+    raise ConfigError(
+        "task.reward", f"unknown reward {spec!r}", "use math, exact, judge, regex:<pattern> or module:function"
+    )
 
 
 class RewardFn:
