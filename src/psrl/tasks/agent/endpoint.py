@@ -6,7 +6,7 @@
 ``openai.AsyncOpenAI(base_url=...)`` client talks to exactly that trajectory. Every request becomes one turn of the
 trajectory's :class:`~psrl.tasks.agent.capture.Conversation` (its session, its instance, its ``V_traj``).
 
-Sampling follows the run (``rollout.temperature`` / ``top_p``): a request's own ``temperature`` and ``top_p`` are
+Sampling follows the run (``trainer.temperature`` / ``trainer.top_p``): a request's own ``temperature`` and ``top_p`` are
 accepted and not applied, since the tokens trained on must come from the behaviour policy the trainer corrects
 for. Errors are OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``) with a message naming the
 cause: an unknown or finished trajectory (404), an unknown model (404), a malformed body (400), a context past the
