@@ -40,5 +40,5 @@ def test_an_agent_trains_on_vllm_with_a_clean_audit(tmp_path, vllm_urls):
     ]
     assert main(args) == 0
     records = read_jsonl(run_dir / "trajectories.jsonl")
-    assert check_bound(records, 1) == 3 * 2 * 2
+    assert check_bound(records, 1) == 3 * 4 * 2  # steps x groups (psrl.staleness_buffer_entries) x N
     assert all(r["response_len"] > 0 for r in records if r["status"] == "trained")

@@ -152,3 +152,41 @@ def test_through_a_session_v_traj_is_the_version_the_session_opened_at(make_task
     assert session.v_traj == 0 and segment_versions(ep.token_versions) == [0, 1]
     partial = session.partial_episode()  # what the proactive truncate would complete it with
     assert partial.response_ids == ep.response_ids and partial.prompt_ids == ep.prompt_ids
+
+
+def test_cancelling_an_episode_ends_its_turn_in_flight_and_closes_its_url(make_task):
+    """What the proactive filter's retry / truncate do to an agent episode: the member is cancelled, so the
+    agent is, the engine request of the turn in flight is cancelled too (it runs in the endpoint's handler), and
+    the trajectory's URL refuses further requests."""
+    import httpx
+
+    from psrl.tasks.agent.endpoint import MODEL
+
+    task = make_task("tool_agent")
+    entered, cancelled = asyncio.Event(), []
+
+    async def generate(context, budget):
+        entered.set()
+        try:
+            await asyncio.Event().wait()  # a turn that is still sampling
+        except asyncio.CancelledError:
+            cancelled.append(len(context))
+            raise
+
+    async def run():
+        prompt = task.sample_prompt(random.Random(0))
+        episode = asyncio.create_task(task.run_episode(prompt, generate, random.Random(0)))
+        await entered.wait()
+        (uid,) = task.endpoint.conversations
+        url = task.endpoint.base_url(uid)
+        episode.cancel()
+        await asyncio.gather(episode, return_exceptions=True)
+        async with httpx.AsyncClient() as http:
+            r = await http.post(
+                f"{url}/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+            )
+        await task.close()
+        return r
+
+    r = asyncio.run(run())
+    assert cancelled and r.status_code == 404 and "is finished" in r.json()["error"]["message"]
