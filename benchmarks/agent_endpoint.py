@@ -171,11 +171,14 @@ def main(argv: list[str] | None = None) -> dict:
         "endpoint_over_direct": round(endpoint / direct, 3),
     }
     if args.results is not None:
-        args.results.write_text(json.dumps(result, indent=1) + "\n")
+        from results import write
+
+        write(args.results, {**result, "rounds": {k: [round(x, 2) for x in v] for k, v in rates.items()}})
     print(json.dumps(result))
     return result
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     main()
