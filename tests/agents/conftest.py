@@ -5,6 +5,10 @@ import json
 import pytest
 import torch
 
+pytest.importorskip("openai", reason="task.name=agent needs the agents extra: pip install -e '.[agents]'")
+pytest.importorskip("starlette", reason="task.name=agent needs the agents extra: pip install -e '.[agents]'")
+pytest.importorskip("uvicorn", reason="task.name=agent needs the agents extra: pip install -e '.[agents]'")
+
 from psrl.config import load_config
 from psrl.rollout.engines.base import NoCacheEngine
 from psrl.tasks import get_task

@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+pytest.importorskip("starlette", reason="the fake judge is served with the agents extra")
 from psrl.config import ConfigError, load_config
 from psrl.runtime.recorder import read_jsonl
 from psrl.tasks.rewards import RewardError, build_reward
