@@ -170,3 +170,24 @@ def test_hermes_calls_are_parsed_and_malformed_ones_stay_visible(text, content, 
     assert turn.content == content and [c["function"]["name"] for c in turn.tool_calls] == names
     assert all(isinstance(c["function"]["arguments"], str) for c in turn.tool_calls)
     assert parse_turn(text, "none").tool_calls == []
+
+
+def test_a_failure_under_a_turn_reaches_the_agent_named(make_task):
+    """An engine (or psrl) error during a turn is an OpenAI-style 500 naming it, not a bare server error."""
+    task = make_task()
+
+    async def broken(context, budget):
+        raise RuntimeError("engine went away")
+
+    async def run():
+        endpoint = await task.start_endpoint()
+        try:
+            endpoint.open(task.conversation("t0", broken))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{endpoint.port}") as http:
+                r = await http.post("/t/t0/v1/chat/completions", json={"model": MODEL, "messages": HELLO})
+                return r.status_code, r.json()
+        finally:
+            await task.close()
+
+    status, body = asyncio.run(run())
+    assert status == 500 and "RuntimeError: engine went away" in body["error"]["message"]

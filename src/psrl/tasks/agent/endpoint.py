@@ -156,6 +156,10 @@ class Endpoint:
             return response(out)
         except EndpointError as e:
             return response(e.body(), status_code=e.status)
+        except Exception as e:  # noqa: BLE001 -- psrl's own failure under a turn: the agent gets it, named, not a bare 500
+            log.warning("agent endpoint: %s failed: %r", request.url.path, e)
+            err = EndpointError(500, f"psrl could not serve this turn: {type(e).__name__}: {e}", "server_error")
+            return response(err.body(), status_code=500)
 
     def _conversation(self, uid: str) -> Conversation:
         conv = self.conversations.get(uid)
