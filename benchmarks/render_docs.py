@@ -116,6 +116,20 @@ def learning_arms(name: str, arms: list[tuple[str, int]]) -> str:
     return _table(header, rows)
 
 
+def agent_endpoint() -> str:
+    """docs/agents.md's endpoint cost (``benchmarks/agent_endpoint.py``), as one sentence."""
+    r = stored.read("agent_endpoint")
+    lo = min(min(v) for v in r["rounds"].values())
+    hi = max(max(v) for v in r["rounds"].values())
+    return (
+        f"with {r['model']} on `{r['engine']}` ({r['agents']} agents at once x {r['turns']} turns x at most "
+        f"{r['tokens']} tokens, median of {r['repeats']} rounds each) the endpoint gave "
+        f"{r['endpoint_tokens_per_s']:.2f} sampled tokens/s against {r['direct_tokens_per_s']:.2f} directly, "
+        f"`endpoint_over_direct` {r['endpoint_over_direct']:.3f}; single rounds ranged from {lo:.1f} to {hi:.1f} "
+        f"tokens/s (`{r['command']}`, {r['measured']})"
+    )
+
+
 def trainer_scale() -> str:
     """docs/trainer.md's 1-vs-2-rank figures (``benchmarks/trainer_scale.py``), as one sentence."""
     r = stored.read("trainer_scale")
@@ -349,6 +363,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "trainer-resume-text": lambda: trainer_resume("text"),
     "trainer-resume-cells": lambda: trainer_resume("cells"),
     "trainer-scale": trainer_scale,
+    "agent-endpoint": agent_endpoint,
     "learning-agentic-command": lambda: _command("learning_agentic"),
     "learning-agentic-table": lambda: learning_table("learning_agentic"),
     "learning-agentic-certificate": lambda: learning_certificate("learning_agentic"),

@@ -105,6 +105,13 @@ METRICS: tuple[Metric, ...] = (
     _m("batch/response_len_mean", "tokens", "Mean response length (model and tool tokens) in the batch.", _C),
     _m("batch/masked_frac", "fraction", "Fraction of response tokens masked out of the loss (tool output).", _C),
     _m("batch/truncated_frac", "fraction", "Fraction of the batch force-completed (truncate filter, max length).", _C),
+    _m(
+        "batch/tool_call_frac",
+        "fraction",
+        "Fraction of the batch with at least one tool call (the reward's tool_calls: parsed calls of task.name=agent, "
+        "the calculator calls of tool_arith); only for tasks whose reward counts tool_calls.",
+        _C,
+    ),
     _m("buffers", "-", "State of every live buffer after the consume: {version: PENDING|STUCK|READY|...}.", _C),
     # the engines (docs/engines.md)
     _m(

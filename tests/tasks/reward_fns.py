@@ -40,3 +40,14 @@ def explodes_on_marked_rows(data_source, solution_str, ground_truth, extra_info=
 def length_parity(data_source, solution_str, ground_truth, extra_info=None):
     """1 for an odd-length answer: sampled answers of one prompt differ, so groups have a nonzero spread."""
     return float(len(solution_str) % 2)
+
+
+RELEASE = __import__("threading").Event()
+"""Set by a test when it is done, so the threads held by :func:`hangs_on_marked_rows` end."""
+
+
+def hangs_on_marked_rows(data_source, solution_str, ground_truth, extra_info=None):
+    """A synchronous reward that does not return on rows whose extra_info says so (until RELEASE); 0.0 elsewhere."""
+    if (extra_info or {}).get("hang"):
+        RELEASE.wait()
+    return 0.0

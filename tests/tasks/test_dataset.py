@@ -219,6 +219,36 @@ def test_a_raising_reward_marks_the_trajectory_failed_with_the_reason(tmp_path):
     assert 0 < read_jsonl(run_dir / "metrics.jsonl")[-1]["counts/failed"] <= len(errors)
 
 
+def test_a_synchronous_reward_that_never_returns_does_not_stop_the_run(tmp_path):
+    """It runs on the task's own reward threads (task.reward_workers), off the event loop: its calls time out,
+    are recorded as failed, and the run trains every step."""
+    from tests.tasks import reward_fns
+
+    rows = sums(6)
+    rows[1]["extra_info"]["hang"] = True
+    f = write_jsonl(tmp_path / "train.jsonl", rows)
+    run_dir = tmp_path / "run"
+    try:
+        code = main(
+            TINY
+            + [
+                f"data.train_files={f}",
+                "task.reward=tests.tasks.reward_fns:hangs_on_marked_rows",
+                "task.reward_timeout=0.5",
+                "task.reward_workers=16",
+                "task.reward_retries=0",
+                "trainer.total_steps=3",
+                f"trainer.run_dir={run_dir}",
+            ]
+        )
+    finally:
+        reward_fns.RELEASE.set()
+    assert code == 0
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    errors = [t for t in read_jsonl(run_dir / "trajectories.jsonl") if t["status"] == "error"]
+    assert errors and all("task.reward_timeout=0.5" in t["error"] for t in errors)
+
+
 # ---------------------------------------------------------------------------- order and cursor
 
 

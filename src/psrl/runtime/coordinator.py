@@ -364,14 +364,17 @@ def _natural(text: str) -> tuple:
 
 
 def batch_metrics(version: int, trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """What a consumed batch was: reward, accuracy, lengths, masked (tool) and truncated fractions, and the
+    """What a consumed batch was: reward, accuracy, lengths, masked (tool) and truncated fractions (and the fraction
+    that called a tool, for tasks whose reward counts ``tool_calls``), and the
     measured lag ``version - V_traj`` (``staleness/*``)."""
     n = max(len(trajs), 1)
     rewards = [float(t.reward) for t in trajs]
     mean = sum(rewards) / n
     tokens = sum(len(t.response_ids) for t in trajs)
     lag = [int(version) - int(t.v_traj) for t in trajs]
+    calls = {"batch/tool_call_frac": sum(t.metrics.get("tool_calls", 0.0) > 0 for t in trajs) / n}
     return {
+        **(calls if any("tool_calls" in t.metrics for t in trajs) else {}),
         "reward/mean": mean,
         "reward/std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
         "reward/acc": sum(float(t.metrics.get("acc", t.reward)) for t in trajs) / n,

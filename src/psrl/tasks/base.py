@@ -79,6 +79,9 @@ class Episode:
     turns: int = 0
     tool_calls: int = 0
     info: dict = field(default_factory=dict)
+    prompt_ids: list[int] | None = None
+    """The trajectory's prompt when the episode brought its own (an agent renders its first request itself);
+    None: the :class:`Prompt`'s ids."""
 
     def add_model(self, seg: Segment) -> None:
         """Append a model turn (trained on)."""
@@ -187,7 +190,7 @@ def episode_to_trajectory(
         uid=uid,
         group=group,
         v_traj=int(v_traj),
-        prompt_ids=list(prompt.ids),
+        prompt_ids=list(prompt.ids if episode.prompt_ids is None else episode.prompt_ids),
         response_ids=list(episode.response_ids),
         logprobs=list(episode.logprobs),
         loss_mask=list(episode.loss_mask),

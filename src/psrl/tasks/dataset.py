@@ -51,6 +51,8 @@ class Row:
     answer: Any
     data_source: str = ""
     extra_info: Any = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)
+    """The row as read (an agent receives it whole)."""
 
     @property
     def where(self) -> str:
@@ -115,7 +117,9 @@ class DatasetTask(Task):
         self._bos = [] if bos is None else [int(bos)]
         self.max_context = data.max_prompt_length + len(self._bos) + data.max_response_length
         self.turn_tokens = data.max_response_length  # at most trainer.max_new_tokens (checked when the run is built)
-        self.reward_fn = build_reward(task_cfg.reward, task_cfg.reward_timeout)
+        self.reward_fn = build_reward(
+            task_cfg.reward, task_cfg.reward_timeout, task_cfg.reward_workers, judge=task_cfg.judge
+        )
         self.dropped = 0
         self.rows = self._rows(self.data.train_files, "data.train_files")
         if not self.rows:
@@ -168,7 +172,8 @@ class DatasetTask(Task):
                 "(set data.filter_overlong_prompts=true to drop such rows, or raise the limit)"
             )
         extra = raw.get("extra_info")
-        return Row(f, i, text, ids, answer, str(raw.get("data_source") or ""), extra if extra is not None else {})
+        extra = extra if extra is not None else {}
+        return Row(f, i, text, ids, answer, str(raw.get("data_source") or ""), extra, raw)
 
     @staticmethod
     def _column(raw: dict, where: str, name: str, key: str) -> Any:
@@ -199,7 +204,7 @@ class DatasetTask(Task):
             ids=list(row.ids),
             answer=row.answer,
             text=row.text,
-            info={"data_source": row.data_source, "extra_info": row.extra_info, "where": row.where},
+            info={"data_source": row.data_source, "extra_info": row.extra_info, "where": row.where, "row": row.raw},
         )
 
     # ------------------------------------------------------------------ order and cursor

@@ -1,4 +1,5 @@
-"""Tasks by name: the built-ins (``arith``, ``tool_arith``), ``dataset`` (your files) or any ``module:Class``."""
+"""Tasks by name: the built-ins (``arith``, ``tool_arith``), ``dataset`` (your files), ``agent`` (your agent over
+your files) or any ``module:Class``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ TASKS: dict[str, str] = {
     "arith": "psrl.tasks.arith:ArithTask",
     "tool_arith": "psrl.tasks.tool_arith:ToolArithTask",
     "dataset": "psrl.tasks.dataset:DatasetTask",
+    "agent": "psrl.tasks.agent.task:AgentTask",
 }
 
 

@@ -98,13 +98,15 @@ class ToolArithTask(BuiltinTask):
         return ep
 
     def reward(self, prompt: Prompt, episode: Episode) -> dict[str, float]:
-        """``score = acc``: 1.0 for the exact sum. ``seq_reward`` also subtracts 0.1 per malformed call."""
+        """``score = acc``: 1.0 for the exact sum. ``seq_reward`` also subtracts 0.1 per malformed call; ``tool_calls``
+        counts the calls (batch/tool_call_frac)."""
         acc = float(self.final_answer(episode) == prompt.answer)
         return {
             "score": acc,
             "acc": acc,
             "seq_reward": acc - 0.1 * episode.info.get("bad_calls", 0),
             "seq_final_reward": acc,
+            "tool_calls": float(episode.tool_calls),
         }
 
     def expert_response(self, prompt_text: str, calls: int | None = None) -> tuple[list[int], list[int]]:

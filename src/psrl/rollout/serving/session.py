@@ -51,6 +51,7 @@ class Session:
         self.v_traj = self.instance.version
         self.instances: list[int] = []
         self.migrations = 0
+        self._given = list(prompt_ids)
         self._prompt = list(prompt_ids)
         self._ep = Episode()
         self._req: InstanceRequest | None = None
@@ -118,6 +119,8 @@ class Session:
         known = self._prompt + self._ep.response_ids
         if context[: len(known)] == known:
             extra = list(context[len(known) :])
+        elif not self._ep.response_ids:  # the first turn brings its own prompt (an agent renders its own request)
+            self._prompt, extra = list(context), []
         else:  # the task rewrote its context: keep what it shows, all as context
             self._ep = Episode()
             extra = list(context[len(self._prompt) :])
@@ -133,6 +136,7 @@ class Session:
             list(self._ep.token_versions),
             truncated=True,
             turns=self._ep.turns,
+            prompt_ids=None if self._prompt == self._given else list(self._prompt),
         )
         req = self._req
         if req is not None and req.tokens:
