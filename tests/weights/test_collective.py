@@ -75,10 +75,10 @@ def _transfer(senders: int, sender: Callable[[TransferGroup, int], Any], dst: Co
 
 
 def _honest(world: int) -> Callable[[TransferGroup, int], Any]:
+    model = _model()  # built here: the global generator is not for threads to share
+
     def sender(group: TransferGroup, rank: int) -> Any:
-        return send_version(
-            group, _model(), rank=rank, world=world, receivers=[world], bucket_bytes=int(BUCKET_MB * MB)
-        )
+        return send_version(group, model, rank=rank, world=world, receivers=[world], bucket_bytes=int(BUCKET_MB * MB))
 
     return sender
 

@@ -357,6 +357,10 @@ class TrainerConfig:
 # --------------------------------------------------------------------------- weights.*
 
 
+TRANSPORTS = ("files", "collective")
+"""``weights.transport``: how a version travels from the trainer's ranks to the engines."""
+
+
 @dataclass(frozen=True)
 class WeightsConfig:
     bucket_mb: float = _f(
@@ -366,6 +370,24 @@ class WeightsConfig:
         "publishes; larger: fewer files and collectives.",
         gt=0,
     )
+    transport: str = _f(
+        "files",
+        "How a published version reaches the engines: files (the ranks write RUN_DIR/weights/v{N} bucket by bucket; "
+        "every engine reads it; works everywhere) | collective (the ranks send the buckets over a process group "
+        "the engines' side joins -- gloo on CPU, NCCL on GPUs -- no shared filesystem; rollout.engine=hf in this "
+        "process). Every transport checks the version's digest before an engine serves it.",
+        choices=TRANSPORTS,
+    )
+
+    def check(self, engine: str, backend: str) -> None:
+        """``collective`` needs engines that can join the transfer group: ``hf`` engines in this process."""
+        require(
+            self.transport != "collective" or (engine == "hf" and backend == "local"),
+            "weights.transport",
+            f"is collective, but rollout.engine={engine} with runtime.backend={backend} cannot join the "
+            "transfer group (only hf engines in this process can, for now)",
+            "set weights.transport=files, or rollout.engine=hf with runtime.backend=local",
+        )
 
 
 # --------------------------------------------------------------------------- root
@@ -398,6 +420,7 @@ class Config:
         self.task.check(self.model, self.trainer.seed)
         self.sim.check()
         self.trainer.check()
+        self.weights.check(self.rollout.engine, self.runtime.backend)
         self.data.check(self.task.name, self.trainer.val_every, self.model)
         check_rules(self, out_dirs=True)
         return self

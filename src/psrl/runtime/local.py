@@ -141,8 +141,10 @@ def build(
 
 def in_memory_versions(cfg: Config) -> bool:
     """Whether versions go from trainer to engines in memory: world size 1 with ``hf`` engines in this process
-    (the rank and the engines share it). Otherwise the ranks write ``RUN_DIR/weights/v{N}`` (:mod:`psrl.weights`)."""
-    return cfg.psrl.deployment.train_world_size == 1 and cfg.rollout.engine == "hf" and cfg.runtime.backend == "local"
+    (the rank and the engines share it) and ``weights.transport=files``. Otherwise the ranks write
+    ``RUN_DIR/weights/v{N}`` (:mod:`psrl.weights`), or send it (``weights.transport=collective``)."""
+    local_hf = cfg.rollout.engine == "hf" and cfg.runtime.backend == "local"
+    return cfg.psrl.deployment.train_world_size == 1 and local_hf and cfg.weights.transport == "files"
 
 
 def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepTrainer:
@@ -167,6 +169,7 @@ def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepT
         keep=cfg.psrl.staleness + 2,
         bucket_mb=cfg.weights.bucket_mb,
         launcher=launch,
+        transport=cfg.weights.transport,
     )
 
 

@@ -59,16 +59,19 @@ from psrl.train.steps import (
     set_rng_state,
     warm_start_policy,
 )
+from psrl.train.transfer import CollectivePublisher
 from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
-from psrl.weights import FileVersions, ParameterStore, read_version
+from psrl.weights import FileVersions, ParameterStore
+from psrl.weights.collective import CollectiveVersions
 
 __all__ = ["Trainer"]
 
 _STAGED = "ranks_staged"
 """The key of :meth:`Trainer.state_dict` naming the ranks' files written for a background checkpoint."""
 
-Published = ParameterStore | FileVersions
-"""Where :meth:`Trainer.publish` puts a version: memory (world size 1, ``hf`` engines here) or directories."""
+Published = ParameterStore | FileVersions | CollectiveVersions
+"""Where :meth:`Trainer.publish` puts a version: memory (world size 1, ``hf`` engines here), directories, or this
+process's receiver of the collective transport (``hf`` engines here, any world size)."""
 
 
 class Trainer:
@@ -85,6 +88,9 @@ class Trainer:
             process; the default at world size 1), else as files under ``work_dir/weights``.
         keep: versions kept on disk (engines may lag by ``psrl.staleness``).
         bucket_mb: ``weights.bucket_mb``: the most a rank gathers at once to publish.
+        transport: ``weights.transport``: ``files`` (or memory, per ``in_memory``), or ``collective``: the ranks
+            send each version over a transfer group to this process's receiver (:mod:`psrl.weights.collective`),
+            which holds it for the ``hf`` engines here.
         launcher: starts ranks at world size > 1: :class:`~psrl.train.launch.LocalRanks` (processes here) or,
             with ``runtime.backend=ray``, :class:`psrl.runtime.ray_ranks.RayRanks`.
     """
@@ -101,6 +107,7 @@ class Trainer:
         keep: int = 2,
         bucket_mb: float = 256,
         launcher: Launcher = LocalRanks,
+        transport: str = "files",
     ):
         if world_size < 1:
             raise ValueError(f"Trainer needs world_size >= 1, got {world_size}")
@@ -121,6 +128,12 @@ class Trainer:
         if in_memory and world_size > 1:
             raise ValueError("versions in memory are handed over in this process: world size 1 only")
         self.out: Published = ParameterStore() if in_memory else FileVersions(self.work_dir / "weights")
+        self._collective: CollectivePublisher | None = None
+        if transport == "collective":
+            self.out = CollectiveVersions()
+            self._collective = CollectivePublisher(self.out, world_size, trainer_cfg.rank_timeout_s, bucket_mb)
+        elif transport != "files":
+            raise ValueError(f"weights.transport is files or collective, got {transport!r}")
         """Where :meth:`publish` puts each version; the run builder gives it to the engines."""
         self.rng = random.Random(trainer_cfg.seed)
         torch.manual_seed(trainer_cfg.seed)
@@ -176,6 +189,8 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the ranks (idempotent)."""
+        if self._collective is not None:
+            self._collective.leave(self.ranks.call if self.ranks is not None else None)
         ranks, self.ranks = self.ranks, None
         if ranks is not None:
             ranks.close()
@@ -265,11 +280,14 @@ class Trainer:
         ``weights/bytes`` (what the version moved)."""
         started = time.perf_counter()
         dtype = DTYPES[self.dtype]
-        if isinstance(self.out, ParameterStore):
+        if self._collective is not None:
+            nbytes = self._collective.publish(self._call, int(version), dtype)
+        elif isinstance(self.out, ParameterStore):
             state = self._call("export", (self.bucket_mb, dtype))[0]
             self.out.publish(int(version), state)
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
         else:
+            assert isinstance(self.out, FileVersions)
             root = str(self.out.root)
             nbytes = self._call("publish", (int(version), root, self.keep, self.bucket_mb, dtype))[0]["bytes"]
         self.policy.version = int(version)
@@ -280,8 +298,8 @@ class Trainer:
     def latest_policy(self) -> Policy:
         """The driver's policy holding the newest published weights (read from the version's files at world size
         > 1, once per version): what validation and ``final/`` use."""
-        if self._loaded != self.policy.version and isinstance(self.out, FileVersions):
-            version, state = read_version(self.out.directory(self.policy.version))
+        if self._loaded != self.policy.version and not isinstance(self.out, ParameterStore):
+            version, state = self.out.get(self.policy.version)
             self.policy.load_weights(state, version)
             self._loaded = version
         return self.policy

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 from torch import nn
@@ -124,17 +125,27 @@ class TransferGroup:
         self.timeout = timedelta(seconds=address.timeout_s)
         client = TCPStore(address.host, address.port, is_master=False, timeout=self.timeout)
         self._store = client  # kept: the group's connections were made through it
-        self.pg = ProcessGroupGloo(PrefixStore(address.name, client), rank, address.size, self.timeout)
+        self.pg: Any = ProcessGroupGloo(PrefixStore(address.name, client), rank, address.size, self.timeout)
+
+    def _pg(self) -> Any:
+        """The gloo group (``Any``: its ``send``/``recv`` are not in torch's stubs); :class:`TransferFailed` once
+        closed."""
+        if self.pg is None:
+            raise TransferFailed(f"transfer group rank {self.rank} has left {self.address.name}")
+        return self.pg
 
     def send(self, buf: torch.Tensor, dst: int, tag: int) -> None:
-        self.pg.send([buf], dst, tag).wait(self.timeout)  # type: ignore[attr-defined]  # not in torch's stubs
+        self._pg().send([buf], dst, tag).wait(self.timeout)
 
     def recv(self, buf: torch.Tensor, src: int, tag: int) -> None:
-        self.pg.recv([buf], src, tag).wait(self.timeout)  # type: ignore[attr-defined]  # not in torch's stubs
+        self._pg().recv([buf], src, tag).wait(self.timeout)
 
     def close(self) -> None:
-        """Leave the group (peers still waiting on this member fail at once rather than at their timeout)."""
-        self.pg.abort()
+        """Leave the group: peers still waiting on this member fail at once rather than at their timeout (gloo
+        closes its connections when the group object goes, not on ``shutdown`` alone). Idempotent."""
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            pg.shutdown()
 
 
 def layout(
