@@ -11,6 +11,13 @@ from tests.benchmarks.run import run_benchmark
 def test_weights_scale_benchmark_runs_and_ends_with_one_json_line():
     last = run_benchmark("weights_scale.py", "--sizes", "small", "--layers", "1", env={"OMP_NUM_THREADS": "1"})
     assert {"driver_weight_ratio_vllm", "rank_publish_excess_ratio", "sync_over_copy"} <= set(last)
-    assert [(r["world"], r["transport"]) for r in last["runs"]] == [(1, "memory"), (1, "files"), (2, "files")]
+    assert [(r["world"], r["transport"]) for r in last["runs"]] == [
+        (1, "memory"),
+        (1, "files"),
+        (1, "collective"),
+        (2, "files"),
+        (2, "collective"),
+    ]
     assert all(r["weights_bytes"] >= r["model_bytes"] and r["sync_s"] > 0 for r in last["runs"])
     assert last["rank_publish_excess_ratio"] <= 1.0
+    assert last["headline"].startswith("small at 2 ranks")

@@ -48,6 +48,7 @@ __all__ = [
     "TransferGroup",
     "TransferFailed",
     "CollectiveVersions",
+    "SentVersions",
     "host_store",
     "layout",
     "pack",
@@ -168,7 +169,11 @@ def layout(
 
 def pack(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """The tensors' bytes, in order, as one flat ``uint8`` buffer. Each tensor is dropped from ``tensors`` once
-    copied, so the caller's bucket and the buffer overlap by at most one tensor."""
+    copied, so the caller's bucket and the buffer overlap by at most one tensor; a bucket of one tensor (the
+    embedding, larger than a bucket) is sent as a view of its bytes, not copied."""
+    if len(tensors) == 1:
+        only = tensors.pop(next(iter(tensors)))
+        return only.contiguous().reshape(-1).view(torch.uint8)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     flat = torch.empty(total, dtype=torch.uint8)
     at = 0
@@ -320,3 +325,38 @@ class CollectiveVersions:
 
     def get(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
         return self._held.get(version)
+
+
+class SentVersions:
+    """The versions the ranks sent to receivers in other processes (vLLM servers' workers, which stage them): the
+    writer's manifests only, no tensor (a :class:`psrl.types.WeightSource` without states). An engine loads a
+    version by naming it and its digest to its receiver, which checks what it staged before loading."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = max(int(keep), 1)
+        self._lock = threading.Lock()
+        self._manifests: dict[int, dict] = {}
+
+    def commit(self, version: int, manifest: Mapping) -> None:
+        """``version`` was received whole by every receiver (their digests matched ``manifest``)."""
+        with self._lock:
+            self._manifests[int(version)] = dict(manifest)
+            for old in sorted(self._manifests)[: -self.keep]:
+                del self._manifests[old]
+
+    def manifest(self, version: int) -> dict:
+        with self._lock:
+            if int(version) not in self._manifests:
+                raise KeyError(f"version {version} was not sent (sent: {sorted(self._manifests)})")
+            return self._manifests[int(version)]
+
+    def latest_version(self) -> int | None:
+        with self._lock:
+            return max(self._manifests) if self._manifests else None
+
+    def versions(self) -> list[int]:
+        with self._lock:
+            return sorted(self._manifests)
+
+    def get(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+        raise TypeError("SentVersions holds no weights: its versions are staged in the receivers they were sent to")

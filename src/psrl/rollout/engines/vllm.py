@@ -56,6 +56,7 @@ from psrl.rollout.engines.vllm_http import (
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource, stream_seed
 from psrl.weights import VersionDirectories
+from psrl.weights.collective import SentVersions
 
 if TYPE_CHECKING:
     import httpx
@@ -321,14 +322,22 @@ class VLLMEngine:
         await self._post("/resume")
 
     async def update_weights(self, version: int, store: WeightSource) -> None:
-        if not isinstance(store, VersionDirectories):
+        if isinstance(store, SentVersions):  # staged in the server's receiver: checked there, then loaded
+            await self.rpc("psrl_load", version=int(version), digest=store.manifest(int(version))["digest"])
+        elif not isinstance(store, VersionDirectories):
             raise TypeError(f"vLLM loads weights from a published directory: {type(store).__name__} has none")
-        path = store.directory(int(version))  # the ranks' files: Hugging Face's sharded layout with its index
-        await self._post("/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+        else:  # the ranks' files: Hugging Face's sharded layout with its index
+            await self.rpc("reload_weights", weights_path=str(store.directory(int(version))))
         await self._label(int(version))
         self.version = int(version)
         if not self._inflight:
             self._token_version = self.version
+
+    async def rpc(self, method: str, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """``POST /collective_rpc``: ``method`` of every worker of the server (vLLM's, or psrl's receiver
+        :mod:`psrl.weights.vllm_receiver`), with ``kwargs``; each worker's result."""
+        out = await self._post("/collective_rpc", json={"method": method, "kwargs": kwargs}, timeout=timeout)
+        return list((out or {}).get("results", []))
 
     async def _label(self, version: int) -> None:
         """Name the server's weights ``version``: vLLM labels every output produced from now on with it."""
