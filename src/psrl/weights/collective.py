@@ -136,10 +136,22 @@ class TransferGroup:
         return self.pg
 
     def send(self, buf: torch.Tensor, dst: int, tag: int) -> None:
-        self._pg().send([buf], dst, tag).wait(self.timeout)
+        self.wait(self.isend(buf, dst, tag))
 
     def recv(self, buf: torch.Tensor, src: int, tag: int) -> None:
-        self._pg().recv([buf], src, tag).wait(self.timeout)
+        self.wait(self.irecv(buf, src, tag))
+
+    def isend(self, buf: torch.Tensor, dst: int, tag: int) -> Any:
+        """Start sending ``buf`` (keep it alive until :meth:`wait`)."""
+        return self._pg().send([buf], dst, tag)
+
+    def irecv(self, buf: torch.Tensor, src: int, tag: int) -> Any:
+        """Start receiving into ``buf``; :meth:`wait` for it."""
+        return self._pg().recv([buf], src, tag)
+
+    def wait(self, work: Any) -> None:
+        """Wait for a started send or receive, at most the group's timeout."""
+        work.wait(self.timeout)
 
     def close(self) -> None:
         """Leave the group: peers still waiting on this member fail at once rather than at their timeout (gloo
@@ -209,18 +221,19 @@ def send_version(
     bucket_bytes: int = 256 * MB,
     dtype: torch.dtype | None = None,
 ) -> list[tuple[int, int, str]]:
-    """Every rank of the trainer calls it (the gathers are collectives): the owner of each bucket packs it, computes
-    its digest and sends it to every receiver (group ranks ``receivers``). Returns ``(index, bytes, digest)`` of
-    the buckets this rank sent."""
+    """Every rank of the trainer calls it (the gathers are collectives): the owner of each bucket packs it, starts
+    sending it to every receiver (group ranks ``receivers``) and computes its digest while the bytes travel.
+    Returns ``(index, bytes, digest)`` of the buckets this rank sent."""
+    buckets = layout(model, bucket_bytes, dtype)
     sent: list[tuple[int, int, str]] = []
     for b, _, tensors in iter_buckets(model, rank, world, bucket_bytes, dtype):
         if tensors is None:
             continue
-        digest = bucket_digest(tensors)
         flat = pack(tensors)
-        for dst in receivers:
-            group.send(flat, dst, tag=b)
-        sent.append((b, flat.numel(), digest))
+        works = [group.isend(flat, dst, tag=b) for dst in receivers]
+        sent.append((b, flat.numel(), bucket_digest(unpack(flat, buckets[b]))))
+        for work in works:
+            group.wait(work)
         del flat
     return sent
 
@@ -229,10 +242,19 @@ def receive_version(
     group: TransferGroup, buckets: Sequence[BucketLayout], world: int
 ) -> Iterator[tuple[int, dict[str, torch.Tensor], str]]:
     """``(index, tensors, digest)`` per bucket as it arrives from its owner (group rank ``b % world``): the tensors
-    are views of the one buffer the bucket was received into, the digest computed here from them."""
+    are views of the one buffer the bucket was received into, the digest computed here from them -- while the next
+    bucket is already arriving (at most two buckets in flight)."""
+
+    def post(b: int) -> tuple[torch.Tensor, Any]:
+        flat = torch.empty(buckets[b].nbytes, dtype=torch.uint8)
+        return flat, group.irecv(flat, src=b % world, tag=b)
+
+    nxt = post(0) if buckets else None
     for b, bucket in enumerate(buckets):
-        flat = torch.empty(bucket.nbytes, dtype=torch.uint8)
-        group.recv(flat, src=b % world, tag=b)
+        assert nxt is not None
+        flat, work = nxt
+        group.wait(work)
+        nxt = post(b + 1) if b + 1 < len(buckets) else None
         tensors = unpack(flat, bucket)
         yield b, tensors, bucket_digest(tensors)
 
