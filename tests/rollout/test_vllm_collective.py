@@ -22,15 +22,16 @@ from psrl.types import GenRequest, Sampling
 from psrl.weights import MB
 from psrl.weights.collective import (
     GroupAddress,
-    SentVersions,
     TransferGroup,
     check_received,
+    first_tags,
     host_store,
     layout,
-    pack,
+    send_bucket,
     send_version,
     sent_manifest,
 )
+from psrl.weights.receivers import SentVersions
 from tests.conftest import CONTEXT, vllm_python_or_skip
 
 pytestmark = pytest.mark.vllm
@@ -50,8 +51,10 @@ def _sender(
                 out.append(send_version(group, model, rank=0, world=1, receivers=[1], bucket_bytes=BUCKET))
                 return
             state = {k: v.detach() for k, v in model.state_dict().items()}
-            for b, bucket in enumerate(layout(model, BUCKET)[:stop_after]):
-                group.send(pack({n: state[n].clone() for n in bucket.names}), 1, tag=b)
+            buckets = layout(model, BUCKET)
+            for b, bucket in enumerate(buckets[:stop_after]):
+                for work in send_bucket(group, {n: state[n] for n in bucket.names}, 1, first_tags(buckets)[b]):
+                    group.wait(work)
         finally:
             group.close()
 
@@ -94,7 +97,7 @@ def test_a_version_sent_to_vllm_loads_only_whole_and_checked(tiny, tmp_path):
     server = VLLMServer(python, tmp_path / "model", tmp_path / "server.log", max_model_len=CONTEXT, receiver=True)
     engine = VLLMEngine(server=server, sampling=Sampling(temperature=1.0))
     prompt = list(task.sample_prompt(__import__("random").Random(0)).ids)
-    store = SentVersions()
+    store = SentVersions(tmp_path / "weights")
 
     async def run() -> None:
         await engine.start()
@@ -124,3 +127,31 @@ def test_a_version_sent_to_vllm_loads_only_whole_and_checked(tiny, tmp_path):
             await engine.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_psrl_train_sends_versions_into_its_vllm_server(tmp_path, world):
+    """``psrl train`` with its own vLLM server and ``weights.transport=collective``, synchronous: the first version
+    goes as files (the server is not up yet), every later one over the transfer group (no directory of it is
+    written); the server's recorded log-probs match the trainer's (< 1e-3, as the files path is checked in
+    ``tests/runtime/test_train_vllm.py``), so each sent version took effect."""
+    from psrl.runtime.recorder import read_jsonl
+    from psrl.train_cli import main
+    from tests.runtime.test_train_vllm import SMALL
+
+    vllm_python_or_skip()
+    run_dir = tmp_path / "run"
+    args = [a for a in SMALL if not a.startswith("psrl.staleness=")] + [
+        f"trainer.run_dir={run_dir}",
+        "trainer.total_steps=3",
+        "psrl.staleness=0",
+        "weights.transport=collective",
+        f"psrl.deployment.train_ngpus_per_node={world}",
+    ]
+    assert main(args) == 0
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    measured = [r for r in rows if r["engine/mismatch_tokens"] > 0]
+    assert measured and max(r["engine/logprob_mismatch_max"] for r in measured) < 1e-3
+    assert any(r["step"] >= 2 for r in measured)  # tokens of a sent version were scored
+    assert sorted(p.name for p in (run_dir / "weights").glob("v[0-9]")) == ["v0"]

@@ -20,7 +20,8 @@ from psrl.rollout.fakes import random_batch
 from psrl.train import Trainer
 from psrl.types import GenRequest, Sampling
 from psrl.weights import state_digest
-from psrl.weights.collective import CollectiveVersions, TransferFailed, pack
+from psrl.weights.collective import TransferFailed, first_tags, send_bucket
+from psrl.weights.receivers import CollectiveVersions
 from tests.train.test_train_trainer import _setup
 
 BUCKET_MB = 0.01  # ~10 KB: the tiny model's tensors fall into several buckets
@@ -74,9 +75,11 @@ def _sends_two_buckets_then_leaves(group, model, *, rank, world, receivers, buck
     from psrl.weights.collective import layout
 
     state = {k: v.detach().to(dtype=dtype or v.dtype) for k, v in model.state_dict().items()}
-    for b, bucket in enumerate(layout(model, bucket_bytes, dtype)[:2]):
+    buckets = layout(model, bucket_bytes, dtype)
+    for b, bucket in enumerate(buckets[:2]):
         for dst in receivers:
-            group.send(pack({n: state[n].clone() for n in bucket.names}), dst, tag=b)
+            for work in send_bucket(group, {n: state[n] for n in bucket.names}, dst, first_tags(buckets)[b]):
+                group.wait(work)
     group.close()
     return []
 
@@ -101,7 +104,7 @@ def test_a_transfer_killed_midway_leaves_the_engine_serving_its_old_version(monk
         with torch.no_grad():
             next(policy.model.parameters()).add_(0.5)
         monkeypatch.setattr(worker_mod, "send_version", _sends_two_buckets_then_leaves)
-        with pytest.raises(TransferFailed, match="version 1 failed after 2 of"):
+        with pytest.raises(TransferFailed, match="version 1 failed after 2 of"):  # named: the receiver, the version
             await asyncio.to_thread(tr.publish, 1)
         assert tr.out.versions() == [0]
         req = await serve(0)

@@ -13,18 +13,19 @@ import torch
 
 from psrl.weights import MB, export_state, state_digest
 from psrl.weights.collective import (
-    CollectiveVersions,
     GroupAddress,
     TransferFailed,
     TransferGroup,
+    first_tags,
     host_store,
     layout,
-    pack,
+    send_bucket,
     send_version,
     sent_manifest,
     unpack,
 )
 from psrl.weights.format import VersionDamaged
+from psrl.weights.receivers import CollectiveVersions
 
 BUCKET_MB = 0.001  # ~1 KB: the test model's tensors fall into several buckets
 
@@ -83,13 +84,16 @@ def _honest(world: int) -> Callable[[TransferGroup, int], Any]:
     return sender
 
 
-def test_pack_and_unpack_are_exact_views():
-    """The flat buffer holds every tensor's bytes in order; unpacking gives views of it, equal to the originals."""
+def test_unpack_gives_exact_views_and_every_tensor_has_its_own_tag():
+    """A bucket's bytes side by side in one buffer: unpacking gives views of it, equal to the originals; the tags
+    number the version's tensors in order."""
     state = export_state(_model(), BUCKET_MB, torch.bfloat16)
     buckets = layout(_model(), int(BUCKET_MB * MB), torch.bfloat16)
     assert [n for b in buckets for n in b.names] == list(state)
+    tags = first_tags(buckets)
+    assert tags[0] == 0 and all(tags[i + 1] - tags[i] == len(buckets[i].names) for i in range(len(buckets) - 1))
     for b in buckets:
-        flat = pack({n: state[n].clone() for n in b.names})
+        flat = torch.cat([state[n].reshape(-1).view(torch.uint8) for n in b.names])
         got = unpack(flat, b)
         assert flat.numel() == b.nbytes
         assert all(torch.equal(got[n], state[n]) and got[n].dtype == state[n].dtype for n in b.names)
@@ -99,13 +103,13 @@ def test_pack_and_unpack_are_exact_views():
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_version_arrives_exact_with_the_writers_digest(world):
     """1 or 2 senders (bucket b from rank b % world): the received tensors equal the model's, and the manifest of
-    what was sent has the digest the files transport would write."""
+    what was sent has the digest the files transport would write; nothing is held before the commit."""
     dst = CollectiveVersions()
-    *sent, received = _transfer(world, _honest(world), dst, 4)
-    state, digests = received
+    *sent, digests = _transfer(world, _honest(world), dst, 4)
     manifest = sent_manifest(4, [rec for part in sent for rec in part])
-    assert len(manifest["buckets"]) >= 3
-    dst.commit(4, state, digests, manifest)
+    assert len(manifest["buckets"]) >= 3 and len(digests) == len(manifest["buckets"])
+    assert dst.versions() == []
+    dst.commit(4, manifest)
     version, got = dst.get()
     expected = export_state(_model(), BUCKET_MB)
     assert version == 4 and list(got) == list(expected)
@@ -126,8 +130,10 @@ def test_a_sender_that_stops_midway_leaves_the_old_version():
 
     def two_then_gone(group: TransferGroup, rank: int) -> None:
         state = export_state(_model(), BUCKET_MB)
-        for b, bucket in enumerate(layout(_model(), int(BUCKET_MB * MB))[:2]):
-            group.send(pack({n: state[n].clone() for n in bucket.names}), 1, tag=b)
+        buckets = layout(_model(), int(BUCKET_MB * MB))
+        for b, bucket in enumerate(buckets[:2]):
+            for work in send_bucket(group, {n: state[n] for n in bucket.names}, 1, first_tags(buckets)[b]):
+                group.wait(work)
         group.close()
 
     _, received = _transfer(1, two_then_gone, dst, 2)
@@ -149,15 +155,15 @@ def test_a_damaged_bucket_is_refused_and_the_old_version_kept():
         for b, bucket in enumerate(buckets):
             tensors = {n: state[n].clone() for n in bucket.names}
             sent.append((b, bucket.nbytes, bucket_digest(tensors)))
-            flat = pack(tensors)
             if b == 1:
-                flat[0] ^= 1
-            group.send(flat, 1, tag=b)
+                next(iter(tensors.values())).reshape(-1).view(torch.uint8)[0] ^= 1
+            for work in send_bucket(group, tensors, 1, first_tags(buckets)[b]):
+                group.wait(work)
         return sent
 
-    sent, (got, digests) = _transfer(1, flips_one_byte, dst, 2)
+    sent, _ = _transfer(1, flips_one_byte, dst, 2)
     with pytest.raises(VersionDamaged, match="engine-under-test: bucket 1 of version 2"):
-        dst.commit(2, got, digests, sent_manifest(2, sent))
+        dst.commit(2, sent_manifest(2, sent))
     assert dst.versions() == [1] and dst.get()[0] == 1
 
 
@@ -188,3 +194,27 @@ def test_a_sender_that_never_sends_ends_in_the_timeout():
 def test_receiving_without_a_group_is_an_error_naming_the_receiver():
     with pytest.raises(TransferFailed, match="engine-under-test: version 3: not in a transfer group"):
         _held_v1().receive(3, layout(_model()), 1)
+
+
+def test_sent_versions_name_what_this_run_published_or_sent(tmp_path):
+    """The store of versions sent to other processes: a directory an earlier run left is not one of its versions
+    (a resumed run publishes its first version as files again); a version is read from its directory or named to
+    the receivers, by how it went; manifests beyond ``keep`` go."""
+    from psrl.weights import publish_model
+    from psrl.weights.receivers import SentVersions
+
+    publish_model(_model(), tmp_path, 0, bucket_mb=BUCKET_MB)  # an earlier run's
+    store = SentVersions(tmp_path, keep=2)
+    assert store.versions() == [] and store.latest_version() is None
+    publish_model(_model(), tmp_path, 3, bucket_mb=BUCKET_MB)
+    store.commit_files(3)
+    for v in (4, 5, 6):
+        store.commit(v, {"digest": f"d{v}", "buckets": []})
+    assert store.versions() == [3, 5, 6] and store.latest_version() == 6
+    assert store.sent(6) and not store.sent(3) and store.directory(3).name == "v3"
+    assert store.manifest(6)["digest"] == "d6"
+    with pytest.raises(KeyError):
+        store.manifest(4)
+    with pytest.raises(TypeError, match="holds no weights"):
+        store.get(6)
+    assert store.get(3)[0] == 3  # read from its directory

@@ -374,19 +374,23 @@ class WeightsConfig:
         "files",
         "How a published version reaches the engines: files (the ranks write RUN_DIR/weights/v{N} bucket by bucket; "
         "every engine reads it; works everywhere) | collective (the ranks send the buckets over a process group "
-        "the engines' side joins -- gloo on CPU, NCCL on GPUs -- no shared filesystem; rollout.engine=hf in this "
-        "process). Every transport checks the version's digest before an engine serves it.",
+        "the engines' side joins -- gloo, CPU buffers -- no shared filesystem; hf engines, or vLLM servers psrl "
+        "starts; the first version goes as files). Every transport checks the version's digest before an engine "
+        "serves it.",
         choices=TRANSPORTS,
     )
 
-    def check(self, engine: str, backend: str) -> None:
-        """``collective`` needs engines that can join the transfer group: ``hf`` engines in this process."""
+    def check(self, engine: str, backend: str, attached: bool) -> None:
+        """``collective`` needs engines that can join the transfer group: ``hf`` engines in this process, or vLLM
+        servers psrl starts (with its receiver; ``attached``: servers of ``rollout.vllm.urls`` have none)."""
+        joins = backend == "local" and (engine == "hf" or (engine == "vllm" and not attached))
         require(
-            self.transport != "collective" or (engine == "hf" and backend == "local"),
+            self.transport != "collective" or joins,
             "weights.transport",
-            f"is collective, but rollout.engine={engine} with runtime.backend={backend} cannot join the "
-            "transfer group (only hf engines in this process can, for now)",
-            "set weights.transport=files, or rollout.engine=hf with runtime.backend=local",
+            f"is collective, but rollout.engine={engine} with runtime.backend={backend}"
+            + (" and rollout.vllm.urls" if attached else "")
+            + " cannot join the transfer group (hf engines in this process and vLLM servers psrl starts can)",
+            "set weights.transport=files, or runtime.backend=local with rollout.engine=hf or psrl's own vLLM servers",
         )
 
 
@@ -420,7 +424,7 @@ class Config:
         self.task.check(self.model, self.trainer.seed)
         self.sim.check()
         self.trainer.check()
-        self.weights.check(self.rollout.engine, self.runtime.backend)
+        self.weights.check(self.rollout.engine, self.runtime.backend, bool(self.rollout.vllm.urls))
         self.data.check(self.task.name, self.trainer.val_every, self.model)
         check_rules(self, out_dirs=True)
         return self

@@ -202,6 +202,11 @@ def _build(
         warm_start(cfg, task, trainer, log)
     if engines is None:
         engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
+    if cfg.weights.transport == "collective" and cfg.rollout.engine == "vllm" and isinstance(trainer, Trainer):
+        from psrl.rollout.engines.vllm import VLLMEngine
+        from psrl.rollout.engines.vllm_receive import VLLMReceiver
+
+        trainer.send_to([VLLMReceiver(e, cfg.trainer.rank_timeout_s) for e in engines if isinstance(e, VLLMEngine)])
     versions = publish_first_version(cfg, trainer)
     if manager is None:
         manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)

@@ -36,6 +36,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +63,17 @@ from psrl.train.steps import (
 from psrl.train.transfer import CollectivePublisher
 from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
 from psrl.weights import FileVersions, ParameterStore
-from psrl.weights.collective import CollectiveVersions
+from psrl.weights.receivers import CollectiveVersions, Receiver, SentVersions
 
 __all__ = ["Trainer"]
 
 _STAGED = "ranks_staged"
 """The key of :meth:`Trainer.state_dict` naming the ranks' files written for a background checkpoint."""
 
-Published = ParameterStore | FileVersions | CollectiveVersions
-"""Where :meth:`Trainer.publish` puts a version: memory (world size 1, ``hf`` engines here), directories, or this
-process's receiver of the collective transport (``hf`` engines here, any world size)."""
+Published = ParameterStore | FileVersions | CollectiveVersions | SentVersions
+"""Where :meth:`Trainer.publish` puts a version: memory (world size 1, ``hf`` engines here), directories, this
+process's receiver of the collective transport (``hf`` engines here, any world size), or the manifests of versions
+sent to the vLLM servers' receivers (:meth:`Trainer.send_to`)."""
 
 
 class Trainer:
@@ -131,7 +133,9 @@ class Trainer:
         self._collective: CollectivePublisher | None = None
         if transport == "collective":
             self.out = CollectiveVersions()
-            self._collective = CollectivePublisher(self.out, world_size, trainer_cfg.rank_timeout_s, bucket_mb)
+            self._collective = CollectivePublisher(
+                self.out, [self.out], world_size, trainer_cfg.rank_timeout_s, bucket_mb
+            )
         elif transport != "files":
             raise ValueError(f"weights.transport is files or collective, got {transport!r}")
         """Where :meth:`publish` puts each version; the run builder gives it to the engines."""
@@ -280,25 +284,44 @@ class Trainer:
         ``weights/bytes`` (what the version moved)."""
         started = time.perf_counter()
         dtype = DTYPES[self.dtype]
-        if self._collective is not None:
+        first = isinstance(self.out, SentVersions) and self.out.latest_version() is None
+        if self._collective is not None and not first:
             nbytes = self._collective.publish(self._call, int(version), dtype)
         elif isinstance(self.out, ParameterStore):
             state = self._call("export", (self.bucket_mb, dtype))[0]
             self.out.publish(int(version), state)
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
         else:
-            assert isinstance(self.out, FileVersions)
+            assert isinstance(self.out, FileVersions | SentVersions)  # SentVersions: the first version, as files
             root = str(self.out.root)
             nbytes = self._call("publish", (int(version), root, self.keep, self.bucket_mb, dtype))[0]["bytes"]
+            if isinstance(self.out, SentVersions):
+                self.out.commit_files(int(version))
         self.policy.version = int(version)
         if self.world_size == 1:
             self._loaded = int(version)  # the policy's model is the trained one
         return {"time/publish_s": round(time.perf_counter() - started, 6), "weights/bytes": float(nbytes)}
 
+    def send_to(self, receivers: Sequence[Receiver]) -> SentVersions:
+        """``weights.transport=collective`` into engines of other processes (vLLM servers): the ranks send every
+        version after the first to ``receivers`` (the first, published before the servers run, is files); the
+        engines read the returned store (:attr:`out`). Called by the run builder once the engines exist."""
+        if self._collective is None:
+            raise ValueError("Trainer.send_to: weights.transport is not collective")
+        self.out = SentVersions(self.work_dir / "weights", keep=self.keep)
+        self._collective = CollectivePublisher(
+            self.out, receivers, self.world_size, self.cfg.rank_timeout_s, self.bucket_mb
+        )
+        return self.out
+
     def latest_policy(self) -> Policy:
         """The driver's policy holding the newest published weights (read from the version's files at world size
         > 1, once per version): what validation and ``final/`` use."""
-        if self._loaded != self.policy.version and not isinstance(self.out, ParameterStore):
+        if self._loaded != self.policy.version and isinstance(self.out, SentVersions):  # no copy here: the ranks'
+            state = {k: torch.from_numpy(v) for k, v in self._call("state")[0].items()}
+            self.policy.load_weights(state, self.policy.version)
+            self._loaded = self.policy.version
+        elif self._loaded != self.policy.version and not isinstance(self.out, ParameterStore):
             version, state = self.out.get(self.policy.version)
             self.policy.load_weights(state, version)
             self._loaded = version

@@ -11,9 +11,10 @@ group`` does), so neither the ranks' group nor a vLLM server's is touched. The d
 **A version.** Its :func:`layout` (per bucket: names, shapes, dtypes -- the same on every rank, from the model's
 ``state_dict`` and ``weights.bucket_mb``, as :func:`~psrl.weights.publish.iter_buckets` cuts it) reaches the
 receivers before the transfer, through the control path (the driver asks rank 0 once). Bucket ``b``'s owner
-(rank ``b % W``) packs it into one flat byte buffer and sends it point to point to every receiver
-(:func:`send_version`); each receiver receives into one buffer per bucket and rebuilds the tensors as views of it
-(:func:`receive_version`). The writer computes each bucket's digest (:func:`~psrl.weights.format.bucket_digest`,
+(rank ``b % W``) sends its tensors point to point to every receiver, each as the bytes of the tensor itself (no
+copy; tensor ``i`` of the version has tag ``i``, :func:`first_tags`), and computes the bucket's digest while they
+travel (:func:`send_version`); each receiver receives them side by side into one buffer per bucket and rebuilds the
+tensors as views of it (:func:`receive_version`). The writer computes each bucket's digest (:func:`~psrl.weights.format.bucket_digest`,
 as for files); the receiver computes it again from what arrived and compares with the manifest rank 0 returns
 (:func:`check_received`: :class:`~psrl.weights.format.VersionDamaged` when any bucket or the version digest
 differs).
@@ -28,7 +29,6 @@ beside the versions it keeps (one model's bytes, in the published dtype, during 
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,19 +40,17 @@ from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
 from psrl.weights.format import VersionDamaged, bucket_digest, plan_buckets, version_digest
 from psrl.weights.publish import MB, iter_buckets
-from psrl.weights.store import ParameterStore
 
 __all__ = [
     "GroupAddress",
     "BucketLayout",
     "TransferGroup",
     "TransferFailed",
-    "CollectiveVersions",
-    "SentVersions",
     "host_store",
     "layout",
-    "pack",
     "unpack",
+    "first_tags",
+    "send_bucket",
     "send_version",
     "receive_version",
     "sent_manifest",
@@ -179,24 +177,6 @@ def layout(
     )
 
 
-def pack(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The tensors' bytes, in order, as one flat ``uint8`` buffer. Each tensor is dropped from ``tensors`` once
-    copied, so the caller's bucket and the buffer overlap by at most one tensor; a bucket of one tensor (the
-    embedding, larger than a bucket) is sent as a view of its bytes, not copied."""
-    if len(tensors) == 1:
-        only = tensors.pop(next(iter(tensors)))
-        return only.contiguous().reshape(-1).view(torch.uint8)
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    flat = torch.empty(total, dtype=torch.uint8)
-    at = 0
-    for name in list(tensors):
-        t = tensors.pop(name).contiguous()
-        n = t.numel() * t.element_size()
-        flat[at : at + n].copy_(t.reshape(-1).view(torch.uint8))
-        at += n
-    return flat
-
-
 def unpack(flat: torch.Tensor, bucket: BucketLayout) -> dict[str, torch.Tensor]:
     """The bucket's tensors as views of ``flat`` (no copy), in the layout's order."""
     if flat.numel() != bucket.nbytes:
@@ -211,6 +191,25 @@ def unpack(flat: torch.Tensor, bucket: BucketLayout) -> dict[str, torch.Tensor]:
     return out
 
 
+def first_tags(buckets: Sequence[BucketLayout]) -> list[int]:
+    """The message tag of each bucket's first tensor: tensor ``i`` of the version (in order) is sent with tag
+    ``i``, so every message of a version between two members has its own tag."""
+    out, n = [], 0
+    for b in buckets:
+        out.append(n)
+        n += len(b.names)
+    return out
+
+
+def send_bucket(group: TransferGroup, tensors: Mapping[str, torch.Tensor], dst: int, first_tag: int) -> list[Any]:
+    """Start sending a bucket's tensors, in order, each as the bytes of the tensor itself (no copy: the receiver
+    puts them side by side in one buffer); the started sends (keep ``tensors`` alive until they are waited)."""
+    return [
+        group.isend(t.contiguous().reshape(-1).view(torch.uint8), dst, tag=first_tag + i)
+        for i, t in enumerate(tensors.values())
+    ]
+
+
 def send_version(
     group: TransferGroup,
     model: nn.Module,
@@ -221,39 +220,46 @@ def send_version(
     bucket_bytes: int = 256 * MB,
     dtype: torch.dtype | None = None,
 ) -> list[tuple[int, int, str]]:
-    """Every rank of the trainer calls it (the gathers are collectives): the owner of each bucket packs it, starts
-    sending it to every receiver (group ranks ``receivers``) and computes its digest while the bytes travel.
-    Returns ``(index, bytes, digest)`` of the buckets this rank sent."""
-    buckets = layout(model, bucket_bytes, dtype)
+    """Every rank of the trainer calls it (the gathers are collectives): the owner of each bucket starts sending its
+    tensors to every receiver (group ranks ``receivers``) and computes the bucket's digest while the bytes travel.
+    A rank holds one bucket beyond its shard: nothing is packed or copied to send. Returns ``(index, bytes,
+    digest)`` of the buckets this rank sent."""
+    tags = first_tags(layout(model, bucket_bytes, dtype))
     sent: list[tuple[int, int, str]] = []
     for b, _, tensors in iter_buckets(model, rank, world, bucket_bytes, dtype):
         if tensors is None:
             continue
-        flat = pack(tensors)
-        works = [group.isend(flat, dst, tag=b) for dst in receivers]
-        sent.append((b, flat.numel(), bucket_digest(unpack(flat, buckets[b]))))
+        works = [w for dst in receivers for w in send_bucket(group, tensors, dst, tags[b])]
+        sent.append((b, sum(t.numel() * t.element_size() for t in tensors.values()), bucket_digest(tensors)))
         for work in works:
             group.wait(work)
-        del flat
+        del tensors
     return sent
 
 
 def receive_version(
     group: TransferGroup, buckets: Sequence[BucketLayout], world: int
 ) -> Iterator[tuple[int, dict[str, torch.Tensor], str]]:
-    """``(index, tensors, digest)`` per bucket as it arrives from its owner (group rank ``b % world``): the tensors
-    are views of the one buffer the bucket was received into, the digest computed here from them -- while the next
-    bucket is already arriving (at most two buckets in flight)."""
+    """``(index, tensors, digest)`` per bucket as it arrives from its owner (group rank ``b % world``): one buffer
+    per bucket, each tensor's bytes received into its place; the tensors are views of it, the digest computed here
+    from them -- while the next bucket is already arriving (at most two buckets in flight)."""
+    tags = first_tags(buckets)
 
-    def post(b: int) -> tuple[torch.Tensor, Any]:
+    def post(b: int) -> tuple[torch.Tensor, list[Any]]:
         flat = torch.empty(buckets[b].nbytes, dtype=torch.uint8)
-        return flat, group.irecv(flat, src=b % world, tag=b)
+        views = unpack(flat, buckets[b])
+        works = [
+            group.irecv(t.reshape(-1).view(torch.uint8), src=b % world, tag=tags[b] + i)
+            for i, t in enumerate(views.values())
+        ]
+        return flat, works
 
     nxt = post(0) if buckets else None
     for b, bucket in enumerate(buckets):
         assert nxt is not None
-        flat, work = nxt
-        group.wait(work)
+        flat, works = nxt
+        for work in works:
+            group.wait(work)
         nxt = post(b + 1) if b + 1 < len(buckets) else None
         tensors = unpack(flat, bucket)
         yield b, tensors, bucket_digest(tensors)
@@ -284,101 +290,3 @@ def check_received(who: str, version: int, digests: Sequence[str], manifest: Map
             raise VersionDamaged(f"{who}: bucket {b} of version {version} differs from what its writer sent")
     if version_digest(list(digests)) != manifest["digest"]:
         raise VersionDamaged(f"{who}: version {version}'s digest differs from its writer's")
-
-
-class CollectiveVersions:
-    """The versions received over the transfer group into this process, for the ``hf`` engines here (a
-    :class:`psrl.types.WeightSource`): a version is held -- and engines can load it -- only once every bucket has
-    arrived and matched the writer's digests. Holds the newest ``keep`` versions (:class:`ParameterStore`).
-
-    One receiver per process: the driver's ``hf`` engines share what it received (they read it as they read the
-    in-memory store). ``name`` is what errors call it."""
-
-    def __init__(self, keep: int = 2, name: str = "the driver's hf engines"):
-        self.name = name
-        self._held = ParameterStore(keep)
-        self.group: TransferGroup | None = None
-        self._lock = threading.Lock()
-
-    def join(self, address: GroupAddress, rank: int) -> None:
-        """Become group rank ``rank`` (blocks until every member joined)."""
-        group = TransferGroup(address, rank)
-        with self._lock:
-            self.group = group
-
-    def receive(
-        self, version: int, buckets: Sequence[BucketLayout], world: int
-    ) -> tuple[dict[str, torch.Tensor], list[str]]:
-        """Receive ``version`` from the ``world`` trainer ranks: ``(state, bucket digests)``, not yet held
-        (:meth:`commit` holds it once checked). :class:`TransferFailed` when a bucket does not arrive."""
-        if self.group is None:
-            raise TransferFailed(f"{self.name}: version {version}: not in a transfer group (join first)")
-        state: dict[str, torch.Tensor] = {}
-        digests: list[str] = []
-        try:
-            for _, tensors, digest in receive_version(self.group, buckets, world):
-                state.update(tensors)
-                digests.append(digest)
-        except RuntimeError as exc:  # gloo: a peer gone, a timeout
-            raise TransferFailed(
-                f"{self.name}: version {version} failed after {len(digests)} of {len(buckets)} buckets: {exc}"
-            ) from exc
-        return state, digests
-
-    def commit(self, version: int, state: dict[str, torch.Tensor], digests: Sequence[str], manifest: Mapping) -> None:
-        """Hold ``version`` for the engines once its digests match the writer's ``manifest`` (else
-        :class:`~psrl.weights.format.VersionDamaged`, and nothing changes)."""
-        check_received(self.name, version, digests, manifest)
-        self._held.publish(int(version), state)
-
-    def close(self) -> None:
-        with self._lock:
-            group, self.group = self.group, None
-        if group is not None:
-            group.close()
-
-    # ------------------------------------------------------------------ WeightSource
-
-    def latest_version(self) -> int | None:
-        return self._held.latest_version()
-
-    def versions(self) -> list[int]:
-        return self._held.versions()
-
-    def get(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
-        return self._held.get(version)
-
-
-class SentVersions:
-    """The versions the ranks sent to receivers in other processes (vLLM servers' workers, which stage them): the
-    writer's manifests only, no tensor (a :class:`psrl.types.WeightSource` without states). An engine loads a
-    version by naming it and its digest to its receiver, which checks what it staged before loading."""
-
-    def __init__(self, keep: int = 2):
-        self.keep = max(int(keep), 1)
-        self._lock = threading.Lock()
-        self._manifests: dict[int, dict] = {}
-
-    def commit(self, version: int, manifest: Mapping) -> None:
-        """``version`` was received whole by every receiver (their digests matched ``manifest``)."""
-        with self._lock:
-            self._manifests[int(version)] = dict(manifest)
-            for old in sorted(self._manifests)[: -self.keep]:
-                del self._manifests[old]
-
-    def manifest(self, version: int) -> dict:
-        with self._lock:
-            if int(version) not in self._manifests:
-                raise KeyError(f"version {version} was not sent (sent: {sorted(self._manifests)})")
-            return self._manifests[int(version)]
-
-    def latest_version(self) -> int | None:
-        with self._lock:
-            return max(self._manifests) if self._manifests else None
-
-    def versions(self) -> list[int]:
-        with self._lock:
-            return sorted(self._manifests)
-
-    def get(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
-        raise TypeError("SentVersions holds no weights: its versions are staged in the receivers they were sent to")

@@ -56,7 +56,7 @@ from psrl.rollout.engines.vllm_http import (
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource, stream_seed
 from psrl.weights import VersionDirectories
-from psrl.weights.collective import SentVersions
+from psrl.weights.receivers import SentVersions
 
 if TYPE_CHECKING:
     import httpx
@@ -112,6 +112,8 @@ class VLLMEngine:
         self._kv: float | None = None
         self._waiting = 0
         self._poller: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the engine runs on (its client's), for :meth:`rpc_from_thread`."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -130,8 +132,9 @@ class VLLMEngine:
         elif self.server is None:
             assert self.url is not None  # the constructor takes exactly one of url and server
             await check_attached(self._client, self.url, self.model_name, self.request_timeout_s)
+        self._loop = asyncio.get_running_loop()
         if self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
+            self._poller = self._loop.create_task(self._poll_metrics())
 
     async def restart(self) -> None:
         """After a failure: a server psrl owns is stopped and started again (an attached one cannot be)."""
@@ -322,7 +325,7 @@ class VLLMEngine:
         await self._post("/resume")
 
     async def update_weights(self, version: int, store: WeightSource) -> None:
-        if isinstance(store, SentVersions):  # staged in the server's receiver: checked there, then loaded
+        if isinstance(store, SentVersions) and store.sent(version):  # staged in the server's receiver, checked there
             await self.rpc("psrl_load", version=int(version), digest=store.manifest(int(version))["digest"])
         elif not isinstance(store, VersionDirectories):
             raise TypeError(f"vLLM loads weights from a published directory: {type(store).__name__} has none")
@@ -333,11 +336,26 @@ class VLLMEngine:
         if not self._inflight:
             self._token_version = self.version
 
-    async def rpc(self, method: str, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+    async def rpc(self, method: str, timeout: float | None = None, **kwargs: object) -> list[Any]:
         """``POST /collective_rpc``: ``method`` of every worker of the server (vLLM's, or psrl's receiver
         :mod:`psrl.weights.vllm_receiver`), with ``kwargs``; each worker's result."""
         out = await self._post("/collective_rpc", json={"method": method, "kwargs": kwargs}, timeout=timeout)
         return list((out or {}).get("results", []))
+
+    def rpc_from_thread(self, method: str, timeout: float, **kwargs: object) -> list[Any]:
+        """:meth:`rpc` called from another thread (the trainer's publishing thread), run on the engine's loop and
+        waited for, at most ``timeout`` seconds (and the server's own answer within it)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise RuntimeError("the vLLM engine is not started (or its loop is gone)")
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:  # waiting here would block the loop that has to run the call
+            raise RuntimeError("rpc_from_thread called on the engine's own event loop: await rpc() there")
+        future = asyncio.run_coroutine_threadsafe(self.rpc(method, timeout=timeout, **kwargs), loop)
+        return future.result(timeout + 5.0)
 
     async def _label(self, version: int) -> None:
         """Name the server's weights ``version``: vLLM labels every output produced from now on with it."""
@@ -417,6 +435,7 @@ def build_vllm_engines(cfg: Config, policy: Policy, run_dir: Path | None, sampli
                 max_model_len=max_len,
                 kv_cache_gb=r.vllm.kv_cache_gb,
                 extra_args=r.vllm.args,
+                receiver=cfg.weights.transport == "collective",
                 startup_timeout_s=r.vllm.startup_timeout_s,
             )
         )
