@@ -233,7 +233,7 @@ def send_version(
         sent.append((b, sum(t.numel() * t.element_size() for t in tensors.values()), bucket_digest(tensors)))
         for work in works:
             group.wait(work)
-        del tensors
+        del tensors, works  # a started send holds its tensor: gone before the next bucket is gathered
     return sent
 
 
