@@ -16,7 +16,8 @@ Per step, in the coordinator's training thread (the event loop keeps serving the
 :meth:`Trainer.publish` then makes the new version the engines' (:mod:`psrl.weights`): the ranks write
 ``weights/v{N}`` bucket by bucket from their shards (:class:`~psrl.weights.FileVersions`: vLLM servers, Ray actors,
 rank processes), or, at world size 1 with ``hf`` engines in this process, the in-process rank hands its tensors to a
-:class:`~psrl.weights.ParameterStore`. The driver's policy at world size > 1 holds no trained weights until
+:class:`~psrl.weights.ParameterStore`; with ``weights.transport=collective`` the ranks send it over the run's
+transfer group to the receivers (:mod:`psrl.train.transfer`). The driver's policy at world size > 1 holds no trained weights until
 :meth:`Trainer.latest_policy` loads the newest version for validation or ``final/``.
 
 Checkpoints, one format at every world size: ``ranks/`` (model and AdamW with ``torch.distributed.checkpoint``,
