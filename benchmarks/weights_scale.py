@@ -7,7 +7,8 @@ Models: Llama architectures built from ``transformers`` configs with random weig
 Each configuration (size x world size x transport) runs in a fresh process (its own peak RSS): the real
 :class:`psrl.train.Trainer` (rank processes at 2 ranks) publishes into where an ``hf`` engine of the driver's
 process reads (``files``: the ranks' ``weights/v{N}``; ``memory``: the in-process rank's tensors, world size 1
-only), after one training step on a small batch. It measures:
+only; ``collective``: the ranks send the buckets over the run's transfer group to the driver's receiver,
+``weights.transport=collective``), after one training step on a small batch. It measures:
 
 * ``driver_ratio`` -- the driver's peak RSS (``VmHWM``) above its RSS once the config is loaded, over the model's
   fp32 bytes. The driver builds the policy and one ``hf`` engine replica here, so ~2 is the floor of this
@@ -20,11 +21,13 @@ only), after one training step on a small batch. It measures:
 
 With ``--engines vllm`` (or ``hf,vllm``) it also runs, at 2 ranks (``--vllm-worlds``), the driver ``psrl train`` builds
 for vLLM engines without a warm start (:func:`one_vllm`): its policy on ``meta``, the ranks building the weights
-themselves, one vLLM server starting from version 0's files and reloading version 1 -- the driver's figure there is
-``driver_weight_ratio_vllm`` (<= 0.1 at the larger size, slope <= 0.1 GB per GB: the issue's acceptance). The
-collective transport is not run here (see the JSON line's ``not_run``). Ends with one JSON line: per configuration
-the figures, per figure its slope per GB of model from small to large, and the headline keys
-``driver_weight_ratio_vllm`` (null: not run), ``rank_publish_excess_ratio``, ``sync_over_copy``.
+themselves, one vLLM server starting from version 0's files and reloading version 1 (files) -- the driver's figure
+there is ``driver_weight_ratio_vllm`` (<= 0.1 at the larger size, slope <= 0.1 GB per GB: the issue's acceptance).
+The collective transport into vLLM is tested, not measured, here (tests/rollout/test_vllm_collective.py; see the JSON
+line's ``not_run``). Ends with one JSON line: per configuration the figures, per figure its slope per GB of model
+from small to large, and the headline keys ``driver_weight_ratio_vllm`` (null: not run), ``rank_publish_excess_ratio``,
+``sync_over_copy`` -- of the better ``hf`` transport (the smaller ``sync_over_copy``) at 2 ranks on the larger size,
+named in ``headline``.
 
     python benchmarks/weights_scale.py --results docs/results/weights_scale.json   # both sizes (~10 min, 2 cores)
     python benchmarks/weights_scale.py --sizes small     # the small size only
@@ -111,7 +114,8 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
     from psrl.models import Policy
     from psrl.rollout.engines.hf import HFEngine
     from psrl.train import Trainer
-    from psrl.weights import FileVersions, read_manifest
+    from psrl.weights import MB, FileVersions, read_manifest
+    from psrl.weights.collective import layout
 
     base = _rss()["rss_bytes"]
     model = build_llama(size, layers)
@@ -121,7 +125,7 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(
             policy, AlgorithmConfig(), TrainerConfig(lr=1e-5), world, tmp, in_memory=transport == "memory",
-            keep=2, bucket_mb=bucket_mb,
+            keep=2, bucket_mb=bucket_mb, transport="collective" if transport == "collective" else "files",
         )  # fmt: skip
         try:
             ranks = trainer.start()
@@ -135,7 +139,10 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
             sync_s = time.perf_counter() - step_end
             after = ranks.call("usage")
             out_dir = trainer.out.directory(1) if isinstance(trainer.out, FileVersions) else None
-            biggest = max(b["bytes"] for b in read_manifest(out_dir)["buckets"]) if out_dir is not None else 0
+            if out_dir is not None:
+                biggest = max(b["bytes"] for b in read_manifest(out_dir)["buckets"])
+            else:  # the same buckets, as the ranks send them
+                biggest = max(b.nbytes for b in layout(policy.model, int(bucket_mb * MB)))
         finally:
             trainer.close()
     driver = _rss()  # before the copy below, which holds two more model-sized buffers
@@ -274,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     for size in ns.sizes.split(","):
         if "hf" in engines:
             for world in (int(w) for w in ns.worlds.split(",")):
-                plan += [(size, world, t) for t in (("memory", "files") if world == 1 else ("files",))]
+                kinds = ("memory", "files", "collective") if world == 1 else ("files", "collective")
+                plan += [(size, world, t) for t in kinds]
         if "vllm" in engines:
             plan += [(size, int(w), "vllm") for w in ns.vllm_worlds.split(",")]
     runs = []
@@ -297,7 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         return next((r for r in runs if (r["size"], r["world"], r["transport"], r.get("engine", "hf")) == key), None)
 
     slopes: dict[str, Any] = {}
-    for world, transport, engine in ((1, "memory", "hf"), (1, "files", "hf"), (2, "files", "hf"), (2, "files", "vllm")):
+    for world, transport, engine in (
+        (1, "memory", "hf"),
+        (1, "files", "hf"),
+        (1, "collective", "hf"),
+        (2, "files", "hf"),
+        (2, "collective", "hf"),
+        (2, "files", "vllm"),
+    ):
         a, b = pick("small", world, transport, engine), pick("large", world, transport, engine)
         if a and b:
             gb = (b["model_bytes"] - a["model_bytes"]) / 2**30
@@ -308,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
                 "sync_s_per_gb": (b["sync_s"] - a["sync_s"]) / gb,
             }
     vllm_head = pick("large", 2, "files", "vllm") or pick("small", 2, "files", "vllm")
-    head = pick("large", 2, "files") or pick("small", 2, "files") or vllm_head or runs[-1]
+    at_two = [r for r in (pick("large", 2, "files"), pick("large", 2, "collective")) if r is not None]
+    at_two = at_two or [r for r in (pick("small", 2, "files"), pick("small", 2, "collective")) if r is not None]
+    head = min(at_two, key=lambda r: r["sync_over_copy"]) if at_two else (vllm_head or runs[-1])
     summary = {
         "runs": runs,
         "slopes": slopes,
@@ -320,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         "sync_over_copy_vllm": vllm_head["sync_over_copy"] if vllm_head else None,
         "headline": f"{head['size']} at {head['world']} ranks, {head['transport']}, {head.get('engine', 'hf')}",
         "bucket_mb": ns.bucket_mb,
-        "not_run": "the collective transport (another branch)" + ("" if vllm_head else "; vLLM engines (--engines)"),
+        "not_run": "the collective transport into vLLM (tested, not measured, here: tests/rollout/test_vllm_collective.py)"
+        + ("" if vllm_head else "; vLLM engines (--engines)"),
     }
     if ns.results is not None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))

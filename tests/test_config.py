@@ -68,6 +68,13 @@ def test_yaml_then_overrides(tmp_path):
         (["sim.proactive.grace=1"], "sim.proactive", "psrl.proactive_filter_strategy.grace"),
         (["algorithm.loss_agg_mode=mean"], "algorithm.loss_agg_mode", "token-mean"),
         (["trainer.warm_start_steps=-1"], "trainer.warm_start_steps", "use 0 to skip"),
+        (["weights.transport=nccl"], "weights.transport", "collective"),
+        (
+            ["weights.transport=collective", "rollout.engine=vllm", "rollout.vllm.urls=[http://a:1,http://b:1]"],
+            "weights.transport",
+            "weights.transport=files",
+        ),
+        (["weights.transport=collective", "runtime.backend=ray"], "weights.transport", "runtime.backend=local"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(overrides, key, fix):

@@ -357,6 +357,10 @@ class TrainerConfig:
 # --------------------------------------------------------------------------- weights.*
 
 
+TRANSPORTS = ("files", "collective")
+"""``weights.transport``: how a version travels from the trainer's ranks to the engines."""
+
+
 @dataclass(frozen=True)
 class WeightsConfig:
     bucket_mb: float = _f(
@@ -366,6 +370,28 @@ class WeightsConfig:
         "publishes; larger: fewer files and collectives.",
         gt=0,
     )
+    transport: str = _f(
+        "files",
+        "How a published version reaches the engines: files (the ranks write RUN_DIR/weights/v{N} bucket by bucket; "
+        "every engine reads it; works everywhere) | collective (the ranks send the buckets over a process group "
+        "the engines' side joins -- gloo, CPU buffers -- no shared filesystem; hf engines, or vLLM servers psrl "
+        "starts; the first version goes as files). Every transport checks the version's digest before an engine "
+        "serves it.",
+        choices=TRANSPORTS,
+    )
+
+    def check(self, engine: str, backend: str, attached: bool) -> None:
+        """``collective`` needs engines that can join the transfer group: ``hf`` engines in this process, or vLLM
+        servers psrl starts (with its receiver; ``attached``: servers of ``rollout.vllm.urls`` have none)."""
+        joins = backend == "local" and (engine == "hf" or (engine == "vllm" and not attached))
+        require(
+            self.transport != "collective" or joins,
+            "weights.transport",
+            f"is collective, but rollout.engine={engine} with runtime.backend={backend}"
+            + (" and rollout.vllm.urls" if attached else "")
+            + " cannot join the transfer group (hf engines in this process and vLLM servers psrl starts can)",
+            "set weights.transport=files, or runtime.backend=local with rollout.engine=hf or psrl's own vLLM servers",
+        )
 
 
 # --------------------------------------------------------------------------- root
@@ -398,6 +424,7 @@ class Config:
         self.task.check(self.model, self.trainer.seed)
         self.sim.check()
         self.trainer.check()
+        self.weights.check(self.rollout.engine, self.runtime.backend, bool(self.rollout.vllm.urls))
         self.data.check(self.task.name, self.trainer.val_every, self.model)
         check_rules(self, out_dirs=True)
         return self

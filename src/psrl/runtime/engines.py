@@ -36,7 +36,7 @@ def build_engines(
 
         return build_ray_engines(cfg, n, seed, policy, task, run_dir)
     if r.engine == "vllm":
-        from psrl.rollout.engines.vllm import build_vllm_engines
+        from psrl.rollout.engines.vllm_fleet import build_vllm_engines
 
         return build_vllm_engines(cfg, policy, run_dir, sampling, start=_newest_directory(weights))
     from psrl.rollout.engines.hf import HFEngine
@@ -65,7 +65,7 @@ def validation_engines(
     the trained model (versions in memory: world size 1), else over copies of it, which load each version's files."""
     n, sampling = cfg.psrl.deployment.n_validate_instances, sampling_of(cfg, task)
     if cfg.rollout.engine == "vllm":
-        from psrl.rollout.engines.vllm import build_vllm_engines
+        from psrl.rollout.engines.vllm_fleet import build_vllm_engines
 
         start = _newest_directory(weights)
         return lambda: build_vllm_engines(cfg, policy, run_dir, sampling, start, n=n, name="validate", attach=False)

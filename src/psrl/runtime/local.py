@@ -157,8 +157,10 @@ def driver_holds_weights(cfg: Config, task: Task) -> bool:
 
 def in_memory_versions(cfg: Config) -> bool:
     """Whether versions go from trainer to engines in memory: world size 1 with ``hf`` engines in this process
-    (the rank and the engines share it). Otherwise the ranks write ``RUN_DIR/weights/v{N}`` (:mod:`psrl.weights`)."""
-    return cfg.psrl.deployment.train_world_size == 1 and cfg.rollout.engine == "hf" and cfg.runtime.backend == "local"
+    (the rank and the engines share it) and ``weights.transport=files``. Otherwise the ranks write
+    ``RUN_DIR/weights/v{N}`` (:mod:`psrl.weights`), or send it (``weights.transport=collective``)."""
+    local_hf = cfg.rollout.engine == "hf" and cfg.runtime.backend == "local"
+    return cfg.psrl.deployment.train_world_size == 1 and local_hf and cfg.weights.transport == "files"
 
 
 def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> Trainer:
@@ -183,6 +185,7 @@ def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> Train
         keep=cfg.psrl.staleness + 2,
         bucket_mb=cfg.weights.bucket_mb,
         launcher=launch,
+        transport=cfg.weights.transport,
     )
 
 
@@ -214,9 +217,18 @@ def _build(
         start.load_weights(weights, 0)
     elif made is not None:  # a trainer given is used as it is
         warm_start(cfg, task, made, log)
+    collective_vllm = cfg.weights.transport == "collective" and cfg.rollout.engine == "vllm"
+    if collective_vllm and made is not None:
+        made.sends_elsewhere()  # the first version as files: the servers start from it
     versions = publish_first_version(cfg, trainer)
     if engines is None:  # after the first version: a driver without weights starts its vLLM servers from it
         engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None, versions)
+    if collective_vllm and made is not None:
+        from psrl.rollout.engines.vllm import VLLMEngine
+        from psrl.rollout.engines.vllm_receive import VLLMReceiver
+
+        receivers = [VLLMReceiver(e, cfg.trainer.rank_timeout_s) for e in engines if isinstance(e, VLLMEngine)]
+        versions = made.send_to(receivers)  # the first version stays files: the servers started from it
     if manager is None:
         manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)
     sink = sink if sink is not None else recorder

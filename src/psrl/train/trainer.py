@@ -16,10 +16,12 @@ Per step, in the coordinator's training thread (the event loop keeps serving the
 :meth:`Trainer.publish` then makes the new version the engines' (:mod:`psrl.weights`): the ranks write
 ``weights/v{N}`` bucket by bucket from their shards (:class:`~psrl.weights.FileVersions`: vLLM servers, Ray actors,
 rank processes), or, at world size 1 with ``hf`` engines in this process, the in-process rank hands its tensors to a
-:class:`~psrl.weights.ParameterStore`. At world size > 1 the driver's policy holds no trained weights: validation runs
-on engines that load the published versions and ``final/`` is the newest version's files
-(:func:`psrl.weights.write_model_directory`); with vLLM or Ray engines and no warm start it holds none at all (built
-on ``meta``: the ranks build the weights from ``model.*``, :class:`~psrl.models.builder.ModelRecipe`).
+:class:`~psrl.weights.ParameterStore`; with ``weights.transport=collective`` the ranks send it over the run's
+transfer group to the receivers (:mod:`psrl.train.transfer`). At world size > 1 the driver's policy holds no trained
+weights: validation runs on engines that load the published versions and ``final/`` is the newest version's files
+(:func:`psrl.weights.write_model_directory`; a version that was only sent is written as files when they are
+asked for); with vLLM or Ray engines and no warm start it holds none at all (built on ``meta``: the
+ranks build the weights from ``model.*``, :class:`~psrl.models.builder.ModelRecipe`).
 
 Checkpoints, one format at every world size: ``ranks/`` (model and AdamW with ``torch.distributed.checkpoint``,
 loadable at any world size) beside ``trainer.pt`` (version, generator states, skip counters, world size: no
@@ -39,6 +41,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +65,20 @@ from psrl.train.steps import (
     set_rng_state,
     warm_start_policy,
 )
+from psrl.train.transfer import CollectivePublisher
 from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
-from psrl.weights import FileVersions, ParameterStore, read_version
+from psrl.weights import FileVersions, ParameterStore
+from psrl.weights.receivers import CollectiveVersions, Receiver, SentVersions
 
 __all__ = ["Trainer"]
 
 _STAGED = "ranks_staged"
 """The key of :meth:`Trainer.state_dict` naming the ranks' files written for a background checkpoint."""
 
-Published = ParameterStore | FileVersions
-"""Where :meth:`Trainer.publish` puts a version: memory (world size 1, ``hf`` engines here) or directories."""
+Published = ParameterStore | FileVersions | CollectiveVersions | SentVersions
+"""Where :meth:`Trainer.publish` puts a version: memory (world size 1, ``hf`` engines here), directories, this
+process's receiver of the collective transport (``hf`` engines here, any world size), or the manifests of versions
+sent to the vLLM servers' receivers (:meth:`Trainer.send_to`)."""
 
 
 class Trainer:
@@ -88,6 +95,9 @@ class Trainer:
             process; the default at world size 1), else as files under ``work_dir/weights``.
         keep: versions kept on disk (engines may lag by ``psrl.staleness``).
         bucket_mb: ``weights.bucket_mb``: the most a rank gathers at once to publish.
+        transport: ``weights.transport``: ``files`` (or memory, per ``in_memory``), or ``collective``: the ranks
+            send each version over a transfer group to this process's receiver (:mod:`psrl.weights.collective`),
+            which holds it for the ``hf`` engines here.
         launcher: starts ranks at world size > 1: :class:`~psrl.train.launch.LocalRanks` (processes here) or,
             with ``runtime.backend=ray``, :class:`psrl.runtime.ray_ranks.RayRanks`.
     """
@@ -104,6 +114,7 @@ class Trainer:
         keep: int = 2,
         bucket_mb: float = 256,
         launcher: Launcher = LocalRanks,
+        transport: str = "files",
     ):
         if world_size < 1:
             raise ValueError(f"Trainer needs world_size >= 1, got {world_size}")
@@ -124,6 +135,14 @@ class Trainer:
         if in_memory and world_size > 1:
             raise ValueError("versions in memory are handed over in this process: world size 1 only")
         self.out: Published = ParameterStore() if in_memory else FileVersions(self.work_dir / "weights")
+        self._collective: CollectivePublisher | None = None
+        if transport == "collective":
+            self.out = CollectiveVersions()
+            self._collective = CollectivePublisher(
+                self.out, [self.out], world_size, trainer_cfg.rank_timeout_s, bucket_mb
+            )
+        elif transport != "files":
+            raise ValueError(f"weights.transport is files or collective, got {transport!r}")
         """Where :meth:`publish` puts each version; the run builder gives it to the engines."""
         self.rng = random.Random(trainer_cfg.seed)
         torch.manual_seed(trainer_cfg.seed)
@@ -189,6 +208,8 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the ranks (idempotent)."""
+        if self._collective is not None:
+            self._collective.leave(self.ranks.call if self.ranks is not None else None)
         ranks, self.ranks = self.ranks, None
         if ranks is not None:
             ranks.close()
@@ -280,17 +301,53 @@ class Trainer:
         ``weights/bytes`` (what the version moved)."""
         started = time.perf_counter()
         dtype = DTYPES[self.dtype]
-        if isinstance(self.out, ParameterStore):
+        first = isinstance(self.out, SentVersions) and self.out.latest_version() is None
+        if self._collective is not None and not first:
+            nbytes = self._collective.publish(self._call, int(version), dtype)
+        elif isinstance(self.out, ParameterStore):
             state = self._call("export", (self.bucket_mb, dtype))[0]
             self.out.publish(int(version), state)
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
         else:
+            assert isinstance(self.out, FileVersions | SentVersions)  # SentVersions: the first version, as files
             root = str(self.out.root)
             nbytes = self._call("publish", (int(version), root, self.keep, self.bucket_mb, dtype))[0]["bytes"]
+            if isinstance(self.out, SentVersions):
+                self.out.commit_files(int(version))
         self.policy.version = int(version)
         if self.world_size == 1:
             self._loaded = int(version)  # the policy's model is the trained one
         return {"time/publish_s": round(time.perf_counter() - started, 6), "weights/bytes": float(nbytes)}
+
+    def sends_elsewhere(self) -> SentVersions:
+        """``weights.transport=collective`` into engines of other processes (vLLM servers): the driver keeps the
+        versions' manifests only (:class:`~psrl.weights.SentVersions`). Until :meth:`send_to` names the receivers
+        (once their servers run, started from it) a version is published as files."""
+        if self._collective is None:
+            raise ValueError("Trainer.sends_elsewhere: weights.transport is not collective")
+        if not isinstance(self.out, SentVersions):
+            self.out = SentVersions(self.work_dir / "weights", keep=self.keep)
+            self.out.write_files = self._write_files
+        return self.out
+
+    def send_to(self, receivers: Sequence[Receiver]) -> SentVersions:
+        """``weights.transport=collective`` into engines of other processes (vLLM servers): the ranks send every
+        version from now on to ``receivers`` (the first, published before the servers run, is files:
+        :meth:`sends_elsewhere`); the engines read the returned store (:attr:`out`). Called by the run builder once
+        the engines exist."""
+        out = self.sends_elsewhere()
+        self._collective = CollectivePublisher(out, receivers, self.world_size, self.cfg.rank_timeout_s, self.bucket_mb)
+        return out
+
+    def _write_files(self, version: int) -> None:
+        """Write sent ``version`` as files (``final/`` and vLLM validation servers read directories): the ranks
+        write it from their shards, so they must hold it still -- the newest version, between steps."""
+        if int(version) != self.policy.version:
+            raise KeyError(f"version {version} was sent and the ranks hold {self.policy.version}: no files of it")
+        out = self.out
+        assert isinstance(out, SentVersions)
+        self._call("publish", (int(version), str(out.root), self.keep, self.bucket_mb, DTYPES[self.dtype]))
+        out.commit_files(int(version))
 
     def latest_policy(self) -> Policy:
         """The driver's policy holding the newest published weights (read from the version's files at world size
@@ -298,8 +355,12 @@ class Trainer:
         the version's files."""
         if self.policy.weightless:
             raise RuntimeError("Trainer.latest_policy: the driver's policy was built without weights")
-        if self._loaded != self.policy.version and isinstance(self.out, FileVersions):
-            version, state = read_version(self.out.directory(self.policy.version))
+        if self._loaded != self.policy.version and isinstance(self.out, SentVersions):  # no copy here: the ranks'
+            state = {k: torch.from_numpy(v) for k, v in self._call("state")[0].items()}
+            self.policy.load_weights(state, self.policy.version)
+            self._loaded = self.policy.version
+        elif self._loaded != self.policy.version and not isinstance(self.out, ParameterStore):
+            version, state = self.out.get(self.policy.version)
             self.policy.load_weights(state, version)
             self._loaded = version
         return self.policy

@@ -14,6 +14,9 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
 * ``publish((version, root, keep, bucket_mb, dtype))`` -- the weights as ``root/v{version}`` for the engines, each
   rank writing the buckets it owns from its shards (:func:`psrl.weights.publish_model`);
 * ``export((bucket_mb, dtype))`` -- world size 1, in process: the weights as CPU tensors;
+* ``join_transfer(address)``, ``transfer_layout((bucket_mb, dtype))``, ``send((bucket_mb, dtype, receivers))``,
+  ``leave_transfer()`` -- ``weights.transport=collective`` (:mod:`psrl.weights.collective`): the rank joins the
+  run's transfer group as its rank, and sends the buckets it owns to the receivers;
 * ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
   loaded at any other.
 
@@ -58,11 +61,13 @@ from psrl.config import AlgorithmConfig
 from psrl.train.planner import Plan, loss_weights
 from psrl.train.shard import full_state, load_full_state, mixed_precision, shard_model
 from psrl.train.steps import step_scaled
-from psrl.weights import export_state, publish_model
+from psrl.weights import MB, export_state, publish_model
+from psrl.weights.collective import BucketLayout, GroupAddress, TransferGroup, layout, send_version
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "memory_status", "COMMANDS"]
 
-COMMANDS = ("logprobs", "train_step", "digest", "state", "save", "load", "publish", "export", "usage")
+COMMANDS: tuple[str, ...] = ("logprobs", "train_step", "digest", "state", "save", "load", "publish", "export", "usage")
+COMMANDS += ("join_transfer", "transfer_layout", "send", "leave_transfer")  # weights.transport=collective
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,8 @@ class RankWorker:
             load_full_state(self.model, state, spec.device)
         self.model.eval()  # no dropout: recorded and recomputed log-probs must agree
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+        self.transfer: TransferGroup | None = None
+        """This rank's membership of the run's transfer group (``weights.transport=collective``)."""
 
     def handle(self, cmd: str, arg: Any) -> Any:
         """Run one command (a name of :data:`COMMANDS`): the method of that name, with ``arg`` (a tuple: its
@@ -172,7 +179,7 @@ class RankWorker:
         if cmd not in COMMANDS:
             raise ValueError(f"unknown trainer command {cmd!r}, use one of {COMMANDS}")
         method = getattr(self, cmd)
-        if cmd in ("digest", "state") or (cmd == "usage" and arg is None):
+        if cmd in ("digest", "state", "leave_transfer") or (cmd == "usage" and arg is None):
             return method()
         return method(*arg) if isinstance(arg, tuple) else method(arg)
 
@@ -339,6 +346,35 @@ class RankWorker:
         if self.world > 1:
             raise RuntimeError("RankWorker.export is world size 1's: sharded ranks publish files (publish)")
         return export_state(self.model, bucket_mb, dtype)
+
+    def join_transfer(self, address: GroupAddress) -> None:
+        """Join the run's transfer group as group rank ``self.rank`` (blocks until every member has joined)."""
+        self.leave_transfer()
+        self.transfer = TransferGroup(address, self.rank)
+
+    def transfer_layout(self, bucket_mb: float, dtype: torch.dtype) -> tuple[BucketLayout, ...]:
+        """The buckets a version is sent in (names, shapes, dtypes): what a receiver allocates before they come."""
+        return layout(self.model, int(bucket_mb * MB), dtype)
+
+    def send(self, bucket_mb: float, dtype: torch.dtype, receivers: list[int]) -> list[tuple[int, int, str]]:
+        """Send the weights, bucket by bucket, to the transfer group's ``receivers``: every rank gathers each bucket
+        (collectives, in the same order), its owner sends it. ``(index, bytes, digest)`` of the buckets sent here."""
+        if self.transfer is None:
+            raise RuntimeError("RankWorker.send: not in a transfer group (join_transfer first)")
+        return send_version(
+            self.transfer,
+            self.model,
+            rank=self.rank,
+            world=self.world,
+            receivers=receivers,
+            bucket_bytes=int(bucket_mb * MB),
+            dtype=dtype,
+        )
+
+    def leave_transfer(self) -> None:
+        group, self.transfer = self.transfer, None
+        if group is not None:
+            group.close()
 
     def usage(self, reset_peak: bool = False) -> dict[str, int]:
         """Bytes this rank holds of parameters and optimiser state (its shards only), its RSS now (``VmRSS``) and

@@ -37,11 +37,9 @@ nothing is re-tokenised, nothing is detokenised.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
 import secrets
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from psrl.rollout.engines.base import TokenRate
@@ -53,17 +51,16 @@ from psrl.rollout.engines.vllm_http import (
     resend_delay,
     span_versions,
 )
-from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer, find_vllm_python
+from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource, stream_seed
-from psrl.weights import VersionDirectories, write_model_directory
+from psrl.weights import VersionDirectories
+from psrl.weights.receivers import SentVersions
 
 if TYPE_CHECKING:
     import httpx
 
-    from psrl.config import Config
-    from psrl.models import Policy
 
-__all__ = ["VLLMEngine", "build_vllm_engines"]
+__all__ = ["VLLMEngine"]
 
 
 class VLLMEngine:
@@ -111,6 +108,8 @@ class VLLMEngine:
         self._kv: float | None = None
         self._waiting = 0
         self._poller: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the engine runs on (its client's), for :meth:`rpc_from_thread`."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -129,8 +128,9 @@ class VLLMEngine:
         elif self.server is None:
             assert self.url is not None  # the constructor takes exactly one of url and server
             await check_attached(self._client, self.url, self.model_name, self.request_timeout_s)
+        self._loop = asyncio.get_running_loop()
         if self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
+            self._poller = self._loop.create_task(self._poll_metrics())
 
     async def restart(self) -> None:
         """After a failure: a server psrl owns is stopped and started again (an attached one cannot be)."""
@@ -321,14 +321,37 @@ class VLLMEngine:
         await self._post("/resume")
 
     async def update_weights(self, version: int, store: WeightSource) -> None:
-        if not isinstance(store, VersionDirectories):
+        if isinstance(store, SentVersions) and store.sent(version):  # staged in the server's receiver, checked there
+            await self.rpc("psrl_load", version=int(version), digest=store.manifest(int(version))["digest"])
+        elif not isinstance(store, VersionDirectories):
             raise TypeError(f"vLLM loads weights from a published directory: {type(store).__name__} has none")
-        path = store.directory(int(version))  # the ranks' files: Hugging Face's sharded layout with its index
-        await self._post("/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+        else:  # the ranks' files: Hugging Face's sharded layout with its index
+            await self.rpc("reload_weights", weights_path=str(store.directory(int(version))))
         await self._label(int(version))
         self.version = int(version)
         if not self._inflight:
             self._token_version = self.version
+
+    async def rpc(self, method: str, timeout: float | None = None, **kwargs: object) -> list[Any]:
+        """``POST /collective_rpc``: ``method`` of every worker of the server (vLLM's, or psrl's receiver
+        :mod:`psrl.weights.vllm_receiver`), with ``kwargs``; each worker's result."""
+        out = await self._post("/collective_rpc", json={"method": method, "kwargs": kwargs}, timeout=timeout)
+        return list((out or {}).get("results", []))
+
+    def rpc_from_thread(self, method: str, timeout: float, **kwargs: object) -> list[Any]:
+        """:meth:`rpc` called from another thread (the trainer's publishing thread), run on the engine's loop and
+        waited for, at most ``timeout`` seconds (and the server's own answer within it)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise RuntimeError("the vLLM engine is not started (or its loop is gone)")
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:  # waiting here would block the loop that has to run the call
+            raise RuntimeError("rpc_from_thread called on the engine's own event loop: await rpc() there")
+        future = asyncio.run_coroutine_threadsafe(self.rpc(method, timeout=timeout, **kwargs), loop)
+        return future.result(timeout + 5.0)
 
     async def _label(self, version: int) -> None:
         """Name the server's weights ``version``: vLLM labels every output produced from now on with it."""
@@ -374,59 +397,3 @@ class VLLMEngine:
             except Exception:  # noqa: BLE001 -- figures only; a dead server is noticed by its requests
                 pass
             await asyncio.sleep(every_s)
-
-
-def build_vllm_engines(
-    cfg: Config,
-    policy: Policy,
-    run_dir: Path | None,
-    sampling: Sampling,
-    start: Path | None = None,
-    n: int | None = None,
-    name: str = "server",
-    attach: bool = True,
-) -> list[VLLMEngine]:
-    """``n`` engines (default: one per rollout instance): attached to ``rollout.vllm.urls`` or each with a server
-    psrl starts (its log ``run_dir/vllm/{name}-{i}.log``; always with ``attach=False``).
-
-    The servers start from a Hugging Face directory in the run directory: the published version ``start`` (its
-    files linked, the policy's config and tokenizer beside them: :func:`psrl.weights.write_model_directory`) when
-    the driver's policy holds no weights, else the policy itself, saved (so a task's added tokens and a dequantized
-    GGUF model are served as the trainer sees them); every version after that arrives through ``reload_weights``.
-    """
-    r = cfg.rollout
-    n = cfg.psrl.deployment.n_rollout_instances if n is None else n
-    root = Path(run_dir if run_dir is not None else ".") / "vllm"
-    model_dir = root / "model"
-    engine = functools.partial(
-        VLLMEngine,
-        request_timeout_s=r.request_timeout_s,
-        sampling=sampling,
-    )
-    if not (model_dir / "config.json").exists():
-        if policy.weightless:
-            if start is None:
-                raise ValueError("build_vllm_engines: a weightless policy's servers start from a published version")
-            write_model_directory(start, model_dir, policy.model.config, policy.tokenizer)
-        else:
-            policy.save_pretrained(model_dir)
-    if r.vllm.urls and attach:
-        return [engine(url=u) for u in r.vllm.urls]
-    python = find_vllm_python(r.vllm.python)
-    mcfg = policy.model.config
-    max_len = r.vllm.max_model_len or getattr(mcfg, "max_position_embeddings", None) or mcfg.n_positions
-    return [
-        engine(
-            server=VLLMServer(
-                python,
-                model_dir,
-                root / f"{name}-{i}.log",
-                dtype=cfg.model.dtype,
-                max_model_len=max_len,
-                kv_cache_gb=r.vllm.kv_cache_gb,
-                extra_args=r.vllm.args,
-                startup_timeout_s=r.vllm.startup_timeout_s,
-            )
-        )
-        for i in range(n)
-    ]

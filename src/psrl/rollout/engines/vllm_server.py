@@ -50,6 +50,10 @@ SERVER_ENV = {
 }
 
 
+RECEIVER_CLS = "psrl.weights.vllm_receiver.WeightReceiver"
+"""The worker extension of ``weights.transport=collective`` (``--worker-extension-cls``)."""
+
+
 class EngineSetupError(RunError):
     """An engine cannot be set up (environment missing, server failed to start); the message says what to do."""
 
@@ -136,6 +140,7 @@ class VLLMServer:
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 600.0,
         name: str = "psrl",
+        receiver: bool = False,
     ):
         self.python = python
         self.model_dir = str(model_dir)
@@ -146,6 +151,10 @@ class VLLMServer:
         self.extra_args = list(extra_args)
         self.startup_timeout_s = float(startup_timeout_s)
         self.name = name
+        self.receiver = receiver
+        """``weights.transport=collective``: the workers get psrl's weight receiver (:mod:`psrl.weights.vllm_receiver`,
+        ``--worker-extension-cls``), with the directory holding the ``psrl`` package (and nothing else of the
+        project's environment) on their ``PYTHONPATH``."""
         self.proc: subprocess.Popen | None = None
         self.watcher: subprocess.Popen | None = None
         self.port: int | None = None
@@ -181,6 +190,7 @@ class VLLMServer:
             # tokens not yet streamed from the final chunk, so nothing is lost by streaming less often
             "--stream-interval",
             "16",
+            *(["--worker-extension-cls", RECEIVER_CLS] if self.receiver else []),
             *self.extra_args,
         ]
 
@@ -203,6 +213,8 @@ class VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": f"{self.kv_cache_gb:g}"}
         env.pop("PYTHONPATH", None)  # the project's path must not shadow vLLM's own packages
+        if self.receiver:  # psrl's own source only (psrl.weights imports torch and safetensors: vLLM has both)
+            env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
         log = open(self.log_path, "ab")
         self.port = port
         self.proc = subprocess.Popen(
