@@ -126,13 +126,14 @@ def build(
 
         find_vllm_python(cfg.rollout.vllm.python)  # before the warm start: a missing environment is said at once
     seed_everything(cfg.trainer.seed)
+    feed = _object_versions(cfg)
     if task is None or trainer is None:
         built, policy = build_task_and_policy(cfg)
         task = task if task is not None else built
-        trainer = trainer if trainer is not None else _trainer(cfg, policy, recorder)
+        trainer = trainer if trainer is not None else _trainer(cfg, policy, recorder, feed)
     assert trainer is not None
     try:
-        return _build(cfg, recorder, log, task, trainer, engines, weights, sink, manager, on_event, on_bound)
+        return _build(cfg, recorder, log, task, trainer, engines, weights, sink, manager, on_event, on_bound, feed)
     except BaseException:
         if isinstance(trainer, Trainer):
             trainer.close()  # no rank outlives a run that could not be built
@@ -145,7 +146,17 @@ def in_memory_versions(cfg: Config) -> bool:
     return cfg.psrl.deployment.train_world_size == 1 and cfg.rollout.engine == "hf" and cfg.runtime.backend == "local"
 
 
-def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepTrainer:
+def _object_versions(cfg: Config) -> Any:
+    """With ``runtime.backend=ray``: where the ranks record the refs of each version's buckets in Ray's object
+    store and the engine actors find them (:class:`psrl.runtime.ray_weights.ObjectVersions`); else None."""
+    if cfg.runtime.backend != "ray":
+        return None
+    from psrl.runtime.ray_weights import ObjectVersions
+
+    return ObjectVersions(keep=cfg.psrl.staleness + 2)
+
+
+def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None, feed: Any = None) -> StepTrainer:
     """The trainer over ``train_nnodes x train_ngpus_per_node`` ranks (started by :func:`build`): in this process at
     world size 1, else processes of this machine or, with ``runtime.backend=ray``, Ray actors; publishing where
     :func:`in_memory_versions` says."""
@@ -155,7 +166,7 @@ def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepT
     if cfg.runtime.backend == "ray" and world > 1:  # rank actors in a placement group (runtime/ray_ranks.py)
         from psrl.runtime.ray_ranks import ray_launcher
 
-        launch = ray_launcher(cfg.runtime.ray_address)
+        launch = ray_launcher(cfg.runtime.ray_address, cfg.runtime.ray_pool_label, feed)
     return Trainer(
         policy,
         cfg.algorithm,
@@ -182,8 +193,9 @@ def _build(
     manager: StalenessManager | None,
     on_event: Callable[[Event], Any] | None,
     on_bound: Callable[[Move], Any] | None,
+    feed: Any = None,
 ) -> Coordinator:
-    """:func:`build` once the task and the trainer exist."""
+    """:func:`build` once the task and the trainer exist (``feed``: :func:`_object_versions`)."""
     ck = None
     if recorder is not None and cfg.trainer.resume:
         ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm), log, on_event)
@@ -198,7 +210,7 @@ def _build(
     elif isinstance(trainer, Trainer):
         warm_start(cfg, task, trainer, log)
     if engines is None:
-        engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
+        engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None, feed)
     versions = publish_first_version(cfg, trainer)
     if manager is None:
         manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from psrl.errors import ConfigError
+from psrl.runtime.ray_placement import TRAINER, describe, pool_nodes
 from psrl.runtime.ray_runtime import ensure_ray
+from psrl.runtime.ray_weights import Bucket, ObjectVersions, put_owned
 from psrl.train.launch import Launcher, RankFailure, RankGroup, join_group, leave_group, redirect_output
 from psrl.train.worker import RankWorker, WorkerSpec
 
@@ -59,11 +61,21 @@ class RankActor:
         redirect_output(log)
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.worker: RankWorker | None = None
+        self.puts: dict[int, list[Bucket]] = {}
+        """The refs of the buckets this rank put, for the newest versions (they live while this holds them)."""
 
     def pid(self) -> int:
         import os
 
         return os.getpid()
+
+    def where(self) -> tuple[str, int]:
+        """This actor's Ray node id and process id."""
+        import os
+
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's choice of the process group's address: this node's address and a port free on it."""
@@ -87,7 +99,15 @@ class RankActor:
         if self.worker is None:
             raise RuntimeError(f"trainer rank {self.rank}: a command before start()")
         try:
-            return self.worker.handle(cmd, arg)
+            out = self.worker.handle(cmd, arg)
+            if cmd == "publish":  # the buckets this rank wrote, into its node's object store (ray_weights.py)
+                version, root, keep = int(arg[0]), arg[1], int(arg[2])
+                _, digest, mine = put_owned(Path(root) / f"v{version}", self.rank, self.world_size)
+                self.puts[version] = mine
+                for old in sorted(self.puts)[: -max(keep, 1)]:
+                    del self.puts[old]
+                out = {**out, "digest": digest, "buckets": mine}
+            return out
         except Exception:
             print(traceback.format_exc(), flush=True)
             raise
@@ -105,6 +125,8 @@ class RayRanks(RankGroup):
         reply_timeout_s: bound on the placement, on the start and on every command's replies.
         log_dir: where ``rank{r}.log`` go (a temporary directory when None).
         address: ``runtime.ray_address`` (None: the Ray cluster this process runs, or a local one started here).
+        pool_label: ``runtime.ray_pool_label``: the ranks go to nodes labelled ``<label>=trainer`` (None: anywhere).
+        feed: where the refs of each published version's buckets are recorded for the engine actors.
     """
 
     def __init__(
@@ -114,6 +136,8 @@ class RayRanks(RankGroup):
         reply_timeout_s: float = 300.0,
         log_dir: str | Path | None = None,
         address: str | None = None,
+        pool_label: str | None = None,
+        feed: ObjectVersions | None = None,
     ):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -123,15 +147,24 @@ class RayRanks(RankGroup):
         super().__init__(world_size, reply_timeout_s, log_dir)
         ensure_ray(address)
         bundles = rank_bundles(world_size, spec.device)
-        self.pg: Any = placement_group(bundles, strategy="PACK")
+        self.feed = feed
+        selector = [{pool_label: TRAINER} for _ in bundles] if pool_label else None
+        self.pg: Any = placement_group(bundles, strategy="PACK", bundle_label_selector=selector)
         self.actors: list[Any] = []
+        self.nodes: list[str] = []
         if not ray.wait([self.pg.ready()], timeout=reply_timeout_s)[0]:
             have = ray.cluster_resources()
+            pools = (
+                ""
+                if pool_label is None
+                else f" on nodes labelled {pool_label}={TRAINER} ({describe(pool_nodes(pool_label), pool_label)})"
+            )
             self.kill()
             raise ConfigError(
                 "psrl.deployment.train_ngpus_per_node",
-                f"asks for {world_size} ranks of {bundles[0]}, which the Ray cluster (CPU {have.get('CPU', 0):g}, "
-                f"GPU {have.get('GPU', 0):g}) could not place within {reply_timeout_s:g} s",
+                f"asks for {world_size} ranks of {bundles[0]}{pools}, which the Ray cluster "
+                f"(CPU {have.get('CPU', 0):g}, GPU {have.get('GPU', 0):g}) could not place within "
+                f"{reply_timeout_s:g} s",
                 "set fewer ranks (train_nnodes x train_ngpus_per_node), or add nodes to the cluster",
             )
         gpus = bundles[0].get("GPU", 0.0)
@@ -141,6 +174,7 @@ class RayRanks(RankGroup):
             opts = dict(num_cpus=1, num_gpus=gpus, scheduling_strategy=where, max_restarts=0)
             log = str(self.log_path(rank))
             self.actors.append(remote.options(**opts).remote(spec, rank, world_size, log))
+        self.nodes = [node for node, _ in self._run(lambda: [a.where.remote() for a in self.actors])]
         host, port = self._run(lambda: [self.actors[0].rendezvous.remote()])[0]
         self._run(lambda: [a.start.remote(host, port) for a in self.actors])
 
@@ -159,7 +193,12 @@ class RayRanks(RankGroup):
         import ray
 
         shared = ray.put(arg)  # one copy of the batch in the object store, not one per rank
-        return await self._gather([a.handle.remote(cmd, shared) for a in self.actors])
+        replies = await self._gather([a.handle.remote(cmd, shared) for a in self.actors])
+        if cmd == "publish":  # the refs of every rank's buckets, for the engine actors; the trainer sees the summary
+            buckets = [b for reply in replies for b in reply.pop("buckets")]
+            if self.feed is not None:
+                self.feed.record(int(arg[0]), replies[0]["digest"], buckets)
+        return replies
 
     def _run(self, refs: Any) -> list[Any]:
         """:meth:`_gather` of the remote calls ``refs()`` makes, from synchronous code."""
@@ -202,9 +241,18 @@ class RayRanks(RankGroup):
                 status, what = got[rank]
                 if status == want:
                     if want == "died":
-                        self._fail(rank, f"died ({what})")
+                        self._fail(rank, f"died ({what}) with its node {self._node(rank)}")
                     self._fail(rank, "failed", what)
         raise AssertionError(f"_fail_from: no failed rank in {sorted(got)}")
+
+    def _node(self, rank: int) -> str:
+        """Rank ``rank``'s Ray node: its id, its address and whether Ray still counts it alive."""
+        import ray
+
+        nid = self.nodes[rank] if rank < len(self.nodes) else "?"
+        node: dict = next((n for n in ray.nodes() if n["NodeID"] == nid), {})
+        state = "alive" if node.get("Alive") else "dead"
+        return f"{nid[:12]} at {node.get('NodeManagerAddress', '?')} ({state})"
 
     def _fail(self, rank: int, what: str, tail: str | None = None) -> NoReturn:
         self.kill()
@@ -244,7 +292,8 @@ async def _outcome(ref: Any) -> tuple[str, Any]:
         return "failed", str(e).strip()
 
 
-def ray_launcher(address: str | None) -> Launcher:
+def ray_launcher(address: str | None, pool_label: str | None = None, feed: ObjectVersions | None = None) -> Launcher:
     """The :data:`~psrl.train.launch.Launcher` of ``runtime.backend=ray``: :class:`RayRanks` on the cluster at
-    ``address`` (``runtime.ray_address``; None: a local one)."""
-    return functools.partial(RayRanks, address=address)
+    ``address`` (``runtime.ray_address``; None: a local one), on the trainer pool of ``pool_label``, recording
+    each version's bucket refs in ``feed``."""
+    return functools.partial(RayRanks, address=address, pool_label=pool_label, feed=feed)
