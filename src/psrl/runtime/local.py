@@ -33,7 +33,7 @@ from psrl.runtime.watch import RunWatch
 from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
-from psrl.train.launch import Launcher, LocalRanks
+from psrl.train.launch import Launcher, LocalRanks, RankFailure
 from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, WeightSource, WeightState
 from psrl.weights import ParameterStore
 
@@ -290,9 +290,10 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
         try:
             rows = await coord.run(total, on_step)
         except BaseException as exc:
-            # between steps the state is consistent: make the run resumable from here (unless saving is what failed)
+            # between steps the state is consistent: make the run resumable from here (unless saving is what failed,
+            # or a rank: the ranks hold the trained weights, and ranks started again would hold the start's)
             try:
-                if not coord.in_step and not isinstance(exc, CheckpointWriteError):
+                if not coord.in_step and not isinstance(exc, (CheckpointWriteError, RankFailure)):
                     saver.save(run_dir, coord, recorder, wait=True)
             finally:
                 saver.close()
