@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import time
 import traceback
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
@@ -76,6 +78,13 @@ class RankActor:
         import ray
 
         return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def read(self, path: str) -> str | None:
+        """The text of ``path`` on this rank's node (None if it cannot be read here)."""
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's choice of the process group's address: this node's address and a port free on it."""
@@ -175,8 +184,32 @@ class RayRanks(RankGroup):
             log = str(self.log_path(rank))
             self.actors.append(remote.options(**opts).remote(spec, rank, world_size, log))
         self.nodes = [node for node, _ in self._run(lambda: [a.where.remote() for a in self.actors])]
+        self._check_shared()
         host, port = self._run(lambda: [self.actors[0].rendezvous.remote()])[0]
         self._run(lambda: [a.start.remote(host, port) for a in self.actors])
+
+    def _check_shared(self) -> None:
+        """Every rank must see the run directory the driver writes (``weights/start.pt``, ``weights/``,
+        ``checkpoint/``): a file written here, read by each rank on its node; one ConfigError naming the nodes
+        that do not see it."""
+        token = uuid.uuid4().hex
+        probe = self.log_dir / f".shared-{token}"
+        probe.write_text(token)
+        try:
+            seen = self._run(lambda: [a.read.remote(str(probe)) for a in self.actors])
+        finally:
+            probe.unlink(missing_ok=True)
+        blind = [r for r, text in enumerate(seen) if text != token]
+        if blind:
+            self.kill()
+            nodes = ", ".join(sorted({self.nodes[r][:12] for r in blind}))
+            raise ConfigError(
+                "trainer.run_dir",
+                f"{self.log_dir.parent} is not visible from the trainer node(s) {nodes} (ranks "
+                f"{', '.join(map(str, blind))}): the ranks read weights/start.pt and write weights/ and checkpoint/ "
+                "there",
+                "put trainer.run_dir on a filesystem that the driver's node and every trainer node mount",
+            )
 
     @property
     def pids(self) -> list[int]:
@@ -241,16 +274,25 @@ class RayRanks(RankGroup):
                 status, what = got[rank]
                 if status == want:
                     if want == "died":
-                        self._fail(rank, f"died ({what}) with its node {self._node(rank)}")
+                        node = self._node(rank, wait=what == "ActorUnavailableError")
+                        self._fail(rank, f"died ({what}) with its node {node}")
                     self._fail(rank, "failed", what)
         raise AssertionError(f"_fail_from: no failed rank in {sorted(got)}")
 
-    def _node(self, rank: int) -> str:
-        """Rank ``rank``'s Ray node: its id, its address and whether Ray still counts it alive."""
+    def _node(self, rank: int, wait: bool = False) -> str:
+        """Rank ``rank``'s Ray node: its id, its address and whether Ray counts it alive. A node that stopped
+        answering is declared dead by Ray's health check (``health_check_period_ms`` x
+        ``health_check_failure_threshold``), which may come after the actor is reported unavailable: its verdict is
+        waited for up to :data:`GRACE_S`."""
         import ray
 
         nid = self.nodes[rank] if rank < len(self.nodes) else "?"
-        node: dict = next((n for n in ray.nodes() if n["NodeID"] == nid), {})
+        deadline = time.monotonic() + (GRACE_S if wait else 0.0)
+        while True:
+            node: dict = next((n for n in ray.nodes() if n["NodeID"] == nid), {})
+            if not node.get("Alive") or time.monotonic() >= deadline:
+                break
+            time.sleep(0.25)
         state = "alive" if node.get("Alive") else "dead"
         return f"{nid[:12]} at {node.get('NodeManagerAddress', '?')} ({state})"
 
