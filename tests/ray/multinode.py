@@ -7,7 +7,7 @@ the head (a rollout node, where the driver runs), a trainer node (2 CPUs: the 2 
 node. Every Ray worker process of the job gets :func:`audit_opens` as its setup hook: it records each file it
 opens under the run directory, so the test can say that no engine actor read ``run_dir``.
 
-MODE: ``run`` (10 steps), ``rollout-loss`` (the second rollout node removed after step 3), ``trainer-loss`` (the
+MODE: ``run`` (10 steps), ``vllm`` (the same with vLLM engines), ``rollout-loss`` (the second rollout node removed after step 3), ``trainer-loss`` (the
 trainer's node removed after step 3; the error is printed), ``resume`` (a rebuilt cluster, the same command).
 """
 
@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 MB = 1 << 20
@@ -111,39 +112,49 @@ class RemoveAt:
             self.cluster.remove_node(self.node, allow_graceful=False)
 
 
-def main(mode: str, run_dir: Path, audit_dir: Path) -> None:
+def psrl_args(address: str, run_dir: Path, mode: str) -> list[str]:
+    """The ``psrl train`` overrides of every mode: 2 rank actors on the trainer pool, 2 instances on the rollout
+    pool, 10 steps (``vllm``: vLLM engines; ``PSRL_VLLM_PYTHON`` names the vLLM environment)."""
+    args = [*TINY, f"trainer.run_dir={run_dir}", "trainer.total_steps=10", "runtime.backend=ray"]
+    args += [f"runtime.ray_address={address}", f"runtime.ray_pool_label={LABEL}"]
+    args += ["psrl.deployment.train_ngpus_per_node=2", "psrl.deployment.n_rollout_instances=2"]
+    if mode == "vllm":
+        args += ["rollout.engine=vllm"]
+    return args
+
+
+def train(address: str, mode: str, run_dir: Path, log: Callable[[str], None]) -> dict:
+    """Run ``psrl train`` on the cluster this process has joined; what the test checks of it (steps, dead
+    engines, ``time/sync_s`` per version, or the error's first line; then every actor and placement group)."""
     import torch
 
     torch.set_num_threads(1)
-    import ray
+    from ray.util import placement_group_table
+
     from psrl.config import load_config
     from psrl.runtime.local import run
 
-    cluster, trainer_node, rollout_node = start_cluster(audit_dir, run_dir)
-    nodes = {
-        "head": cluster.head_node.node_id,
-        "trainer": trainer_node.node_id,
-        "rollout": rollout_node.node_id,
-    }
-    args = [*TINY, f"trainer.run_dir={run_dir}", "trainer.total_steps=10", "runtime.backend=ray"]
-    args += [f"runtime.ray_address={cluster.address}", f"runtime.ray_pool_label={LABEL}"]
-    args += ["psrl.deployment.train_ngpus_per_node=2", "psrl.deployment.n_rollout_instances=2"]
-    cfg = load_config(None, args)
-    remove = {"rollout-loss": rollout_node, "trainer-loss": trainer_node}.get(mode)
-    log = RemoveAt(cluster, remove, 3)
-    result: dict = {"mode": mode, "nodes": nodes}
+    result: dict = {"mode": mode}
     try:
-        rows = run(cfg, run_dir, log)
+        rows = run(load_config(None, psrl_args(address, run_dir, mode)), run_dir, log)
         result["steps"] = [r["step"] for r in rows]
         result["dead_engines"] = max(r.get("engine/dead", 0.0) for r in rows)
-        result["sync_s"] = [r.get("time/sync_s") for r in rows]
+        result["sync_s"] = {r.get("weights/synced_version"): r["time/sync_s"] for r in rows if "time/sync_s" in r}
     except Exception as exc:  # noqa: BLE001 -- the test checks the one line
         result["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
         traceback.print_exc()
     result["actors"] = actors()
-    from ray.util import placement_group_table
-
     result["placement_groups"] = sorted({pg["state"] for pg in placement_group_table().values()})
+    return result
+
+
+def main(mode: str, run_dir: Path, audit_dir: Path) -> None:
+    import ray
+
+    cluster, trainer_node, rollout_node = start_cluster(audit_dir, run_dir)
+    nodes = {"head": cluster.head_node.node_id, "trainer": trainer_node.node_id, "rollout": rollout_node.node_id}
+    remove = {"rollout-loss": rollout_node, "trainer-loss": trainer_node}.get(mode)
+    result = {**train(cluster.address, mode, run_dir, RemoveAt(cluster, remove, 3)), "nodes": nodes}
     ray.shutdown()
     cluster.shutdown()
     print("RESULT " + json.dumps(result), flush=True)

@@ -90,7 +90,7 @@ def _buckets() -> list[dict[str, torch.Tensor]]:
     return [{"a": torch.randn(3, 2, generator=g)}, {"b": torch.randn(4, generator=g), "c": torch.ones(2)}]
 
 
-async def _receive(tamper: str | None) -> dict[str, torch.Tensor]:
+async def _receive(tamper: str | None) -> list[dict[str, torch.Tensor]]:
     parts = _buckets()
     digests = [bucket_digest(p) for p in parts]
     sent = [dict(p) for p in parts]
@@ -104,9 +104,9 @@ async def _receive(tamper: str | None) -> dict[str, torch.Tensor]:
 
 
 def test_receive_loads_a_version_whose_buckets_match_their_writers_digests():
-    state = asyncio.run(_receive(None))
-    want = {k: v for p in _buckets() for k, v in p.items()}
-    assert list(state) == list(want) and all(torch.equal(state[k], want[k]) for k in want)
+    got, want = asyncio.run(_receive(None)), _buckets()
+    assert [list(b) for b in got] == [list(b) for b in want]
+    assert all(torch.equal(g[k], w[k]) for g, w in zip(got, want) for k in w)
 
 
 @pytest.mark.parametrize("tamper", ["bytes", "missing", "version"])

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from psrl.runtime.ray_weights import ObjectVersions
@@ -29,9 +32,15 @@ from psrl.types import EngineLoad, GenRequest, WeightSource
 
 __all__ = ["EngineWorker", "RayEngine", "build_ray_engines", "ensure_ray"]
 
+CLOSE_S = 30.0
+"""How long an engine actor is given to stop its engine before it is killed."""
+
 
 class EngineWorker:
-    """An ``hf`` engine over a policy copy in a worker process, built from plain config data (picklable)."""
+    """One rollout instance's engine in a worker process on its node, built from plain config data (picklable):
+    ``rollout.engine=hf``, a KV-cached engine over a policy copy; ``vllm``, a vLLM server this actor starts and
+    owns (a child process, ended with it), from the policy saved into a directory of this node's own, to which each
+    received version is written for the server's ``reload_weights``."""
 
     def __init__(self, cfg_data: dict, seed: int, threads: int = 1):
         import torch
@@ -40,15 +49,43 @@ class EngineWorker:
         from psrl.config import config_from_dict
         from psrl.models import build_policy, load_tokenizer
         from psrl.rollout.build import sampling_of
-        from psrl.rollout.engines.hf import HFEngine
         from psrl.tasks import get_task
 
         cfg = config_from_dict(cfg_data)
         tok = load_tokenizer(cfg.model)
         task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
         policy = build_policy(cfg.model, task, seed=seed)
-        self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update, sampling=sampling_of(cfg, task))
+        self.local: Path | None = None
+        """vLLM: this node's directory of the server's model and of the versions received."""
+        self.engine: Any
+        if cfg.rollout.engine == "vllm":
+            from psrl.rollout.engines.vllm import VLLMEngine, server_of
+
+            self.local = Path(tempfile.mkdtemp(prefix="psrl-vllm-actor-"))
+            policy.save_pretrained(self.local / "model")
+            server = server_of(cfg, policy, self.local / "model", self.local / "server.log")
+            r = cfg.rollout
+            self.engine = VLLMEngine(
+                server=server, sampling=sampling_of(cfg, task), request_timeout_s=r.request_timeout_s
+            )
+        else:
+            from psrl.rollout.engines.hf import HFEngine
+
+            sampling = sampling_of(cfg, task)
+            self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update, sampling=sampling)
         self.reqs: dict[str, GenRequest] = {}
+
+    async def start(self) -> None:
+        """Start the engine (vLLM: the server, bounded by ``rollout.vllm.startup_timeout_s``)."""
+        await self.engine.start()
+
+    async def close(self) -> None:
+        """Stop the engine (vLLM: the server) and remove this node's directory."""
+        try:
+            await self.engine.close()
+        finally:
+            if self.local is not None:
+                shutil.rmtree(self.local, ignore_errors=True)
 
     async def generate(self, rid: str, context: list[int], max_new_tokens: int, seed: int | None = None) -> tuple:
         req = GenRequest(list(context), int(max_new_tokens), rid=rid, seed=seed)
@@ -77,11 +114,18 @@ class EngineWorker:
         """Load ``version`` from its buckets in the object store (:func:`psrl.runtime.ray_weights.receive`: fetched
         from the ranks' nodes, each checked against its writer's digest); returns the version the engine then
         holds."""
-        from psrl.runtime.ray_weights import receive
-        from psrl.weights import ParameterStore
+        from psrl.runtime.ray_weights import receive, write_local
+        from psrl.weights import FileVersions, ParameterStore
 
-        store = ParameterStore(keep=1)
-        store.publish(int(version), await receive(digest, buckets))
+        received = await receive(digest, buckets)
+        store: FileVersions | ParameterStore
+        if self.local is not None:  # vLLM reads a directory: this node's own
+            store = FileVersions(self.local / "weights")
+            await asyncio.to_thread(write_local, store.root, int(version), received)
+        else:
+            store = ParameterStore(keep=1)
+            store.publish(int(version), {k: v for b in received for k, v in b.items()})
+        del received
         await self.engine.update_weights(int(version), store)
         return self.engine.version
 
@@ -111,7 +155,7 @@ class RayEngine:
         self._running: dict[str, GenRequest] = {}
 
     async def start(self) -> None:
-        return None
+        await self.actor.start.remote()
 
     async def generate(self, req: GenRequest) -> GenRequest:
         if req.max_new_tokens <= 0:
@@ -169,8 +213,13 @@ class RayEngine:
         return EngineLoad(running=len(self._running), queued=0, tokens_per_s=0.0)
 
     async def close(self) -> None:
+        """Ask the actor to stop its engine (a vLLM server stops with its actor anyway), then end it."""
         import ray
 
+        try:
+            await asyncio.wait_for(self.actor.close.remote(), CLOSE_S)
+        except (TimeoutError, ray.exceptions.RayError):
+            pass  # gone already, or stuck: killed below
         ray.kill(self.actor)
 
 
@@ -197,10 +246,10 @@ def build_ray_engines(
     from psrl.config import config_to_dict
     from psrl.runtime.ray_placement import check_pools, rollout_strategies
 
-    if cfg.rollout.engine != "hf":
+    if cfg.rollout.vllm.urls:
         raise NotImplementedError(
-            "runtime.backend=ray runs the hf engine in its actors; for vLLM under Ray attach "
-            "to the servers with rollout.engine=vllm and rollout.vllm.urls"
+            "with runtime.backend=ray each instance's actor starts its own vLLM server on its rollout node; "
+            "to attach to running servers with rollout.vllm.urls use runtime.backend=local"
         )
     ensure_ray(cfg.runtime.ray_address)
     check_pools(cfg)

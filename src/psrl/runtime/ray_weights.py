@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from psrl.weights import VersionDamaged, VersionDirectories, bucket_digest, read_manifest, version_digest
+from psrl.weights.format import finish_version, write_bucket
 
-__all__ = ["ObjectVersions", "put_owned", "receive", "Bucket"]
+__all__ = ["ObjectVersions", "put_owned", "receive", "write_local", "Bucket"]
 
 Bucket = tuple[int, str, Any]
 """``(index, writer's digest, ref)`` of one bucket in the object store."""
@@ -47,21 +48,30 @@ def put_owned(directory: str | Path, rank: int = 0, world: int = 1) -> tuple[int
     return int(manifest["version"]), str(manifest["digest"]), out
 
 
-async def receive(digest: str, buckets: list[Bucket]) -> dict[str, torch.Tensor]:
-    """The state of one version from its buckets' refs, fetched one at a time, each checked against its writer's
-    digest, and the list against the version's (:class:`~psrl.weights.VersionDamaged` on any difference)."""
+async def receive(digest: str, buckets: list[Bucket]) -> list[dict[str, torch.Tensor]]:
+    """The buckets of one version, in order, from their refs, fetched one at a time, each checked against its
+    writer's digest, and the list against the version's (:class:`~psrl.weights.VersionDamaged` on any
+    difference)."""
     ordered = sorted(buckets, key=lambda b: b[0])
     if [b[0] for b in ordered] != list(range(len(ordered))):
         raise VersionDamaged(f"buckets {[b[0] for b in ordered]} are not 0..{len(ordered) - 1}")
     if version_digest([b[1] for b in ordered]) != digest:
         raise VersionDamaged("the buckets' digests do not make the version's digest")
-    state: dict[str, torch.Tensor] = {}
+    out: list[dict[str, torch.Tensor]] = []
     for index, want, ref in ordered:
         tensors = await ref
         if bucket_digest(tensors) != want:
             raise VersionDamaged(f"bucket {index} arrived different from what its writer put")
-        state.update(tensors)
-    return state
+        out.append(tensors)
+    return out
+
+
+def write_local(root: Path, version: int, buckets: list[dict[str, torch.Tensor]], keep: int = 2) -> Path:
+    """The received ``buckets`` as the published version ``root/v{version}`` on this node (Hugging Face's sharded
+    layout, what a vLLM server's ``reload_weights`` reads): a directory of the engine's own, not ``run_dir``."""
+    tmp = root / f"v{int(version)}.tmp"
+    infos = [write_bucket(tmp, i, len(buckets), tensors) for i, tensors in enumerate(buckets)]
+    return finish_version(tmp, root, int(version), infos, keep)
 
 
 class ObjectVersions:
