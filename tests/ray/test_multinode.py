@@ -35,12 +35,13 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(mode: str, run_dir: Path, audit: Path, timeout: float = 420) -> dict:
-    """``tests/ray/multinode.py MODE`` in a loopback-only namespace; its RESULT line."""
+def _run(mode: str, run_dir: Path, audit: Path, timeout: float = 420, module: str = "tests.ray.multinode") -> dict:
+    """``tests/ray/multinode.py MODE`` (or ``module``, which takes no mode) in a loopback-only namespace; its
+    RESULT line."""
     pytest.importorskip("ray")
     audit.mkdir(exist_ok=True)
-    cmd = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", sys.executable]
-    cmd += ["-m", "tests.ray.multinode", mode, str(run_dir), str(audit)]
+    cmd = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", sys.executable, "-m", module]
+    cmd += [mode, str(run_dir), str(audit)] if module == "tests.ray.multinode" else [str(run_dir), str(audit)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -125,3 +126,34 @@ def _leftovers(audit: Path) -> list[int]:
         except OSError:
             continue
     return out
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_three_nodes_with_vllm_servers_owned_by_the_rollout_actors(tmp_path):
+    """The same shape with ``rollout.engine=vllm``: each engine actor starts its vLLM server on its rollout node and
+    writes each received version into a directory of its own for ``reload_weights``; 10 steps, audit clean, no
+    engine actor opens a run_dir file. Needs the vLLM environment (``-m "ray and vllm"``)."""
+    from tests.conftest import vllm_python_or_skip
+
+    os.environ.setdefault("PSRL_VLLM_PYTHON", vllm_python_or_skip())
+    run_dir, audit = tmp_path / "run", tmp_path / "audit"
+    result = _run("vllm", run_dir, audit, timeout=840)
+    assert result["steps"] == list(range(1, 11)), result["stdout"][-3000:]
+    assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 1) == 10 * 2 * 2
+    _check_placement_and_reads(result, audit)
+
+
+@pytest.mark.timeout(600)
+def test_nodes_in_separate_network_namespaces_joined_by_veth(tmp_path):
+    """Every Ray node in its own network namespace (``tests/ray/netns.py``: a bridge, one veth pair per node, each
+    node its own address and loopback, nothing else), so the buckets and calls cross an interface: the same checks
+    as the 3-node run, the nodes at their own addresses; ``time/sync_s`` per version is printed."""
+    run_dir, audit = tmp_path / "run", tmp_path / "audit"
+    result = _run("netns", run_dir, audit, module="tests.ray.netns")
+    assert result["addresses"] == ["10.77.0.1", "10.77.0.2", "10.77.0.3"], result
+    assert result["steps"] == list(range(1, 11)), result["stdout"][-3000:]
+    assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 1) == 10 * 2 * 2
+    _check_placement_and_reads(result, audit)
+    print("time/sync_s per version over veth:", result["sync_s"])
+    assert len(result["sync_s"]) >= 8
