@@ -22,10 +22,9 @@ from pathlib import Path
 
 MB = 1 << 20
 LABEL = "psrl-pool"
+SHAPE = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
+"""The tiny model of the hf runs (vLLM's CPU attention takes no head of 16: its runs keep the default model)."""
 TINY = [
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
     "trainer.warm_start_steps=2",
     "psrl.staleness=1",
     "psrl.staleness_buffer_entries=2",
@@ -115,7 +114,8 @@ class RemoveAt:
 def psrl_args(address: str, run_dir: Path, mode: str) -> list[str]:
     """The ``psrl train`` overrides of every mode: 2 rank actors on the trainer pool, 2 instances on the rollout
     pool, 10 steps (``vllm``: vLLM engines; ``PSRL_VLLM_PYTHON`` names the vLLM environment)."""
-    args = [*TINY, f"trainer.run_dir={run_dir}", "trainer.total_steps=10", "runtime.backend=ray"]
+    args = [*TINY, *([] if mode == "vllm" else SHAPE), f"trainer.run_dir={run_dir}", "trainer.total_steps=10"]
+    args += ["runtime.backend=ray"]
     args += [f"runtime.ray_address={address}", f"runtime.ray_pool_label={LABEL}"]
     args += ["psrl.deployment.train_ngpus_per_node=2", "psrl.deployment.n_rollout_instances=2"]
     if mode == "vllm":

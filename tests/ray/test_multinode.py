@@ -142,6 +142,9 @@ def test_three_nodes_with_vllm_servers_owned_by_the_rollout_actors(tmp_path):
     assert result["steps"] == list(range(1, 11)), result["stdout"][-3000:]
     assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 1) == 10 * 2 * 2
     _check_placement_and_reads(result, audit)
+    rows = read_jsonl(run_dir / "metrics.jsonl")  # the servers score as the ranks do: the versions really loaded
+    assert sum(r["engine/mismatch_tokens"] for r in rows) > 0
+    assert max(r["engine/logprob_mismatch_max"] for r in rows) < 1e-3
 
 
 @pytest.mark.timeout(600)
