@@ -73,6 +73,14 @@ def test_the_pool_label_must_be_a_ray_label_key(value):
     assert err.value.key == "runtime.ray_pool_label"
 
 
+def test_vllm_urls_are_not_attached_under_ray():
+    """Under Ray each engine actor starts its own vLLM server: URLs to attach to are one error naming the key."""
+    with pytest.raises(ConfigError) as err:
+        urls = "rollout.vllm.urls=[http://127.0.0.1:1,http://127.0.0.1:2]"
+        load_config(None, ["runtime.backend=ray", "rollout.engine=vllm", urls])
+    assert err.value.key == "rollout.vllm.urls" and "runtime.backend=local" in err.value.fix
+
+
 def test_the_pool_label_is_ray_only():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["runtime.ray_pool_label=psrl-pool"])

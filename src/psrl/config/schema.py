@@ -417,6 +417,12 @@ class Config:
         self.psrl.deployment.check(self.model.device, os.cpu_count(), self.runtime.backend)
         self.runtime.check()
         self.rollout.check(self.psrl.deployment.n_rollout_instances)
+        require(
+            not (self.runtime.backend == "ray" and self.rollout.vllm.urls),
+            "rollout.vllm.urls",
+            "is set with runtime.backend=ray, whose engine actors start their own vLLM servers on the rollout nodes",
+            "remove rollout.vllm.urls, or attach to running servers with runtime.backend=local",
+        )
         self.algorithm.rollout_correction.check()
         self.model.check()
         self.task.check(self.model, self.trainer.seed)

@@ -246,11 +246,6 @@ def build_ray_engines(
     from psrl.config import config_to_dict
     from psrl.runtime.ray_placement import check_pools, rollout_strategies
 
-    if cfg.rollout.vllm.urls:
-        raise NotImplementedError(
-            "with runtime.backend=ray each instance's actor starts its own vLLM server on its rollout node; "
-            "to attach to running servers with rollout.vllm.urls use runtime.backend=local"
-        )
     ensure_ray(cfg.runtime.ray_address)
     check_pools(cfg)
     remote_cls = ray.remote(num_cpus=0, max_restarts=0)(EngineWorker)
