@@ -75,7 +75,7 @@ def _check_placement_and_reads(result: dict, audit: Path) -> None:
 def test_three_nodes_trainer_and_rollout_pools_weights_through_the_object_store(tmp_path):
     run_dir, audit = tmp_path / "run", tmp_path / "audit"
     result = _run("run", run_dir, audit)
-    assert result["steps"] == list(range(1, 11)), result["stdout"][-3000:]
+    assert result.get("steps") == list(range(1, 11)), (result.get("error"), result["stdout"][-3000:])
     assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 1) == 10 * 2 * 2
     _check_placement_and_reads(result, audit)
     synced = [r.get("weights/synced_version", -1) for r in read_jsonl(run_dir / "metrics.jsonl")]
@@ -86,7 +86,7 @@ def test_three_nodes_trainer_and_rollout_pools_weights_through_the_object_store(
 def test_losing_a_rollout_node_finishes_on_the_other_instance(tmp_path):
     run_dir, audit = tmp_path / "run", tmp_path / "audit"
     result = _run("rollout-loss", run_dir, audit)
-    assert result["steps"] == list(range(1, 11)), result["stdout"][-3000:]
+    assert result.get("steps") == list(range(1, 11)), (result.get("error"), result["stdout"][-3000:])
     assert result["dead_engines"] == 1
     assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 1) == 10 * 2 * 2
     _check_placement_and_reads(result, audit)
@@ -139,12 +139,12 @@ def test_three_nodes_with_vllm_servers_owned_by_the_rollout_actors(tmp_path):
     os.environ.setdefault("PSRL_VLLM_PYTHON", vllm_python_or_skip())
     run_dir, audit = tmp_path / "run", tmp_path / "audit"
     result = _run("vllm", run_dir, audit, timeout=840)
-    assert result["steps"] == list(range(1, 11)), result["stdout"][-3000:]
+    assert result.get("steps") == list(range(1, 11)), (result.get("error"), result["stdout"][-3000:])
     assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 1) == 10 * 2 * 2
     _check_placement_and_reads(result, audit)
     rows = read_jsonl(run_dir / "metrics.jsonl")  # the servers score as the ranks do: the versions really loaded
-    assert sum(r["engine/mismatch_tokens"] for r in rows) > 0
-    assert max(r["engine/logprob_mismatch_max"] for r in rows) < 1e-3
+    scored = [r for r in rows if r.get("engine/mismatch_tokens", 0) > 0]  # a row may hold no such token
+    assert scored and max(r["engine/logprob_mismatch_max"] for r in scored) < 1e-3
 
 
 @pytest.mark.timeout(600)
@@ -155,7 +155,7 @@ def test_nodes_in_separate_network_namespaces_joined_by_veth(tmp_path):
     run_dir, audit = tmp_path / "run", tmp_path / "audit"
     result = _run("netns", run_dir, audit, module="tests.ray.netns")
     assert result["addresses"] == ["10.77.0.1", "10.77.0.2", "10.77.0.3"], result
-    assert result["steps"] == list(range(1, 11)), result["stdout"][-3000:]
+    assert result.get("steps") == list(range(1, 11)), (result.get("error"), result["stdout"][-3000:])
     assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 1) == 10 * 2 * 2
     _check_placement_and_reads(result, audit)
     print("time/sync_s per version over veth:", result["sync_s"])
