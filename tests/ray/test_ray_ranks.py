@@ -115,15 +115,24 @@ FAULTS = textwrap.dedent(
     spec = WorkerSpec(build=write_start_state(policy.model, work / "start.pt", "float32"), pad_id=policy.pad_id,
                       algo=cfg.algorithm, collective_timeout_s=60)
 
-    from psrl.weights import FileVersions
+    from psrl.weights import FileVersions, read_manifest
 
-    class NoStore(FileVersions):  # the engine reads the directory itself: it must not ask the driver for the state
+    from psrl.runtime.ray_weights import ObjectVersions
+
+    class NoStore(FileVersions):  # the engine gets the ranks' buckets: the driver must not read the state
         def get(self, version=None):
             raise AssertionError("the engine asked the store for the state")
 
-    ranks = RayRanks(spec, 2, 120, work / "ranks")
-    ranks.call("publish", (1, str(work / "weights"), 2, 256, torch.float32))
-    engine = build_ray_engines(cfg, 1, seed=0, run_dir=work)[0]
+    feed = ObjectVersions()
+    ranks = RayRanks(spec, 2, 120, work / "ranks", feed=feed)
+    ranks.call("publish", (1, str(work / "weights"), 2, 0.001, torch.float32))  # a bucket per tensor: both ranks own
+    class NoDirectory(NoStore):  # the refs come from the ranks' replies: the driver puts nothing itself
+        def directory(self, version):
+            raise AssertionError("the driver went to the directory")
+
+    digest, buckets = feed.buckets(1, NoDirectory(work / "weights"))
+    assert len(buckets) > 2 and digest == read_manifest(work / "weights" / "v1")["digest"]
+    engine = build_ray_engines(cfg, 1, 0, feed)[0]
     asyncio.run(engine.update_weights(1, NoStore(work / "weights")))
     assert engine.version == 1, engine.version
     os.kill(ranks.pids[1], signal.SIGKILL)

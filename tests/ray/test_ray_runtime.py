@@ -32,7 +32,8 @@ SCRIPT = textwrap.dedent(
     task, policy = build_task_and_policy(cfg)
     store = FileVersions(tempfile.mkdtemp(prefix="psrl-ray-test-"))  # what the trainer's ranks write
     publish_model(policy.model, store.root, 4)
-    remote = build_ray_engines(cfg, 2, seed=0)
+    from psrl.runtime.ray_weights import ObjectVersions
+    remote = build_ray_engines(cfg, 2, 0, ObjectVersions())  # nothing recorded: the driver puts what it published
     local = [HFEngine(policy.replica(1 + i), sampling=Sampling(temperature=0, stop_ids=frozenset(task.stop_ids)))
              for i in range(2)]
 

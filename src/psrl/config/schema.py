@@ -4,6 +4,7 @@ and ``validate()`` (what a key is, and why configs are frozen: the package's doc
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from psrl.config.fields import _f, _sub, check_rules
@@ -13,6 +14,9 @@ from psrl.config.sim import SimConfig
 from psrl.config.task import DataConfig, TaskConfig
 
 # --------------------------------------------------------------------------- runtime.*
+
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+"""A Ray node label key (Kubernetes' syntax: an optional DNS prefix and ``/``, then up to 63 characters)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,14 @@ class RuntimeConfig:
         "backend=ray: address of an existing Ray cluster (null starts a local one).",
         note="address of a running Ray cluster (host:port); only with runtime.backend=ray",
     )
+    ray_pool_label: str | None = _f(
+        None,
+        "backend=ray: the Ray node label that splits the cluster into pools (null: no pools, actors go where they "
+        "fit): the trainer's ranks are placed on nodes labelled <label>=trainer, the rollout instances on nodes "
+        "labelled <label>=rollout, one instance per rollout node in turn (ray start --labels=psrl-pool=trainer; "
+        "docs/scaling.md).",
+        note="a Ray node label key, e.g. psrl-pool; only with runtime.backend=ray",
+    )
 
     def check(self) -> None:
         require(
@@ -37,6 +49,18 @@ class RuntimeConfig:
             "runtime.ray_address",
             f"is set but runtime.backend is {self.backend!r}, so nothing would read it",
             "set runtime.backend=ray, or remove runtime.ray_address",
+        )
+        require(
+            self.ray_pool_label is None or self.backend == "ray",
+            "runtime.ray_pool_label",
+            f"is set but runtime.backend is {self.backend!r}, so nothing would read it",
+            "set runtime.backend=ray, or remove runtime.ray_pool_label",
+        )
+        require(
+            self.ray_pool_label is None or _LABEL_KEY.fullmatch(self.ray_pool_label) is not None,
+            "runtime.ray_pool_label",
+            f"is {self.ray_pool_label!r}, not a Ray node label key",
+            "use letters, digits, '-', '_' and '.', starting and ending with a letter or digit (e.g. psrl-pool)",
         )
 
 
@@ -419,6 +443,12 @@ class Config:
         self.psrl.deployment.check(self.model.device, os.cpu_count(), self.runtime.backend)
         self.runtime.check()
         self.rollout.check(self.psrl.deployment.n_rollout_instances)
+        require(
+            not (self.runtime.backend == "ray" and self.rollout.vllm.urls),
+            "rollout.vllm.urls",
+            "is set with runtime.backend=ray, whose engine actors start their own vLLM servers on the rollout nodes",
+            "remove rollout.vllm.urls, or attach to running servers with runtime.backend=local",
+        )
         self.algorithm.rollout_correction.check()
         self.model.check()
         self.task.check(self.model, self.trainer.seed)

@@ -175,7 +175,11 @@ class Coordinator:
         called with each step's row once the step is published (psrl train: show, validate, checkpoint)."""
         loop = asyncio.get_running_loop()
         self.pool.start()
-        await self.pool.ready()
+        try:
+            await self.pool.ready()
+        except BaseException:
+            await self.pool.stop()  # an engine that could not start: the others (servers, Ray actors) end too
+            raise
         self._t0 = self._last = loop.time()  # engine start-up (a vLLM server: tens of seconds) is not a step
         dispatcher = self.agents.start()
         watchdog = self._watchdog()

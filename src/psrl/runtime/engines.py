@@ -24,17 +24,26 @@ __all__ = ["build_engines", "validation_engines"]
 
 
 def build_engines(
-    cfg: Config, policy: Any, task: Task, run_dir: Path | None = None, weights: WeightSource | None = None
+    cfg: Config,
+    policy: Any,
+    task: Task,
+    run_dir: Path | None = None,
+    weights: WeightSource | None = None,
+    feed: Any = None,
 ) -> Sequence[Engine]:
     """One engine per rollout instance for ``cfg`` (the policy supplies weights, tokenizer and shape), each
     sampling as :func:`psrl.rollout.sampling_of` says. ``weights``: the published versions (vLLM servers of a
-    driver that holds no weights start from the newest)."""
+    driver that holds no weights start from the newest). ``feed``: with ``runtime.backend=ray``, the
+    :class:`~psrl.runtime.ray_weights.ObjectVersions` the trainer's ranks record their buckets in (a fresh one
+    when None: the driver puts each version it finds published)."""
     n, seed, r = cfg.psrl.deployment.n_rollout_instances, cfg.trainer.seed, cfg.rollout
     sampling = sampling_of(cfg, task)
     if cfg.runtime.backend == "ray":
         from psrl.runtime.ray_runtime import build_ray_engines
+        from psrl.runtime.ray_weights import ObjectVersions
 
-        return build_ray_engines(cfg, n, seed, policy, task, run_dir)
+        feed = feed if feed is not None else ObjectVersions(keep=cfg.psrl.staleness + 2)
+        return build_ray_engines(cfg, n, seed, feed, policy, task, run_dir)
     if r.engine == "vllm":
         from psrl.rollout.engines.vllm_fleet import build_vllm_engines
 

@@ -34,7 +34,7 @@ from psrl.runtime.watch import RunWatch
 from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start, warm_start_steps
-from psrl.train.launch import Launcher, LocalRanks
+from psrl.train.launch import Launcher, LocalRanks, RankFailure
 from psrl.types import Engine, Sink, StepTrainer, WeightSource, WeightState
 from psrl.weights import VersionDirectories, write_model_directory
 
@@ -128,14 +128,17 @@ def build(
         find_vllm_python(cfg.rollout.vllm.python)  # before the warm start: a missing environment is said at once
     seed_everything(cfg.trainer.seed)
     made: Trainer | None = None  # the trainer built here: the warm start runs on it
+    feed = _object_versions(cfg)
     if task is None or trainer is None:
         built, policy = build_task_and_policy(cfg, lambda t: weights is not None or driver_holds_weights(cfg, t))
         task = task if task is not None else built
         if trainer is None:
-            trainer = made = _trainer(cfg, policy, recorder)
+            trainer = made = _trainer(cfg, policy, recorder, feed)
     assert trainer is not None
     try:
-        return _build(cfg, recorder, log, task, trainer, made, engines, weights, sink, manager, on_event, on_bound)
+        return _build(
+            cfg, recorder, log, task, trainer, made, engines, weights, sink, manager, on_event, on_bound, feed
+        )
     except BaseException:
         trainer.close()  # no rank outlives a run that could not be built
         raise
@@ -163,7 +166,17 @@ def in_memory_versions(cfg: Config) -> bool:
     return cfg.psrl.deployment.train_world_size == 1 and local_hf and cfg.weights.transport == "files"
 
 
-def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> Trainer:
+def _object_versions(cfg: Config) -> Any:
+    """With ``runtime.backend=ray``: where the ranks record the refs of each version's buckets in Ray's object
+    store and the engine actors find them (:class:`psrl.runtime.ray_weights.ObjectVersions`); else None."""
+    if cfg.runtime.backend != "ray":
+        return None
+    from psrl.runtime.ray_weights import ObjectVersions
+
+    return ObjectVersions(keep=cfg.psrl.staleness + 2)
+
+
+def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None, feed: Any = None) -> Trainer:
     """The trainer over ``train_nnodes x train_ngpus_per_node`` ranks (started by :func:`build`): in this process at
     world size 1, else processes of this machine or, with ``runtime.backend=ray``, Ray actors; publishing where
     :func:`in_memory_versions` says."""
@@ -173,7 +186,7 @@ def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> Train
     if cfg.runtime.backend == "ray" and world > 1:  # rank actors in a placement group (runtime/ray_ranks.py)
         from psrl.runtime.ray_ranks import ray_launcher
 
-        launch = ray_launcher(cfg.runtime.ray_address)
+        launch = ray_launcher(cfg.runtime.ray_address, cfg.runtime.ray_pool_label, feed)
     return Trainer(
         policy,
         cfg.algorithm,
@@ -202,8 +215,10 @@ def _build(
     manager: StalenessManager | None,
     on_event: Callable[[Event], Any] | None,
     on_bound: Callable[[Move], Any] | None,
+    feed: Any = None,
 ) -> Coordinator:
-    """:func:`build` once the task and the trainer exist (``made``: the trainer if :func:`build` made it)."""
+    """:func:`build` once the task and the trainer exist (``made``: the trainer if :func:`build` made it; ``feed``:
+    :func:`_object_versions`)."""
     ck = None
     if recorder is not None and cfg.trainer.resume:
         ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm), log, on_event)
@@ -222,7 +237,8 @@ def _build(
         made.sends_elsewhere()  # the first version as files: the servers start from it
     versions = publish_first_version(cfg, trainer)
     if engines is None:  # after the first version: a driver without weights starts its vLLM servers from it
-        engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None, versions)
+        run_dir = recorder.run_dir if recorder is not None else None
+        engines = build_engines(cfg, trainer.policy, task, run_dir, versions, feed)
     if collective_vllm and made is not None:
         from psrl.rollout.engines.vllm import VLLMEngine
         from psrl.rollout.engines.vllm_receive import VLLMReceiver
@@ -307,9 +323,10 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
         try:
             rows = await coord.run(total, on_step)
         except BaseException as exc:
-            # between steps the state is consistent: make the run resumable from here (unless saving is what failed)
+            # between steps the state is consistent: make the run resumable from here (unless saving is what failed,
+            # or a rank: the ranks hold the trained weights, and ranks started again would hold the start's)
             try:
-                if not coord.in_step and not isinstance(exc, CheckpointWriteError):
+                if not coord.in_step and not isinstance(exc, (CheckpointWriteError, RankFailure)):
                     saver.save(run_dir, coord, recorder, wait=True)
             finally:
                 saver.close()

@@ -26,13 +26,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import time
 import traceback
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
 from psrl.errors import ConfigError
+from psrl.runtime.ray_placement import TRAINER, describe, pool_nodes
 from psrl.runtime.ray_runtime import ensure_ray
+from psrl.runtime.ray_weights import Bucket, ObjectVersions, put_owned
 from psrl.train.launch import Launcher, RankFailure, RankGroup, join_group, leave_group, redirect_output
 from psrl.train.worker import RankWorker, WorkerSpec
 
@@ -59,11 +63,28 @@ class RankActor:
         redirect_output(log)
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.worker: RankWorker | None = None
+        self.puts: dict[int, list[Bucket]] = {}
+        """The refs of the buckets this rank put, for the newest versions (they live while this holds them)."""
 
     def pid(self) -> int:
         import os
 
         return os.getpid()
+
+    def where(self) -> tuple[str, int]:
+        """This actor's Ray node id and process id."""
+        import os
+
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def read(self, path: str) -> str | None:
+        """The text of ``path`` on this rank's node (None if it cannot be read here)."""
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's choice of the process group's address: this node's address and a port free on it."""
@@ -87,7 +108,15 @@ class RankActor:
         if self.worker is None:
             raise RuntimeError(f"trainer rank {self.rank}: a command before start()")
         try:
-            return self.worker.handle(cmd, arg)
+            out = self.worker.handle(cmd, arg)
+            if cmd == "publish":  # the buckets this rank wrote, into its node's object store (ray_weights.py)
+                version, root, keep = int(arg[0]), arg[1], int(arg[2])
+                _, digest, mine = put_owned(Path(root) / f"v{version}", self.rank, self.world_size)
+                self.puts[version] = mine
+                for old in sorted(self.puts)[: -max(keep, 1)]:
+                    del self.puts[old]
+                out = {**out, "digest": digest, "buckets": mine}
+            return out
         except Exception:
             print(traceback.format_exc(), flush=True)
             raise
@@ -105,6 +134,8 @@ class RayRanks(RankGroup):
         reply_timeout_s: bound on the placement, on the start and on every command's replies.
         log_dir: where ``rank{r}.log`` go (a temporary directory when None).
         address: ``runtime.ray_address`` (None: the Ray cluster this process runs, or a local one started here).
+        pool_label: ``runtime.ray_pool_label``: the ranks go to nodes labelled ``<label>=trainer`` (None: anywhere).
+        feed: where the refs of each published version's buckets are recorded for the engine actors.
     """
 
     def __init__(
@@ -114,6 +145,8 @@ class RayRanks(RankGroup):
         reply_timeout_s: float = 300.0,
         log_dir: str | Path | None = None,
         address: str | None = None,
+        pool_label: str | None = None,
+        feed: ObjectVersions | None = None,
     ):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -123,15 +156,24 @@ class RayRanks(RankGroup):
         super().__init__(world_size, reply_timeout_s, log_dir)
         ensure_ray(address)
         bundles = rank_bundles(world_size, spec.device)
-        self.pg: Any = placement_group(bundles, strategy="PACK")
+        self.feed = feed
+        selector = [{pool_label: TRAINER} for _ in bundles] if pool_label else None
+        self.pg: Any = placement_group(bundles, strategy="PACK", bundle_label_selector=selector)
         self.actors: list[Any] = []
+        self.nodes: list[str] = []
         if not ray.wait([self.pg.ready()], timeout=reply_timeout_s)[0]:
             have = ray.cluster_resources()
+            pools = (
+                ""
+                if pool_label is None
+                else f" on nodes labelled {pool_label}={TRAINER} ({describe(pool_nodes(pool_label), pool_label)})"
+            )
             self.kill()
             raise ConfigError(
                 "psrl.deployment.train_ngpus_per_node",
-                f"asks for {world_size} ranks of {bundles[0]}, which the Ray cluster (CPU {have.get('CPU', 0):g}, "
-                f"GPU {have.get('GPU', 0):g}) could not place within {reply_timeout_s:g} s",
+                f"asks for {world_size} ranks of {bundles[0]}{pools}, which the Ray cluster "
+                f"(CPU {have.get('CPU', 0):g}, GPU {have.get('GPU', 0):g}) could not place within "
+                f"{reply_timeout_s:g} s",
                 "set fewer ranks (train_nnodes x train_ngpus_per_node), or add nodes to the cluster",
             )
         gpus = bundles[0].get("GPU", 0.0)
@@ -141,8 +183,33 @@ class RayRanks(RankGroup):
             opts = dict(num_cpus=1, num_gpus=gpus, scheduling_strategy=where, max_restarts=0)
             log = str(self.log_path(rank))
             self.actors.append(remote.options(**opts).remote(spec, rank, world_size, log))
+        self.nodes = [node for node, _ in self._run(lambda: [a.where.remote() for a in self.actors])]
+        self._check_shared()
         host, port = self._run(lambda: [self.actors[0].rendezvous.remote()])[0]
         self._run(lambda: [a.start.remote(host, port) for a in self.actors])
+
+    def _check_shared(self) -> None:
+        """Every rank must see the run directory the driver writes (``weights/start.pt``, ``weights/``,
+        ``checkpoint/``): a file written here, read by each rank on its node; one ConfigError naming the nodes
+        that do not see it."""
+        token = uuid.uuid4().hex
+        probe = self.log_dir / f".shared-{token}"
+        probe.write_text(token)
+        try:
+            seen = self._run(lambda: [a.read.remote(str(probe)) for a in self.actors])
+        finally:
+            probe.unlink(missing_ok=True)
+        blind = [r for r, text in enumerate(seen) if text != token]
+        if blind:
+            self.kill()
+            nodes = ", ".join(sorted({self.nodes[r][:12] for r in blind}))
+            raise ConfigError(
+                "trainer.run_dir",
+                f"{self.log_dir.parent} is not visible from the trainer node(s) {nodes} (ranks "
+                f"{', '.join(map(str, blind))}): the ranks read weights/start.pt and write weights/ and checkpoint/ "
+                "there",
+                "put trainer.run_dir on a filesystem that the driver's node and every trainer node mount",
+            )
 
     @property
     def pids(self) -> list[int]:
@@ -159,7 +226,12 @@ class RayRanks(RankGroup):
         import ray
 
         shared = ray.put(arg)  # one copy of the batch in the object store, not one per rank
-        return await self._gather([a.handle.remote(cmd, shared) for a in self.actors])
+        replies = await self._gather([a.handle.remote(cmd, shared) for a in self.actors])
+        if cmd == "publish":  # the refs of every rank's buckets, for the engine actors; the trainer sees the summary
+            buckets = [b for reply in replies for b in reply.pop("buckets")]
+            if self.feed is not None:
+                self.feed.record(int(arg[0]), replies[0]["digest"], buckets)
+        return replies
 
     def _run(self, refs: Any) -> list[Any]:
         """:meth:`_gather` of the remote calls ``refs()`` makes, from synchronous code."""
@@ -202,9 +274,27 @@ class RayRanks(RankGroup):
                 status, what = got[rank]
                 if status == want:
                     if want == "died":
-                        self._fail(rank, f"died ({what})")
+                        node = self._node(rank, wait=what == "ActorUnavailableError")
+                        self._fail(rank, f"died ({what}) with its node {node}")
                     self._fail(rank, "failed", what)
         raise AssertionError(f"_fail_from: no failed rank in {sorted(got)}")
+
+    def _node(self, rank: int, wait: bool = False) -> str:
+        """Rank ``rank``'s Ray node: its id, its address and whether Ray counts it alive. A node that stopped
+        answering is declared dead by Ray's health check (``health_check_period_ms`` x
+        ``health_check_failure_threshold``), which may come after the actor is reported unavailable: its verdict is
+        waited for up to :data:`GRACE_S`."""
+        import ray
+
+        nid = self.nodes[rank] if rank < len(self.nodes) else "?"
+        deadline = time.monotonic() + (GRACE_S if wait else 0.0)
+        while True:
+            node: dict = next((n for n in ray.nodes() if n["NodeID"] == nid), {})
+            if not node.get("Alive") or time.monotonic() >= deadline:
+                break
+            time.sleep(0.25)
+        state = "alive" if node.get("Alive") else "dead"
+        return f"{nid[:12]} at {node.get('NodeManagerAddress', '?')} ({state})"
 
     def _fail(self, rank: int, what: str, tail: str | None = None) -> NoReturn:
         self.kill()
@@ -244,7 +334,8 @@ async def _outcome(ref: Any) -> tuple[str, Any]:
         return "failed", str(e).strip()
 
 
-def ray_launcher(address: str | None) -> Launcher:
+def ray_launcher(address: str | None, pool_label: str | None = None, feed: ObjectVersions | None = None) -> Launcher:
     """The :data:`~psrl.train.launch.Launcher` of ``runtime.backend=ray``: :class:`RayRanks` on the cluster at
-    ``address`` (``runtime.ray_address``; None: a local one)."""
-    return functools.partial(RayRanks, address=address)
+    ``address`` (``runtime.ray_address``; None: a local one), on the trainer pool of ``pool_label``, recording
+    each version's bucket refs in ``feed``."""
+    return functools.partial(RayRanks, address=address, pool_label=pool_label, feed=feed)

@@ -4,11 +4,12 @@ The coordinator does not change. A rollout instance drives a :class:`psrl.types.
 :class:`RayEngine` is one, forwarding each *request* (never each token) to an
 :class:`EngineWorker` actor that runs the KV-cached ``hf`` engine in its own event loop
 (slime's habit: a plain class, wrapped with ``ray.remote`` where the actor is created).
-Weights: the trainer's ranks publish each version as ``RUN_DIR/weights/v{N}`` (:mod:`psrl.weights`) and the
-actors read that directory themselves (every bucket checked against the manifest), so the driver sends a path,
-never a state, and holds no copy. That is a local path, so the actors must see the run directory: one node, or a
-path shared by every node. The worker process calls ``torch.set_num_threads`` itself. Actors are placed by resources
-(``num_cpus`` per actor, 0 on a laptop so both instances fit beside the trainer).
+Weights: the trainer's ranks publish each version as ``RUN_DIR/weights/v{N}`` (:mod:`psrl.weights`) and put the
+buckets they own into Ray's object store; the driver hands the actors the refs (:mod:`psrl.runtime.ray_weights`),
+never a state, and each actor fetches the buckets from the ranks' nodes and checks them against their writers'
+digests: the rollout nodes need no path of the trainer's. The worker process calls ``torch.set_num_threads``
+itself. Actors take no CPU (``num_cpus=0``, so instances fit beside the trainer on a laptop); with
+``runtime.ray_pool_label`` each is pinned to a rollout node in turn (:mod:`psrl.runtime.ray_placement`).
 
 A request's tokens come back when it finishes or is aborted, so the proactive ``truncate`` filter
 sees the tokens of a Ray request in flight only once it is aborted (the tokens are kept then).
@@ -21,15 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from psrl.runtime.ray_weights import ObjectVersions
 from psrl.types import EngineLoad, GenRequest, WeightSource
 
 __all__ = ["EngineWorker", "RayEngine", "build_ray_engines", "ensure_ray"]
 
+CLOSE_S = 30.0
+"""How long an engine actor is given to stop its engine before it is killed."""
+
 
 class EngineWorker:
-    """An ``hf`` engine over a policy copy in a worker process, built from plain config data (picklable)."""
+    """One rollout instance's engine in a worker process on its node, built from plain config data (picklable):
+    ``rollout.engine=hf``, a KV-cached engine over a policy copy; ``vllm``, a vLLM server this actor starts and
+    owns (a child process, ended with it), from the policy saved into a directory of this node's own, to which each
+    received version is written for the server's ``reload_weights``."""
 
     def __init__(self, cfg_data: dict, seed: int, threads: int = 1):
         import torch
@@ -38,15 +49,44 @@ class EngineWorker:
         from psrl.config import config_from_dict
         from psrl.models import build_policy, load_tokenizer
         from psrl.rollout.build import sampling_of
-        from psrl.rollout.engines.hf import HFEngine
         from psrl.tasks import get_task
 
         cfg = config_from_dict(cfg_data)
         tok = load_tokenizer(cfg.model)
         task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
         policy = build_policy(cfg.model, task, seed=seed)
-        self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update, sampling=sampling_of(cfg, task))
+        self.local: Path | None = None
+        """vLLM: this node's directory of the server's model and of the versions received."""
+        self.engine: Any
+        if cfg.rollout.engine == "vllm":
+            from psrl.rollout.engines.vllm import VLLMEngine
+            from psrl.rollout.engines.vllm_fleet import server_of
+
+            self.local = Path(tempfile.mkdtemp(prefix="psrl-vllm-actor-"))
+            policy.save_pretrained(self.local / "model")
+            server = server_of(cfg, policy, self.local / "model", self.local / "server.log")
+            r = cfg.rollout
+            self.engine = VLLMEngine(
+                server=server, sampling=sampling_of(cfg, task), request_timeout_s=r.request_timeout_s
+            )
+        else:
+            from psrl.rollout.engines.hf import HFEngine
+
+            sampling = sampling_of(cfg, task)
+            self.engine = HFEngine(policy, kv_after_update=cfg.rollout.kv_after_update, sampling=sampling)
         self.reqs: dict[str, GenRequest] = {}
+
+    async def start(self) -> None:
+        """Start the engine (vLLM: the server, bounded by ``rollout.vllm.startup_timeout_s``)."""
+        await self.engine.start()
+
+    async def close(self) -> None:
+        """Stop the engine (vLLM: the server) and remove this node's directory."""
+        try:
+            await self.engine.close()
+        finally:
+            if self.local is not None:
+                shutil.rmtree(self.local, ignore_errors=True)
 
     async def generate(self, rid: str, context: list[int], max_new_tokens: int, seed: int | None = None) -> tuple:
         req = GenRequest(list(context), int(max_new_tokens), rid=rid, seed=seed)
@@ -71,13 +111,32 @@ class EngineWorker:
     async def resume(self) -> None:
         await self.engine.resume()
 
-    async def update_weights_from(self, root: str, version: int) -> int:
-        """Load ``version`` of the versions the ranks publish under ``root`` (``RUN_DIR/weights``; every bucket
-        checked against its manifest); returns the version the engine then holds."""
-        from psrl.weights import FileVersions
+    async def update_weights_from_refs(self, version: int, digest: str, buckets: list) -> int:
+        """Load ``version`` from its buckets in the object store (:func:`psrl.runtime.ray_weights.receive`: fetched
+        from the ranks' nodes, each checked against its writer's digest); returns the version the engine then
+        holds."""
+        from psrl.runtime.ray_weights import receive, write_local
+        from psrl.weights import FileVersions, ParameterStore
 
-        await self.engine.update_weights(int(version), FileVersions(root))
+        received = await receive(digest, buckets)
+        store: FileVersions | ParameterStore
+        if self.local is not None:  # vLLM reads a directory: this node's own
+            store = FileVersions(self.local / "weights")
+            await asyncio.to_thread(write_local, store.root, int(version), received)
+        else:
+            store = ParameterStore(keep=1)
+            store.publish(int(version), {k: v for b in received for k, v in b.items()})
+        del received
+        await self.engine.update_weights(int(version), store)
         return self.engine.version
+
+    def where(self) -> tuple[str, int]:
+        """This actor's Ray node id and process id."""
+        import os
+
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
 
     def load(self) -> tuple:
         ld = self.engine.load()
@@ -87,8 +146,9 @@ class EngineWorker:
 class RayEngine:
     """Client side of an :class:`EngineWorker` actor: a :class:`psrl.types.Engine`, one Ray call per request."""
 
-    def __init__(self, actor: Any, version: int = -1):
+    def __init__(self, actor: Any, feed: ObjectVersions, version: int = -1):
         self.actor = actor
+        self.feed = feed
         self.version = int(version)
         self.steps = 0
         self.tokens = 0
@@ -96,7 +156,7 @@ class RayEngine:
         self._running: dict[str, GenRequest] = {}
 
     async def start(self) -> None:
-        return None
+        await self.actor.start.remote()
 
     async def generate(self, req: GenRequest) -> GenRequest:
         if req.max_new_tokens <= 0:
@@ -128,7 +188,12 @@ class RayEngine:
             self.actor.abort.remote(req.rid)
 
     async def abort_all(self) -> None:
-        await self.actor.abort_all.remote()
+        import ray
+
+        try:
+            await self.actor.abort_all.remote()
+        except ray.exceptions.RayActorError:  # the actor (or its node) is gone, and its requests with it
+            pass
 
     async def pause(self) -> None:
         await self.actor.pause.remote()
@@ -140,16 +205,22 @@ class RayEngine:
         from psrl.weights import VersionDirectories
 
         if not isinstance(store, VersionDirectories):
-            raise TypeError(f"Ray engine actors read a published directory: {type(store).__name__} has none")
+            raise TypeError(f"Ray engine actors load what the ranks published: {type(store).__name__} is not that")
         store.directory(int(version))  # a version not published is a KeyError here, as before the actor is asked
-        self.version = int(await self.actor.update_weights_from.remote(str(store.root), int(version)))
+        digest, buckets = self.feed.buckets(int(version), store)
+        self.version = int(await self.actor.update_weights_from_refs.remote(int(version), digest, list(buckets)))
 
     def load(self) -> EngineLoad:
         return EngineLoad(running=len(self._running), queued=0, tokens_per_s=0.0)
 
     async def close(self) -> None:
+        """Ask the actor to stop its engine (a vLLM server stops with its actor anyway), then end it."""
         import ray
 
+        try:
+            await asyncio.wait_for(self.actor.close.remote(), CLOSE_S)
+        except (TimeoutError, ray.exceptions.RayError):
+            pass  # gone already, or stuck: killed below
         ray.kill(self.actor)
 
 
@@ -167,19 +238,21 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 
 def build_ray_engines(
-    cfg: Any, n: int, seed: int, policy: Any = None, task: Any = None, run_dir: Any = None
+    cfg: Any, n: int, seed: int, feed: ObjectVersions, policy: Any = None, task: Any = None, run_dir: Any = None
 ) -> list[RayEngine]:
-    """``n`` engine actors (sampling seeds ``seed + 1 + i``); the instances load the first version at start, from
-    the directories the trainer's ranks publish (``run_dir/weights``)."""
+    """``n`` engine actors (sampling seeds ``seed + 1 + i``), placed by ``runtime.ray_pool_label``
+    (:func:`~psrl.runtime.ray_placement.rollout_strategies`); the instances load each version from ``feed``, the
+    refs of the buckets the trainer's ranks put into the object store."""
     import ray
     from psrl.config import config_to_dict
+    from psrl.runtime.ray_placement import check_pools, rollout_strategies
 
-    if cfg.rollout.engine != "hf":
-        raise NotImplementedError(
-            "runtime.backend=ray runs the hf engine in its actors; for vLLM under Ray attach "
-            "to the servers with rollout.engine=vllm and rollout.vllm.urls"
-        )
     ensure_ray(cfg.runtime.ray_address)
-    remote_cls = ray.remote(num_cpus=0)(EngineWorker)
+    check_pools(cfg)
+    remote_cls = ray.remote(num_cpus=0, max_restarts=0)(EngineWorker)
     data = config_to_dict(cfg)
-    return [RayEngine(remote_cls.remote(data, seed + 1 + i)) for i in range(n)]
+    engines = []
+    for i, where in enumerate(rollout_strategies(cfg.runtime.ray_pool_label, n)):
+        opts = {"scheduling_strategy": where} if where is not None else {}
+        engines.append(RayEngine(remote_cls.options(**opts).remote(data, seed + 1 + i), feed))
+    return engines

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from psrl.config import Config
     from psrl.models import Policy
 
-__all__ = ["build_vllm_engines"]
+__all__ = ["build_vllm_engines", "server_of"]
 
 
 def build_vllm_engines(
@@ -55,22 +55,23 @@ def build_vllm_engines(
             policy.save_pretrained(model_dir)
     if r.vllm.urls and attach:
         return [engine(url=u) for u in r.vllm.urls]
-    python = find_vllm_python(r.vllm.python)
+    return [engine(server=server_of(cfg, policy, model_dir, root / f"{name}-{i}.log")) for i in range(n)]
+
+
+def server_of(cfg: Config, policy: Policy, model_dir: Path, log_path: Path) -> VLLMServer:
+    """The vLLM server ``rollout.vllm.*`` describes for ``policy``'s shape, started from ``model_dir`` (a server
+    psrl owns: here, or in a Ray actor on a rollout node, ``psrl.runtime.ray_runtime``)."""
+    r = cfg.rollout
     mcfg = policy.model.config
     max_len = r.vllm.max_model_len or getattr(mcfg, "max_position_embeddings", None) or mcfg.n_positions
-    return [
-        engine(
-            server=VLLMServer(
-                python,
-                model_dir,
-                root / f"{name}-{i}.log",
-                dtype=cfg.model.dtype,
-                max_model_len=max_len,
-                kv_cache_gb=r.vllm.kv_cache_gb,
-                extra_args=r.vllm.args,
-                receiver=cfg.weights.transport == "collective",
-                startup_timeout_s=r.vllm.startup_timeout_s,
-            )
-        )
-        for i in range(n)
-    ]
+    return VLLMServer(
+        find_vllm_python(r.vllm.python),
+        model_dir,
+        log_path,
+        dtype=cfg.model.dtype,
+        max_model_len=max_len,
+        kv_cache_gb=r.vllm.kv_cache_gb,
+        extra_args=r.vllm.args,
+        receiver=cfg.weights.transport == "collective",
+        startup_timeout_s=r.vllm.startup_timeout_s,
+    )

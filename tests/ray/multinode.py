@@ -1,0 +1,164 @@
+"""A real ``psrl train`` on a multi-node Ray cluster of this machine (``ray.cluster_utils.Cluster``), run as
+``python -m tests.ray.multinode MODE RUN_DIR AUDIT_DIR`` inside a loopback-only namespace by
+``tests/ray/test_multinode.py``. It prints one ``RESULT {...}`` JSON line for the test to check.
+
+Three nodes, each with its own CPUs and a bounded object store, labelled by pool (``runtime.ray_pool_label``):
+the head (a rollout node, where the driver runs), a trainer node (2 CPUs: the 2 rank actors) and a second rollout
+node. Every Ray worker process of the job gets :func:`audit_opens` as its setup hook: it records each file it
+opens under the run directory, so the test can say that no engine actor read ``run_dir``.
+
+MODE: ``run`` (10 steps), ``vllm`` (the same with vLLM engines), ``rollout-loss`` (the second rollout node removed after step 3), ``trainer-loss`` (the
+trainer's node removed after step 3; the error is printed), ``resume`` (a rebuilt cluster, the same command).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+MB = 1 << 20
+LABEL = "psrl-pool"
+SHAPE = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
+"""The tiny model of the hf runs (vLLM's CPU attention takes no head of 16: its runs keep the default model)."""
+TINY = [
+    "trainer.warm_start_steps=2",
+    "psrl.staleness=1",
+    "psrl.staleness_buffer_entries=2",
+    "psrl.rollout_n=2",
+    "psrl.routing_strategy.max_concurrent_seqs_per_instance=2",
+    "task.tool_latency_median=0.01",
+    "trainer.checkpoint_every=1",
+    "trainer.checkpoint_in_background=false",
+    "trainer.rank_timeout_s=60",
+]
+
+
+def audit_opens() -> None:
+    """Ray's ``worker_process_setup_hook``: every later ``open`` of a path under ``$PSRL_AUDIT_ROOT`` in this
+    process is appended to ``$PSRL_AUDIT_DIR/<pid>`` (the hook's own write is not recorded)."""
+    root, out = os.environ.get("PSRL_AUDIT_ROOT"), os.environ.get("PSRL_AUDIT_DIR")
+    if not root or not out:
+        return
+    busy = [False]
+
+    def hook(event: str, args: tuple) -> None:
+        if event != "open" or busy[0] or not args or not isinstance(args[0], (str, bytes, os.PathLike)):
+            return
+        path = os.path.abspath(os.fsdecode(args[0]))
+        if path.startswith(root):
+            busy[0] = True
+            try:
+                with open(os.path.join(out, str(os.getpid())), "a") as f:
+                    f.write(path + "\n")
+            finally:
+                busy[0] = False
+
+    sys.addaudithook(hook)
+
+
+def start_cluster(audit_dir: Path, run_dir: Path):  # noqa: ANN201 -- ray's types are optional here
+    """The three labelled nodes, Ray's health check at 0.5 s x 4 (a removed node is declared dead within ~2 s),
+    and this driver joined with the audit hook on every worker."""
+    from ray.cluster_utils import Cluster
+
+    import ray
+
+    os.environ["PSRL_AUDIT_ROOT"] = str(run_dir.resolve())
+    os.environ["PSRL_AUDIT_DIR"] = str(audit_dir)
+    system = {"health_check_period_ms": 500, "health_check_failure_threshold": 4, "health_check_timeout_ms": 500}
+    common = dict(object_store_memory=80 * MB)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args=dict(
+            num_cpus=1, labels={LABEL: "rollout"}, include_dashboard=False, _system_config=system, **common
+        ),
+    )
+    trainer = cluster.add_node(num_cpus=2, labels={LABEL: "trainer"}, **common)
+    rollout = cluster.add_node(num_cpus=1, labels={LABEL: "rollout"}, **common)
+    ray.init(
+        address=cluster.address,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"worker_process_setup_hook": "tests.ray.multinode.audit_opens"},
+    )
+    return cluster, trainer, rollout
+
+
+def actors() -> list[dict]:
+    """Every actor of this job as Ray's GCS knows it (alive or dead): class, node, pid, state."""
+    from ray._private import state
+
+    return [
+        {"cls": a["ActorClassName"], "node": a["Address"]["NodeID"], "pid": a["Pid"], "state": a["State"]}
+        for a in state.actors().values()
+    ]
+
+
+class RemoveAt:
+    """``psrl train``'s log: prints each line and removes ``node`` from ``cluster`` once step ``step`` is done."""
+
+    def __init__(self, cluster, node, step: int):  # noqa: ANN001
+        self.cluster, self.node, self.step, self.done = cluster, node, step, False
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        if self.node is not None and not self.done and line.startswith(f"step {self.step:3d}/"):
+            self.done = True
+            self.cluster.remove_node(self.node, allow_graceful=False)
+
+
+def psrl_args(address: str, run_dir: Path, mode: str) -> list[str]:
+    """The ``psrl train`` overrides of every mode: 2 rank actors on the trainer pool, 2 instances on the rollout
+    pool, 10 steps (``vllm``: vLLM engines; ``PSRL_VLLM_PYTHON`` names the vLLM environment)."""
+    args = [*TINY, *([] if mode == "vllm" else SHAPE), f"trainer.run_dir={run_dir}", "trainer.total_steps=10"]
+    args += ["runtime.backend=ray"]
+    args += [f"runtime.ray_address={address}", f"runtime.ray_pool_label={LABEL}"]
+    args += ["psrl.deployment.train_ngpus_per_node=2", "psrl.deployment.n_rollout_instances=2"]
+    if mode == "vllm":
+        args += ["rollout.engine=vllm"]
+    return args
+
+
+def train(address: str, mode: str, run_dir: Path, log: Callable[[str], None]) -> dict:
+    """Run ``psrl train`` on the cluster this process has joined; what the test checks of it (steps, dead
+    engines, ``time/sync_s`` per version, or the error's first line; then every actor and placement group)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from ray.util import placement_group_table
+
+    from psrl.config import load_config
+    from psrl.runtime.local import run
+
+    result: dict = {"mode": mode}
+    try:
+        rows = run(load_config(None, psrl_args(address, run_dir, mode)), run_dir, log)
+        result["steps"] = [r["step"] for r in rows]
+        result["dead_engines"] = max(r.get("engine/dead", 0.0) for r in rows)
+        result["sync_s"] = {r.get("weights/synced_version"): r["time/sync_s"] for r in rows if "time/sync_s" in r}
+    except Exception as exc:  # noqa: BLE001 -- the test checks the one line
+        result["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        traceback.print_exc()
+    result["actors"] = actors()
+    result["placement_groups"] = sorted({pg["state"] for pg in placement_group_table().values()})
+    return result
+
+
+def main(mode: str, run_dir: Path, audit_dir: Path) -> None:
+    import ray
+
+    cluster, trainer_node, rollout_node = start_cluster(audit_dir, run_dir)
+    nodes = {"head": cluster.head_node.node_id, "trainer": trainer_node.node_id, "rollout": rollout_node.node_id}
+    remove = {"rollout-loss": rollout_node, "trainer-loss": trainer_node}.get(mode)
+    result = {**train(cluster.address, mode, run_dir, RemoveAt(cluster, remove, 3)), "nodes": nodes}
+    ray.shutdown()
+    cluster.shutdown()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))
