@@ -96,6 +96,7 @@ def test_a_version_sent_to_vllm_loads_only_whole_and_checked(tiny, tmp_path):
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.02)
     server = VLLMServer(python, tmp_path / "model", tmp_path / "server.log", max_model_len=CONTEXT, receiver=True)
     engine = VLLMEngine(server=server, sampling=Sampling(temperature=1.0))
+    engine.receives = True  # a member of the transfer group (what VLLMReceiver marks)
     prompt = list(task.sample_prompt(__import__("random").Random(0)).ids)
     store = SentVersions(tmp_path / "weights")
 
@@ -133,7 +134,7 @@ def test_a_version_sent_to_vllm_loads_only_whole_and_checked(tiny, tmp_path):
 def test_psrl_train_sends_versions_into_its_vllm_server(tmp_path, world):
     """``psrl train`` with its own vLLM server and ``weights.transport=collective``, synchronous: the first version
     goes as files (the server is not up yet), every later one over the transfer group (no directory of it is
-    written); the server's recorded log-probs match the trainer's (< 1e-3, as the files path is checked in
+    written, but for the last one, which final/ is made from); the server's recorded log-probs match the trainer's (< 1e-3, as the files path is checked in
     ``tests/runtime/test_train_vllm.py``), so each sent version took effect."""
     from psrl.runtime.recorder import read_jsonl
     from psrl.train_cli import main
@@ -154,4 +155,6 @@ def test_psrl_train_sends_versions_into_its_vllm_server(tmp_path, world):
     measured = [r for r in rows if r["engine/mismatch_tokens"] > 0]
     assert measured and max(r["engine/logprob_mismatch_max"] for r in measured) < 1e-3
     assert any(r["step"] >= 2 for r in measured)  # tokens of a sent version were scored
-    assert sorted(p.name for p in (run_dir / "weights").glob("v[0-9]")) == ["v0"]
+    # v1 and v2 were only sent; the last one is written as files by the ranks at the end, for final/
+    assert sorted(p.name for p in (run_dir / "weights").glob("v[0-9]")) == ["v0", "v3"]
+    assert (run_dir / "final" / "config.json").is_file()

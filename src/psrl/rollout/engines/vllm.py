@@ -88,6 +88,9 @@ class VLLMEngine:
         self.request_timeout_s = float(request_timeout_s)
         self.model_name = model_name
         self.version = -1
+        self.receives = False
+        """A member of the run's transfer group (``weights.transport=collective``): sent versions are staged in
+        its server's receiver. Others (validation servers) load a sent version from its files."""
         """Version of the weights the server holds (-1: none of psrl's yet)."""
         self._token_version = -1
         self.steps = 0
@@ -321,7 +324,7 @@ class VLLMEngine:
         await self._post("/resume")
 
     async def update_weights(self, version: int, store: WeightSource) -> None:
-        if isinstance(store, SentVersions) and store.sent(version):  # staged in the server's receiver, checked there
+        if self.receives and isinstance(store, SentVersions) and store.sent(version):  # staged in its receiver
             await self.rpc("psrl_load", version=int(version), digest=store.manifest(int(version))["digest"])
         elif not isinstance(store, VersionDirectories):
             raise TypeError(f"vLLM loads weights from a published directory: {type(store).__name__} has none")

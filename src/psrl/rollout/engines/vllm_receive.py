@@ -21,6 +21,7 @@ class VLLMReceiver:
 
     def __init__(self, engine: VLLMEngine, timeout_s: float):
         self.engine = engine
+        engine.receives = True
         self.timeout_s = float(timeout_s)
         """The bound on each call (a join, a version's receive)."""
 
