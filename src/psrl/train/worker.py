@@ -23,7 +23,7 @@ reduce-scatters, and ranks that run different numbers of them deadlock.
 
 :class:`RankWorker` is the rank's state; :func:`psrl.train.launch.serve` is the loop a rank process runs over a
 pipe; world size 1 runs the same :class:`RankWorker` in the driver, with no process
-group and no ``fully_shard``.
+group and no ``fully_shard`` (a 16-bit model then trains over fp32 masters: :mod:`psrl.train.masters`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from torch.distributed.tensor import DTensor
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
+from psrl.train.masters import Masters, masters_for
 from psrl.train.planner import Plan, loss_weights
 from psrl.train.shard import full_state, load_full_state, mixed_precision, shard_model
 from psrl.train.steps import step_scaled
@@ -153,8 +154,13 @@ class RankWorker:
     def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1, shard: bool | None = None):
         self.spec, self.rank, self.world = spec, rank, world_size
         torch.manual_seed(spec.seed)
+        self.masters: Masters | None = None
+        """Unsharded with a 16-bit model: the fp32 weights AdamW steps; the forward runs the 16-bit model."""
         if not (world_size > 1 if shard is None else shard):
             self.model = spec.build(spec.device)
+            self.masters = masters_for(self.model)
+            if self.masters is not None:  # optimiser, checkpoints, publication: fp32; forward: model.dtype
+                self.model = self.masters.model
         else:
             from torch.distributed.device_mesh import init_device_mesh
 
@@ -164,6 +170,8 @@ class RankWorker:
             shard_model(self.model, mesh, spec.reshard_after_forward, mixed_precision(spec.device, spec.dtype))
             load_full_state(self.model, state, spec.device)
         self.model.eval()  # no dropout: recorded and recomputed log-probs must agree
+        if self.masters is not None:
+            self.masters.compute.eval()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
 
     def handle(self, cmd: str, arg: Any) -> Any:
@@ -189,7 +197,8 @@ class RankWorker:
             attn[j, : len(s)] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = torch.arange(n, device=dev).expand_as(ids)
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+        model = self.masters.compute if self.masters is not None else self.model
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         width = max(len(inp.responses[i]) for i in rows)
         if width == 0:
             return logits.new_zeros((len(rows), 0)).float()
@@ -255,6 +264,8 @@ class RankWorker:
                 if not padding:
                     sums = sums + actor_sums(logp, old, behav, adv, mask, self.spec.algo)
                 (loss * self.world).backward()  # FSDP averages over ranks; the weights already hold 1/N of the sum
+                if self.masters is not None:
+                    self.masters.accumulate()  # into fp32, micro-batch after micro-batch
                 total = total + loss.detach()
             norm = _global(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip))
             if self.world > 1:
@@ -269,6 +280,7 @@ class RankWorker:
                 why = f"loss is {float(total)!r}" if not math.isfinite(float(total)) else "gradient norm is not finite"
                 break
             step_scaled(self.optimizer, inp.lr_scale)
+            self._synced()
         self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held between steps
         return {
             "train/loss": sum(losses) / len(losses),
@@ -296,6 +308,12 @@ class RankWorker:
             for p, saved in zip(self.model.parameters(), before[0]):
                 p.copy_(saved)
         self.optimizer.load_state_dict(before[1])
+        self._synced()
+
+    def _synced(self) -> None:
+        """After the weights changed: a 16-bit model trained over masters takes their values."""
+        if self.masters is not None:
+            self.masters.sync()
 
     def save(self, directory: str, optimizer: bool = True) -> str:
         """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
@@ -324,6 +342,7 @@ class RankWorker:
                 optim = get_optimizer_state_dict(self.model, self.optimizer)
                 dcp.load({"optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
                 set_optimizer_state_dict(self.model, self.optimizer, optim)
+        self._synced()
         return directory
 
     def publish(self, version: int, root: str, keep: int, bucket_mb: float, dtype: torch.dtype) -> dict:
