@@ -75,8 +75,8 @@ def test_a_bf16_version_published_at_one_rank_equals_two_ranks_from_its_checkpoi
     from psrl.weights import read_manifest, read_version
 
     torch.set_num_threads(1)
-    one = InProcess(_bf16_spec())
-    _step(one, "token-mean", 1, 0, None)
+    one = InProcess(dataclasses.replace(_bf16_spec(), lr=_spec("token-mean").lr))  # the session ranks' AdamW takes
+    _step(one, "token-mean", 1, 0, None)  # the checkpoint's param groups (lr included) and keeps them for later tests
     one.call("save", str(tmp_path / "ckpt"))
     two_ranks.call("load", str(tmp_path / "ckpt"))
     bf16 = DTYPES["bfloat16"]
