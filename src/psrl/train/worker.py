@@ -84,13 +84,15 @@ class WorkerSpec:
     device: str = "cpu"
     dtype: str = "float32"
     """``model.dtype``: with a CUDA ``device`` and bf16/fp16, the sharded ranks compute in it over fp32 master weights
-    (:func:`psrl.train.shard.mixed_precision`); ``build`` then gives fp32 (:func:`~psrl.train.shard.master_dtype`)."""
+    (:func:`psrl.train.shard.mixed_precision`); ``build`` then gives fp32 (:func:`~psrl.train.shard.master_dtype`).
+    An unsharded rank given a 16-bit model trains it over fp32 masters on any device (:mod:`psrl.train.masters`)."""
     reshard_after_forward: bool = True
     collective_timeout_s: float = 300.0
     """A collective that waits longer (a peer dead or stuck) raises instead of hanging."""
     heartbeat_s: float = 10.0
     """``trainer.rank_heartbeat_s``: a rank process's side thread beats this often; the driver reports a rank that
-    misses :data:`psrl.train.launch.SILENT_BEATS` beats as silent (:class:`~psrl.train.launch.LocalRanks`)."""
+    misses :data:`psrl.train.launch.SILENT_BEATS` beats as silent (:class:`~psrl.train.launch.LocalRanks`; a Ray
+    rank is pinged this often instead: :class:`psrl.runtime.ray_ranks.RayRanks`)."""
 
 
 @dataclass(frozen=True)
