@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from psrl import heap
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
@@ -284,6 +285,7 @@ class RankWorker:
             step_scaled(self.optimizer, inp.lr_scale)
             self._synced()
         self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held between steps
+        heap.release_freed()  # nor the freed activations' pages (psrl/heap.py)
         return {
             "train/loss": sum(losses) / len(losses),
             "train/grad_norm": sum(norms) / len(norms),
