@@ -143,18 +143,28 @@ FAULTS = textwrap.dedent(
         assert e.rank == 1 and "trainer rank 1 died" in str(e), str(e)
         print("DIED:", str(e).splitlines()[0])
 
-    ranks = RayRanks(spec, 2, 120, work / "ranks")
-    ranks.reply_timeout_s = 5.0  # the start may take long on a loaded box; a command may not
+    import dataclasses
+    ranks = RayRanks(dataclasses.replace(spec, heartbeat_s=1.0), 2, 120, work / "ranks")
     stopped = ranks.pids[1]
     os.kill(stopped, signal.SIGSTOP)
-    try:
+    try:  # rank 0 waits in the gather behind rank 1, answering its pings: rank 1 alone is silent, long before 120 s
         ranks.call("digest")
         raise AssertionError("a silent rank went unnoticed")
     except RankFailure as e:
-        assert "did not answer within 5 s" in str(e) and "1" in str(e).split("silent ranks:")[1], str(e)
-        print("SILENT:", str(e).splitlines()[0])
+        first = str(e).splitlines()[0]
+        assert e.rank == 1 and first.startswith("trainer rank 1 went silent during 'digest'"), first
+        assert first.endswith("; alive and waiting: 0; its log ends:") or first.endswith("alive and waiting: 0"), first
+        print("SILENT:", first)
     finally:
         os.kill(stopped, signal.SIGCONT)
+    ranks = RayRanks(dataclasses.replace(spec, heartbeat_s=1.0), 2, 120, work / "ranks")
+    ranks.reply_timeout_s = 1e-3  # a command longer than rank_timeout_s (a save is): not finished, not silent
+    try:
+        ranks.call("save", str(work / "ckpt"))
+        raise AssertionError("a command past rank_timeout_s went unnoticed")
+    except RankFailure as e:
+        assert "did not finish 'save' within 0.001 s" in str(e) and "went silent" not in str(e), str(e)
+        print("TIMEOUT:", str(e).splitlines()[0])
     try:  # a 2-CPU cluster (Ray counts this machine's cores) cannot place 3 CPU ranks
         RayRanks(spec, 3, 3.0, work / "ranks")
         raise AssertionError("an unplaceable placement group went unnoticed")
@@ -169,7 +179,9 @@ FAULTS = textwrap.dedent(
 def test_a_dead_or_silent_ray_rank_is_named_and_an_engine_reads_the_published_directory(tmp_path):
     """A Ray engine loads ``weights/v1`` the 2 rank actors published without asking the store; then rank 1's
         process SIGKILLed makes the next command a ``RankFailure`` naming rank 1 as dead, and rank 1 SIGSTOPped one
-        naming it silent after the reply timeout: both end the actors instead of hanging; 3 ranks on a 2-CPU cluster are
+        naming it alone as silent (no answer to the heartbeat's pings for 3 periods; rank 0, blocked behind it in a
+        collective, answers and is named as waiting) long before the reply timeout; a command longer than
+        ``trainer.rank_timeout_s`` is reported as not finished, not as silent: all end the actors instead of hanging; 3 ranks on a 2-CPU cluster are
     one config error naming the key."""
     out = _loopback_only(["-c", FAULTS, str(tmp_path)])
     assert "FAULTS-OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

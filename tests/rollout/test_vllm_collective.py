@@ -148,10 +148,14 @@ def test_psrl_train_sends_versions_into_its_vllm_server(tmp_path, world):
         "psrl.staleness=0",
         "weights.transport=collective",
         f"psrl.deployment.train_ngpus_per_node={world}",
+        *(["trainer.val_every=3"] if world == 2 else []),  # a validation server of its own: not in the group
     ]
     assert main(args) == 0
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    if world == 2:  # it loaded v3 from the files the ranks wrote when it asked (v3 was only sent)
+        val = [r for r in rows if "val/failed" in r]
+        assert val and all(r["val/failed"] == 0 for r in val)
+    assert [r["step"] for r in rows if "val/failed" not in r] == [1, 2, 3]
     measured = [r for r in rows if r["engine/mismatch_tokens"] > 0]
     assert measured and max(r["engine/logprob_mismatch_max"] for r in measured) < 1e-3
     assert any(r["step"] >= 2 for r in measured)  # tokens of a sent version were scored

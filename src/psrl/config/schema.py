@@ -309,8 +309,8 @@ class TrainerConfig:
     )
     rank_heartbeat_s: float = _f(
         10.0,
-        "Sharded trainer, local ranks: seconds between the heartbeats each rank's side thread sends while it works "
-        "or waits; a rank that misses 3 in a row (stopped, hung) stops the run naming that rank alone, not the "
+        "Sharded trainer: seconds between the heartbeats each rank sends while it works or waits (a local rank's "
+        "side thread; a Ray rank answers the driver's pings); a rank that misses 3 in a row (stopped, hung) stops the run naming that rank alone, not the "
         "peers blocked behind it. Must be under a third of trainer.rank_timeout_s.",
         gt=0,
     )

@@ -12,7 +12,12 @@ loop (:meth:`RayRanks.acall`; :meth:`RayRanks.call` runs that loop in a helper t
 the coordinator's training thread or, while a run is built, from the driver's own loop thread).
 
 Faults are :class:`~psrl.train.launch.RankFailure` naming the rank, never a hang: every command is bounded by
-``reply_timeout_s`` (``trainer.rank_timeout_s``); a dead actor is reported as soon as Ray sees it, even when a
+``reply_timeout_s`` (``trainer.rank_timeout_s``); silence is told apart from a long command as
+:class:`~psrl.train.launch.LocalRanks` does, with a heartbeat: while a command runs the driver pings each rank that
+has not answered every ``WorkerSpec.heartbeat_s`` (``trainer.rank_heartbeat_s``; the actor runs two threads, so a
+ping is answered while the command computes or waits in a collective), and a rank whose pings go unanswered for
+:data:`~psrl.train.launch.SILENT_BEATS` periods (stopped, hung, its node gone: Ray's own checks see a dead actor
+process, not a stopped one) is named alone, its peers blocked behind it named as alive and waiting; a dead actor is reported as soon as Ray sees it, even when a
 peer's collective failed first (the peers of a dead rank are waited for a few seconds more to tell cause from
 effect); then every actor is killed and the placement group removed. Each rank's stdout and stderr go to
 ``log_dir/rank{r}.log``; on one node the error quotes its tail (across nodes the file is on the rank's node).
@@ -37,7 +42,15 @@ from psrl.errors import ConfigError
 from psrl.runtime.ray_placement import TRAINER, describe, pool_nodes
 from psrl.runtime.ray_runtime import ensure_ray
 from psrl.runtime.ray_weights import Bucket, ObjectVersions, put_owned
-from psrl.train.launch import Launcher, RankFailure, RankGroup, join_group, leave_group, redirect_output
+from psrl.train.launch import (
+    SILENT_BEATS,
+    Launcher,
+    RankFailure,
+    RankGroup,
+    join_group,
+    leave_group,
+    redirect_output,
+)
 from psrl.train.worker import RankWorker, WorkerSpec
 
 __all__ = ["RayRanks", "RankActor", "rank_bundles", "ray_launcher"]
@@ -85,6 +98,10 @@ class RankActor:
             return Path(path).read_text()
         except OSError:
             return None
+
+    def ping(self) -> bool:
+        """The heartbeat: answered by the actor's second thread while a command runs in the first."""
+        return True
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's choice of the process group's address: this node's address and a port free on it."""
@@ -154,6 +171,7 @@ class RayRanks(RankGroup):
         import ray
 
         super().__init__(world_size, reply_timeout_s, log_dir)
+        self.heartbeat_s = spec.heartbeat_s
         ensure_ray(address)
         bundles = rank_bundles(world_size, spec.device)
         self.feed = feed
@@ -180,7 +198,8 @@ class RayRanks(RankGroup):
         remote = ray.remote(RankActor)
         for rank in range(world_size):
             where = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=rank)
-            opts = dict(num_cpus=1, num_gpus=gpus, scheduling_strategy=where, max_restarts=0)
+            # two threads: a command in one, the heartbeat's ping in the other (the driver sends one command at a time)
+            opts = dict(num_cpus=1, num_gpus=gpus, scheduling_strategy=where, max_restarts=0, max_concurrency=2)
             log = str(self.log_path(rank))
             self.actors.append(remote.options(**opts).remote(spec, rank, world_size, log))
         self.nodes = [node for node, _ in self._run(lambda: [a.where.remote() for a in self.actors])]
@@ -226,7 +245,7 @@ class RayRanks(RankGroup):
         import ray
 
         shared = ray.put(arg)  # one copy of the batch in the object store, not one per rank
-        replies = await self._gather([a.handle.remote(cmd, shared) for a in self.actors])
+        replies = await self._gather([a.handle.remote(cmd, shared) for a in self.actors], cmd)
         if cmd == "publish":  # the refs of every rank's buckets, for the engine actors; the trainer sees the summary
             buckets = [b for reply in replies for b in reply.pop("buckets")]
             if self.feed is not None:
@@ -242,30 +261,63 @@ class RayRanks(RankGroup):
         with ThreadPoolExecutor(1, thread_name_prefix="psrl-ray-ranks") as pool:
             return pool.submit(asyncio.run, go()).result()
 
-    async def _gather(self, refs: list[Any]) -> list[Any]:
-        """Every reply within one ``reply_timeout_s`` deadline, waking on each reply or failure."""
+    async def _gather(self, refs: list[Any], cmd: str | None = None) -> list[Any]:
+        """Every reply within one ``reply_timeout_s`` deadline, waking on each reply or failure and, for a command
+        (``cmd``; not while the actors start: importing torch may hold a process for seconds), every heartbeat
+        period to look for a rank whose pings went unanswered for :data:`~psrl.train.launch.SILENT_BEATS` periods."""
         waits = {asyncio.ensure_future(_outcome(ref)): r for r, ref in enumerate(refs)}
         got: dict[int, tuple[str, Any]] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.reply_timeout_s
+        heard = {r: loop.time() for r in range(len(refs))}  # when each rank last answered a ping
+        pings = [asyncio.ensure_future(self._pings(r, heard)) for r in range(len(refs))] if cmd is not None else []
         pending = set(waits)
-        while pending:
-            done, pending = await asyncio.wait(
-                pending, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
-                silent = sorted(waits[t] for t in pending)
-                names = ", ".join(str(r) for r in silent)
-                self._fail(silent[0], f"did not answer within {self.reply_timeout_s:g} s (silent ranks: {names})")
-            got.update({waits[t]: t.result() for t in done})
-            if any(status != "ok" for status, _ in got.values()):
-                if pending:  # a peer of a dead rank fails its collective first: wait a little for the cause
-                    done, pending = await asyncio.wait(pending, timeout=min(GRACE_S, deadline - loop.time()))
-                    got.update({waits[t]: t.result() for t in done})
-                for t in pending:
-                    t.cancel()
-                self._fail_from(got)
+        try:
+            while pending:
+                wake = deadline - loop.time() if cmd is None else min(deadline - loop.time(), self.heartbeat_s)
+                done, pending = await asyncio.wait(pending, timeout=max(0.0, wake), return_when=asyncio.FIRST_COMPLETED)
+                got.update({waits[t]: t.result() for t in done})
+                if any(status != "ok" for status, _ in got.values()):
+                    if pending:  # a peer of a dead rank fails its collective first: wait a little for the cause
+                        done, pending = await asyncio.wait(pending, timeout=min(GRACE_S, deadline - loop.time()))
+                        got.update({waits[t]: t.result() for t in done})
+                    for t in pending:
+                        t.cancel()
+                    self._fail_from(got)
+                waiting = sorted(waits[t] for t in pending)
+                if cmd is not None and waiting:
+                    self._check_silence(waiting, heard, loop.time(), cmd)
+                if waiting and loop.time() >= deadline:
+                    names = ", ".join(map(str, waiting))
+                    what = f"did not finish {cmd!r}" if cmd is not None else "did not answer"
+                    self._fail(waiting[0], f"{what} within {self.reply_timeout_s:g} s (still working: {names})")
+        finally:
+            for ping in pings:
+                ping.cancel()
         return [got[r][1] for r in range(len(refs))]
+
+    async def _pings(self, rank: int, heard: dict[int, float]) -> None:
+        """Ping ``rank`` every heartbeat period while a command runs; ``heard[rank]``: when it last answered."""
+        loop = asyncio.get_running_loop()
+        actor = self.actors[rank]
+        while True:
+            if (await _outcome(actor.ping.remote()))[0] == "ok":
+                heard[rank] = loop.time()
+            await asyncio.sleep(self.heartbeat_s)
+
+    def _check_silence(self, waiting: list[int], heard: dict[int, float], now: float, cmd: str) -> None:
+        """Fail naming the first rank of ``waiting`` unheard for :data:`~psrl.train.launch.SILENT_BEATS` heartbeat
+        periods; the others are named as alive and waiting (behind it, in a collective)."""
+        silent = [r for r in waiting if now - heard[r] > SILENT_BEATS * self.heartbeat_s]
+        if silent:
+            others = [r for r in waiting if r not in silent]
+            self._fail(
+                silent[0],
+                f"went silent during {cmd!r}: no heartbeat for {now - heard[silent[0]]:.1f} s "
+                f"(trainer.rank_heartbeat_s={self.heartbeat_s:g}; stopped or hung)"
+                + (f"; silent ranks: {', '.join(map(str, silent))}" if len(silent) > 1 else "")
+                + (f"; alive and waiting: {', '.join(map(str, others))}" if others else ""),
+            )
 
     def _fail_from(self, got: dict[int, tuple[str, Any]]) -> NoReturn:
         """Raise for the first dead rank, else for the first that failed."""

@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from psrl.algo.advantages import ADV_ESTIMATORS
+from psrl.algo.corrections import rollout_correction_from_config
+from psrl.train.planner import Plan, loss_weights
 
 if TYPE_CHECKING:
     from psrl.config import AlgorithmConfig, TrainerConfig
     from psrl.models import Policy
 
 __all__ = [
+    "StepInput",
+    "step_input",
     "batch_advantages",
     "logprob_mismatch",
     "mean_metrics",
@@ -134,3 +140,56 @@ def warm_start_policy(
         losses.append(float(loss.detach()))
     opt.zero_grad(set_to_none=True)
     return losses
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """One batch as every rank sees it: token ids and per-row floats, indexed by the plan's row numbers."""
+
+    plan: Plan
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    old: list[list[float]] | None = None
+    """Pre-update log-probs (from ``logprobs``); None for a ``logprobs`` call."""
+    behav: list[list[float]] | None = None
+    adv: list[float] | None = None
+    mask: list[list[float]] | None = None
+    """Loss mask, times any batch-global keep mask (M2PO) the driver applied."""
+    weights: tuple[dict[int, list[float]], ...] = ()
+    """Per minibatch: ``row -> per-token weight`` with the minibatch's global denominators."""
+    lr_scale: float = 1.0
+
+
+def _pad(data: list[list[float]], width: int) -> Tensor:
+    """Ragged float rows, cut or right-padded with 0 to ``[len(data), width]``."""
+    out = torch.zeros((len(data), width), dtype=torch.float32)
+    for j, r in enumerate(data):
+        out[j, : min(len(r), width)] = torch.tensor(r[:width], dtype=torch.float32)
+    return out
+
+
+def step_input(
+    plan: Plan,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    old: dict[int, list[float]],
+    behav: list[list[float]],
+    adv: list[float],
+    mask: list[list[float]],
+    algo: AlgorithmConfig,
+    lr_scale: float = 1.0,
+) -> StepInput:
+    """The driver's half of a step: the effective masks (loss mask times the rollout correction's rejection keep,
+    per row, as :func:`~psrl.algo.losses.token_loss` computes it on the ranks) and, per minibatch, the planner's
+    loss weights over them -- global denominators, so every world size gives the same gradient."""
+    n = len(prompts)
+    old_rows = [old[i] for i in range(n)]
+    width = max((len(r) for r in responses), default=0)
+    o, b, m = _pad(old_rows, width), _pad(behav, width), _pad(mask, width)
+    _, keep, _ = rollout_correction_from_config(o, b, m, algo.rollout_correction)
+    eff = m * keep
+    weights = tuple(
+        loss_weights({i: eff[i, : len(responses[i])].tolist() for i in plan.rows(k)}, algo.loss_agg_mode)
+        for k in range(len(plan.minibatches))
+    )
+    return StepInput(plan, prompts, responses, old_rows, behav, adv, mask, weights, lr_scale)

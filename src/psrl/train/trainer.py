@@ -90,7 +90,8 @@ class Trainer:
         world_size: ranks (``psrl.deployment.train_nnodes x train_ngpus_per_node``).
         work_dir: the run directory: published versions (``weights/``), the start weights and the ranks' logs
             (a temporary directory when None).
-        dtype: ``model.dtype`` (published in it; the ranks keep fp32 masters under mixed precision).
+        dtype: ``model.dtype`` (published in it; the ranks keep fp32 masters under mixed precision, and so does
+            the in-process rank at world size 1 for a 16-bit policy model).
         in_memory: publish into a :class:`~psrl.weights.ParameterStore` (world size 1 with ``hf`` engines in this
             process; the default at world size 1), else as files under ``work_dir/weights``.
         keep: versions kept on disk (engines may lag by ``psrl.staleness``).
@@ -434,7 +435,8 @@ class Trainer:
 
 
 class _Same:
-    """World size 1's model builder: the policy's own model (the rank trains it in place; nothing is copied)."""
+    """World size 1's model builder: the policy's own model (the rank trains it in place; nothing is copied -- a
+    16-bit model gets an fp32 twin the optimiser steps, :mod:`psrl.train.masters`, and takes its values back)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model

@@ -26,7 +26,7 @@ reduce-scatters, and ranks that run different numbers of them deadlock.
 
 :class:`RankWorker` is the rank's state; :func:`psrl.train.launch.serve` is the loop a rank process runs over a
 pipe; world size 1 runs the same :class:`RankWorker` in the driver, with no process
-group and no ``fully_shard``.
+group and no ``fully_shard`` (a 16-bit model then trains over fp32 masters: :mod:`psrl.train.masters`).
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from psrl.algo.corrections import rollout_correction_from_config
+from psrl import heap
 from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
-from psrl.train.planner import Plan, loss_weights
+from psrl.train.masters import Masters, masters_for
 from psrl.train.shard import full_state, load_full_state, mixed_precision, shard_model
-from psrl.train.steps import step_scaled
+from psrl.train.steps import StepInput, _pad, step_input, step_scaled
 from psrl.weights import MB, export_state, publish_model
 from psrl.weights.collective import BucketLayout, GroupAddress, TransferGroup, layout, send_version
 
@@ -88,66 +88,15 @@ class WorkerSpec:
     device: str = "cpu"
     dtype: str = "float32"
     """``model.dtype``: with a CUDA ``device`` and bf16/fp16, the sharded ranks compute in it over fp32 master weights
-    (:func:`psrl.train.shard.mixed_precision`); ``build`` then gives fp32 (:func:`~psrl.train.shard.master_dtype`)."""
+    (:func:`psrl.train.shard.mixed_precision`); ``build`` then gives fp32 (:func:`~psrl.train.shard.master_dtype`).
+    An unsharded rank given a 16-bit model trains it over fp32 masters on any device (:mod:`psrl.train.masters`)."""
     reshard_after_forward: bool = True
     collective_timeout_s: float = 300.0
     """A collective that waits longer (a peer dead or stuck) raises instead of hanging."""
     heartbeat_s: float = 10.0
     """``trainer.rank_heartbeat_s``: a rank process's side thread beats this often; the driver reports a rank that
-    misses :data:`psrl.train.launch.SILENT_BEATS` beats as silent (:class:`~psrl.train.launch.LocalRanks`)."""
-
-
-@dataclass(frozen=True)
-class StepInput:
-    """One batch as every rank sees it: token ids and per-row floats, indexed by the plan's row numbers."""
-
-    plan: Plan
-    prompts: list[list[int]]
-    responses: list[list[int]]
-    old: list[list[float]] | None = None
-    """Pre-update log-probs (from ``logprobs``); None for a ``logprobs`` call."""
-    behav: list[list[float]] | None = None
-    adv: list[float] | None = None
-    mask: list[list[float]] | None = None
-    """Loss mask, times any batch-global keep mask (M2PO) the driver applied."""
-    weights: tuple[dict[int, list[float]], ...] = ()
-    """Per minibatch: ``row -> per-token weight`` with the minibatch's global denominators."""
-    lr_scale: float = 1.0
-
-
-def _pad(data: list[list[float]], width: int) -> Tensor:
-    """Ragged float rows, cut or right-padded with 0 to ``[len(data), width]``."""
-    out = torch.zeros((len(data), width), dtype=torch.float32)
-    for j, r in enumerate(data):
-        out[j, : min(len(r), width)] = torch.tensor(r[:width], dtype=torch.float32)
-    return out
-
-
-def step_input(
-    plan: Plan,
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    old: dict[int, list[float]],
-    behav: list[list[float]],
-    adv: list[float],
-    mask: list[list[float]],
-    algo: AlgorithmConfig,
-    lr_scale: float = 1.0,
-) -> StepInput:
-    """The driver's half of a step: the effective masks (loss mask times the rollout correction's rejection keep,
-    per row, as :func:`~psrl.algo.losses.token_loss` computes it on the ranks) and, per minibatch, the planner's
-    loss weights over them -- global denominators, so every world size gives the same gradient."""
-    n = len(prompts)
-    old_rows = [old[i] for i in range(n)]
-    width = max((len(r) for r in responses), default=0)
-    o, b, m = _pad(old_rows, width), _pad(behav, width), _pad(mask, width)
-    _, keep, _ = rollout_correction_from_config(o, b, m, algo.rollout_correction)
-    eff = m * keep
-    weights = tuple(
-        loss_weights({i: eff[i, : len(responses[i])].tolist() for i in plan.rows(k)}, algo.loss_agg_mode)
-        for k in range(len(plan.minibatches))
-    )
-    return StepInput(plan, prompts, responses, old_rows, behav, adv, mask, weights, lr_scale)
+    misses :data:`psrl.train.launch.SILENT_BEATS` beats as silent (:class:`~psrl.train.launch.LocalRanks`; a Ray
+    rank is pinged this often instead: :class:`psrl.runtime.ray_ranks.RayRanks`)."""
 
 
 class RankWorker:
@@ -158,8 +107,13 @@ class RankWorker:
     def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1, shard: bool | None = None):
         self.spec, self.rank, self.world = spec, rank, world_size
         torch.manual_seed(spec.seed)
+        self.masters: Masters | None = None
+        """Unsharded with a 16-bit model: the fp32 weights AdamW steps; the forward runs the 16-bit model."""
         if not (world_size > 1 if shard is None else shard):
             self.model = spec.build(spec.device)
+            self.masters = masters_for(self.model)
+            if self.masters is not None:  # optimiser, checkpoints, publication: fp32; forward: model.dtype
+                self.model = self.masters.model
         else:
             from torch.distributed.device_mesh import init_device_mesh
 
@@ -169,6 +123,8 @@ class RankWorker:
             shard_model(self.model, mesh, spec.reshard_after_forward, mixed_precision(spec.device, spec.dtype))
             load_full_state(self.model, state, spec.device)
         self.model.eval()  # no dropout: recorded and recomputed log-probs must agree
+        if self.masters is not None:
+            self.masters.compute.eval()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
         self.transfer: TransferGroup | None = None
         """This rank's membership of the run's transfer group (``weights.transport=collective``)."""
@@ -196,7 +152,8 @@ class RankWorker:
             attn[j, : len(s)] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = torch.arange(n, device=dev).expand_as(ids)
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+        model = self.masters.compute if self.masters is not None else self.model
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         width = max(len(inp.responses[i]) for i in rows)
         if width == 0:
             return logits.new_zeros((len(rows), 0)).float()
@@ -262,6 +219,8 @@ class RankWorker:
                 if not padding:
                     sums = sums + actor_sums(logp, old, behav, adv, mask, self.spec.algo)
                 (loss * self.world).backward()  # FSDP averages over ranks; the weights already hold 1/N of the sum
+                if self.masters is not None:
+                    self.masters.accumulate()  # into fp32, micro-batch after micro-batch
                 total = total + loss.detach()
             norm = _global(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip))
             if self.world > 1:
@@ -276,7 +235,9 @@ class RankWorker:
                 why = f"loss is {float(total)!r}" if not math.isfinite(float(total)) else "gradient norm is not finite"
                 break
             step_scaled(self.optimizer, inp.lr_scale)
+            self._synced()
         self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held between steps
+        heap.release_freed()  # nor the freed activations' pages (psrl/heap.py)
         return {
             "train/loss": sum(losses) / len(losses),
             "train/grad_norm": sum(norms) / len(norms),
@@ -303,6 +264,12 @@ class RankWorker:
             for p, saved in zip(self.model.parameters(), before[0]):
                 p.copy_(saved)
         self.optimizer.load_state_dict(before[1])
+        self._synced()
+
+    def _synced(self) -> None:
+        """After the weights changed: a 16-bit model trained over masters takes their values."""
+        if self.masters is not None:
+            self.masters.sync()
 
     def save(self, directory: str, optimizer: bool = True) -> str:
         """Model and AdamW state with ``torch.distributed.checkpoint`` (every rank writes its shards; a collective):
@@ -331,6 +298,7 @@ class RankWorker:
                 optim = get_optimizer_state_dict(self.model, self.optimizer)
                 dcp.load({"optim": optim}, checkpoint_id=directory, no_dist=self.world == 1)
                 set_optimizer_state_dict(self.model, self.optimizer, optim)
+        self._synced()
         return directory
 
     def publish(self, version: int, root: str, keep: int, bucket_mb: float, dtype: torch.dtype) -> dict:
