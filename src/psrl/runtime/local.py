@@ -34,6 +34,7 @@ from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start
 from psrl.train.launch import Launcher, LocalRanks
+from psrl.train.lora import lora_spec
 from psrl.types import Engine, PublishingTrainer, Sink, StepTrainer, WeightSource, WeightState
 from psrl.weights import ParameterStore
 
@@ -167,6 +168,7 @@ def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None) -> StepT
         keep=cfg.psrl.staleness + 2,
         bucket_mb=cfg.weights.bucket_mb,
         launcher=launch,
+        lora=lora_spec(cfg.model),
     )
 
 
@@ -297,6 +299,8 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
     if not isinstance(final, _SavesPretrained):
         raise TypeError(f"psrl train writes final/ with the policy's save_pretrained: {type(final).__name__} has none")
     final.save_pretrained(run_dir / "final")  # a Hugging Face directory: usable as model.path
+    if isinstance(trainer, Trainer):
+        trainer.save_adapter(run_dir / "final" / "adapter")  # LoRA: the peft adapter, on the base
     _close_ranks(coord)
     watch.close()
     events.close()

@@ -48,6 +48,7 @@ from psrl.errors import ConfigError
 from psrl.models import Policy
 from psrl.models.builder import DTYPES, write_start_state
 from psrl.train.launch import InProcess, Launcher, LocalRanks, RankFailure, Ranks
+from psrl.train.lora import LoraSpec
 from psrl.train.planner import plan
 from psrl.train.shard import master_dtype
 from psrl.train.steps import (
@@ -60,7 +61,8 @@ from psrl.train.steps import (
     warm_start_policy,
 )
 from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
-from psrl.weights import FileVersions, ParameterStore, read_version
+from psrl.weights import FileVersions, ParameterStore, read_manifest, read_version
+from psrl.weights.adapter import MergedAdapter, adapter_meta, peft_files
 
 __all__ = ["Trainer"]
 
@@ -87,6 +89,8 @@ class Trainer:
         bucket_mb: ``weights.bucket_mb``: the most a rank gathers at once to publish.
         launcher: starts ranks at world size > 1: :class:`~psrl.train.launch.LocalRanks` (processes here) or,
             with ``runtime.backend=ray``, :class:`psrl.runtime.ray_ranks.RayRanks`.
+        lora: ``model.lora_rank > 0`` (:func:`psrl.train.lora.lora_spec`): the ranks train and publish an adapter;
+            :meth:`latest_policy` is then the base with the newest adapter merged (:meth:`_lora_policy`).
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class Trainer:
         keep: int = 2,
         bucket_mb: float = 256,
         launcher: Launcher = LocalRanks,
+        lora: LoraSpec | None = None,
     ):
         if world_size < 1:
             raise ValueError(f"Trainer needs world_size >= 1, got {world_size}")
@@ -131,6 +136,9 @@ class Trainer:
         self.skipped_in_a_row = 0
         self._loaded = policy.version
         """The version whose weights the driver's policy holds (at world size 1: always the trained one)."""
+        self.lora = lora
+        self._merged: tuple[MergedAdapter, Policy] | None = None
+        self._merged_version: int | None = None
 
     @property
     def version(self) -> int:
@@ -172,6 +180,7 @@ class Trainer:
             reshard_after_forward=self.cfg.reshard_after_forward,
             collective_timeout_s=self.cfg.rank_timeout_s,
             heartbeat_s=self.cfg.rank_heartbeat_s,
+            lora=self.lora,
         )
 
     def close(self) -> None:
@@ -273,18 +282,42 @@ class Trainer:
             root = str(self.out.root)
             nbytes = self._call("publish", (int(version), root, self.keep, self.bucket_mb, dtype))[0]["bytes"]
         self.policy.version = int(version)
-        if self.world_size == 1:
+        if self.lora is not None and isinstance(self.out, FileVersions):
+            if read_manifest(self.out.directory(int(version))).get("base_included"):  # the ranks' base: take it now
+                self._lora_policy(int(version))  # (a later adapter-only version is merged when asked for)
+        elif self.world_size == 1:
             self._loaded = int(version)  # the policy's model is the trained one
         return {"time/publish_s": round(time.perf_counter() - started, 6), "weights/bytes": float(nbytes)}
 
     def latest_policy(self) -> Policy:
         """The driver's policy holding the newest published weights (read from the version's files at world size
         > 1, once per version): what validation and ``final/`` use."""
+        if self.lora is not None:
+            return self._lora_policy(self.policy.version)
         if self._loaded != self.policy.version and isinstance(self.out, FileVersions):
             version, state = read_version(self.out.directory(self.policy.version))
             self.policy.load_weights(state, version)
             self._loaded = version
         return self.policy
+
+    def _lora_policy(self, version: int) -> Policy:
+        """LoRA: a plain policy holding the base with ``version``'s adapter merged (:class:`MergedAdapter`): the
+        driver's own at world size > 1; at world size 1 a copy (the policy's tensors are the rank's base)."""
+        if self._merged is None:
+            policy = self.policy if self.world_size > 1 else self.policy.replica(seed=self.cfg.seed)
+            self._merged = MergedAdapter(policy.model), policy
+        merger, policy = self._merged
+        if self._merged_version != version:
+            merger.load(self.out.get(version)[1])
+            policy.version = self._merged_version = int(version)
+        return policy
+
+    def save_adapter(self, directory: str | Path) -> Path | None:
+        """LoRA: the newest version's adapter as a peft adapter directory (``final/adapter/``); None otherwise."""
+        if self.lora is None:
+            return None
+        lora, (_, state) = self.lora, self.out.get(self.policy.version)
+        return peft_files(state, adapter_meta(lora.base, lora.rank, lora.alpha, lora.target_modules, False), directory)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -339,6 +372,7 @@ class Trainer:
         self.close()  # the ranks start again, then read the sharded state
         self._call("load", str(sharded))
         self._loaded = self.policy.version if self.world_size == 1 else -1
+        self._merged, self._merged_version = None, None  # LoRA: the next version brings the loaded base
         return self.policy.version
 
     def _from_one_rank(self, ckpt: dict) -> Path:

@@ -55,10 +55,12 @@ from torch.distributed.tensor import DTensor
 from psrl.algo.corrections import rollout_correction_from_config
 from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
+from psrl.train.lora import LoraSpec, add_adapter, sharing_twin
 from psrl.train.planner import Plan, loss_weights
 from psrl.train.shard import full_state, load_full_state, mixed_precision, shard_model
 from psrl.train.steps import step_scaled
 from psrl.weights import export_state, publish_model
+from psrl.weights.adapter import adapter_meta, published_names
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "memory_status", "COMMANDS"]
 
@@ -87,6 +89,8 @@ class WorkerSpec:
     reshard_after_forward: bool = True
     collective_timeout_s: float = 300.0
     """A collective that waits longer (a peer dead or stuck) raises instead of hanging."""
+    lora: LoraSpec | None = None
+    """``model.lora_rank > 0``: train a LoRA adapter over the frozen base and publish it (:mod:`psrl.train.lora`)."""
     heartbeat_s: float = 10.0
     """``trainer.rank_heartbeat_s``: a rank process's side thread beats this often; the driver reports a rank that
     misses :data:`psrl.train.launch.SILENT_BEATS` beats as silent (:class:`~psrl.train.launch.LocalRanks`)."""
@@ -153,18 +157,25 @@ class RankWorker:
     def __init__(self, spec: WorkerSpec, rank: int = 0, world_size: int = 1, shard: bool | None = None):
         self.spec, self.rank, self.world = spec, rank, world_size
         torch.manual_seed(spec.seed)
+        self._base_sent = False
+        """LoRA: whether this worker has published the base yet (its first version carries it)."""
         if not (world_size > 1 if shard is None else shard):
             self.model = spec.build(spec.device)
+            if spec.lora is not None:  # the policy's own model at world size 1: adapt a twin sharing its tensors
+                self.model = add_adapter(sharing_twin(self.model), spec.lora)
         else:
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh(spec.device.split(":")[0], (world_size,))
             self.model = spec.build(spec.device if rank == 0 else "meta")
+            if spec.lora is not None:  # before sharding: FSDP2 shards base and adapter alike
+                self.model = add_adapter(self.model, spec.lora)
             state = self.model.state_dict() if rank == 0 else None
             shard_model(self.model, mesh, spec.reshard_after_forward, mixed_precision(spec.device, spec.dtype))
             load_full_state(self.model, state, spec.device)
         self.model.eval()  # no dropout: recorded and recomputed log-probs must agree
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter's alone
+        self.optimizer = torch.optim.AdamW(trained, lr=spec.lr, weight_decay=spec.weight_decay)
 
     def handle(self, cmd: str, arg: Any) -> Any:
         """Run one command (a name of :data:`COMMANDS`): the method of that name, with ``arg`` (a tuple: its
@@ -330,15 +341,40 @@ class RankWorker:
         """Write the weights as ``root/v{version}`` (:func:`psrl.weights.publish_model`): bucket by bucket, every rank
         gathering each bucket (collectives, in the same order) and writing the buckets it owns; rank 0 finishes the
         version. On return the version exists, on every rank. ``dtype``: ``model.dtype`` (fp32 masters are cast)."""
-        return publish_model(
-            self.model, root, version, rank=self.rank, world=self.world, bucket_mb=bucket_mb, dtype=dtype, keep=keep
+        names, meta = self._adapter_names()
+        out = publish_model(
+            self.model,
+            root,
+            version,
+            rank=self.rank,
+            world=self.world,
+            bucket_mb=bucket_mb,
+            dtype=dtype,
+            keep=keep,
+            select=names,
+            meta=meta,
         )
+        self._base_sent = True
+        return out
 
     def export(self, bucket_mb: float, dtype: torch.dtype) -> dict[str, Tensor]:
         """World size 1: the weights as CPU tensors in ``dtype`` (the in-memory store)."""
         if self.world > 1:
             raise RuntimeError("RankWorker.export is world size 1's: sharded ranks publish files (publish)")
-        return export_state(self.model, bucket_mb, dtype)
+        names, _ = self._adapter_names()
+        out = export_state(self.model, bucket_mb, dtype, names)
+        self._base_sent = True
+        return out
+
+    def _adapter_names(self) -> tuple[dict[str, tuple[str, float]] | None, dict | None]:
+        """LoRA: the tensors a version publishes (:func:`psrl.weights.adapter.published_names`: the adapter, and the
+        base in this worker's first version) and its manifest fields; None, None for full fine-tuning."""
+        lora = self.spec.lora
+        if lora is None:
+            return None, None
+        with_base = not self._base_sent
+        names = published_names(self.model.state_dict(), lora.scale, with_base)
+        return names, adapter_meta(lora.base, lora.rank, lora.alpha, lora.target_modules, with_base)
 
     def usage(self, reset_peak: bool = False) -> dict[str, int]:
         """Bytes this rank holds of parameters and optimiser state (its shards only), its RSS now (``VmRSS``) and
