@@ -60,9 +60,10 @@ def test_the_keys_load_and_bad_targets_are_config_errors_naming_the_modules():
         with pytest.raises(ConfigError) as e:
             load_config(None, ["model.lora_rank=8", f"model.target_modules={bad}"])
         assert e.value.key == "model.target_modules"
-    with pytest.raises(ConfigError) as e:
-        load_config(None, ["model.lora_rank=-1"])
-    assert e.value.key == "model.lora_rank"
+    for bad in (["model.lora_rank=-1"], ["model.lora_rank=8", "rollout.engine=vllm"]):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, bad)
+        assert e.value.key == "model.lora_rank"
     with pytest.raises(ConfigError, match=r"\['q_proj'\] match no module.*\['c_attn', 'c_fc', 'c_proj'\]") as e:
         check_targets(build_tiny_gpt2("cpu"), LoraSpec(4, 8, ("q_proj", "c_fc")))
     assert e.value.key == "model.target_modules"

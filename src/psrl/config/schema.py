@@ -422,6 +422,13 @@ class Config:
         self.rollout.check(self.psrl.deployment.n_rollout_instances)
         self.algorithm.rollout_correction.check()
         self.model.check()
+        require(
+            self.model.lora_rank == 0 or self.rollout.engine == "hf",
+            "model.lora_rank",
+            f"is {self.model.lora_rank}, but LoRA versions are served by the hf engine only so far "
+            f"(rollout.engine={self.rollout.engine}: vLLM's load_lora_adapter path is not built yet, docs/lora.md)",
+            "set rollout.engine=hf, or model.lora_rank=0 for full fine-tuning",
+        )
         self.task.check(self.model, self.trainer.seed)
         self.sim.check()
         self.trainer.check()
