@@ -281,3 +281,29 @@ def test_add_adapter_on_a_llama_targets_named_projections():
     model = add_adapter(build_tiny_llama_tied("cpu"), LoraSpec(2, 4, ("q_proj", "v_proj")))
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trained and all((".q_proj.lora_" in n or ".v_proj.lora_" in n) for n in trained)
+
+
+def test_a_nan_in_a_later_minibatch_rolls_the_adapter_back(monkeypatch):
+    """LoRA with 3 minibatches and a NaN loss in the third: the adapter and AdamW are as before the step (the
+    snapshot holds the adapter alone; the base cannot move), and the next finite step trains the adapter."""
+    from psrl.rollout.fakes import random_batch
+    from tests.train.test_trainer_faults import _nan_loss_at
+
+    torch.set_num_threads(1)
+    task = get_task(TaskConfig(name="arith"), seed=0)
+    policy = build_policy(ModelConfig(n_layer=1, n_embd=32, n_head=2, device="cpu"), task, seed=0)
+    tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(minibatches=3, lr=1e-2), lora=LoraSpec(4, 8))
+    tr.step(random_batch(task, version=0))  # B nonzero from here: a later update moves every adapter tensor
+    rank = tr.start().worker  # type: ignore[attr-defined]
+    before = {k: v.clone() for k, v in rank.model.state_dict().items()}
+    moments = {id(p): {k: v.clone() for k, v in s.items()} for p, s in rank.optimizer.state.items()}
+    _nan_loss_at(monkeypatch, {2})
+    tr.step(random_batch(task, version=1, seed=1))
+    assert "minibatch 3/3" in tr.last_skip
+    assert all(torch.equal(v, before[k]) for k, v in rank.model.state_dict().items())
+    assert all(torch.equal(v, moments[id(p)][k]) for p, s in rank.optimizer.state.items() for k, v in s.items())
+    monkeypatch.undo()
+    tr.step(random_batch(task, version=2, seed=2))
+    after = rank.model.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in _base(before))
+    assert not all(torch.equal(after[k], before[k]) for k in _adapter(before))

@@ -291,10 +291,10 @@ class RankWorker:
         }
 
     def _snapshot(self) -> tuple[list[Tensor], dict[str, Any]]:
-        """This rank's parameter shards and AdamW state, copied (local: no collective), taken before the first of
-        several minibatches, as :class:`~psrl.train.Trainer` does."""
+        """This rank's trained parameter shards (LoRA: the adapter's; the frozen base cannot move) and AdamW state,
+        copied (local: no collective), taken before the first of several minibatches."""
         with torch.no_grad():
-            params = [p.detach().clone() for p in self.model.parameters()]
+            params = [p.detach().clone() for p in self.model.parameters() if p.requires_grad]
         return params, copy.deepcopy(self.optimizer.state_dict())
 
     def _restore(self, before: tuple[list[Tensor], dict[str, Any]] | None) -> None:
@@ -304,7 +304,7 @@ class RankWorker:
         if before is None:
             return
         with torch.no_grad():
-            for p, saved in zip(self.model.parameters(), before[0]):
+            for p, saved in zip((p for p in self.model.parameters() if p.requires_grad), before[0]):
                 p.copy_(saved)
         self.optimizer.load_state_dict(before[1])
 
