@@ -259,6 +259,30 @@ def weights_scale() -> str:
     return _table(header, rows)
 
 
+def lora() -> str:
+    """docs/lora.md's LoRA vs full fine-tuning figures (``benchmarks/lora.py``): the command, one row per run, the
+    ratios."""
+    r = stored.read("lora")
+    mb = 1e6  # the arithmetic in docs/lora.md counts MB
+    rows = [
+        [x["mode"], str(x["world"]), f"{x['version_bytes'] / mb:.2f}", f"{x['first_version_bytes'] / mb:.1f}"]
+        + [f"{x['optim_bytes'] / mb:.2f}", f"{x['sync_s']:.2f}"]
+        for x in r["runs"]
+    ]
+    header = ["trains", "ranks", "MB per version", "MB first version", "AdamW MB per rank", "sync s"]
+    ratios = "; ".join(
+        f"{w} rank{'s' if w != '1' else ''}: bytes {q['bytes_ratio']:.2%}, AdamW {q['optim_ratio']:.2%}"
+        for w, q in r["ratios"].items()
+    )
+    return (
+        _command("lora")
+        + f"\n{r['measured']}: {r['model']}, lora_rank {r['lora']['lora_rank']}, "
+        + f"lora_alpha {r['lora']['lora_alpha']}, {', '.join(r['lora']['target_modules'])}:\n"
+        + _table(header, rows)
+        + f"\nLoRA over full fine-tuning -- {ratios}.\n"
+    )
+
+
 ENGINE_NOTES = {
     "nocache": "first {nocache_tokens} tokens of each request only (O(L^2): slower still at {new_tokens})",
     "hf_shared": "`hf` with unseeded requests, one shared generator (before issue 34)",
@@ -316,6 +340,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "smollm2-repro": lambda: smollm2_repro("smollm2_repro"),
     "smollm2-repro-long": lambda: smollm2_repro("smollm2_repro_long"),
     "weights_scale": weights_scale,
+    "lora": lora,
     "simulate-reference": simulate_reference,
     "simulate-model-vs-real": simulate_model_vs_real,
     "simulate-adaptive": simulate_adaptive,
