@@ -307,3 +307,22 @@ def test_a_nan_in_a_later_minibatch_rolls_the_adapter_back(monkeypatch):
     after = rank.model.state_dict()
     assert all(torch.equal(after[k], before[k]) for k in _base(before))
     assert not all(torch.equal(after[k], before[k]) for k in _adapter(before))
+
+
+def test_after_a_warm_start_the_versions_name_the_warm_started_base(tmp_path):
+    """The warm start trains every weight in the driver: a version's manifest and ``final/adapter/``'s config then
+    name the base as model.path after the warm start, not model.path alone."""
+    import json
+    import random
+
+    torch.set_num_threads(1)
+    task = get_task(TaskConfig(name="arith"), seed=0)
+    policy = build_policy(ModelConfig(n_layer=1, n_embd=32, n_head=2, device="cpu"), task, seed=0)
+    tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(), 1, tmp_path, in_memory=False, lora=LoraSpec(4, 8))
+    tr.warm_start(task.demonstrations(8, random.Random(0)), 2, batch_size=4)
+    tr.publish(0)
+    assert read_manifest(tr.out.directory(0))["base"] == "built-in after a 2-step warm start"  # type: ignore[union-attr]
+    tr.save_adapter(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "built-in after a 2-step warm start"
+    tr.close()

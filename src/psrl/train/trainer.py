@@ -32,6 +32,7 @@ ranks restore the weights and AdamW from before the batch), ``last_skip`` says w
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import tempfile
@@ -261,9 +262,12 @@ class Trainer:
     # ------------------------------------------------------------------ warm start
 
     def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: float | None = None) -> list[float]:
-        """The supervised warm start, in the driver on its policy, before the ranks start from its weights."""
+        """The supervised warm start, in the driver on its policy, before the ranks start from its weights (with
+        LoRA it trains every weight: the adapter's base is then the warm-started model, and the versions say so)."""
         if self.ranks is not None:
             raise RuntimeError("Trainer.warm_start: the ranks have started already; warm-start before")
+        if self.lora is not None and steps > 0:
+            self.lora = dataclasses.replace(self.lora, base=f"{self.lora.base} after a {steps}-step warm start")
         return warm_start_policy(self.policy, self.cfg, self.rng, demos, steps, batch_size, lr)
 
     # ------------------------------------------------------------------ publication
