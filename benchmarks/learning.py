@@ -134,6 +134,11 @@ CORRECTIONS = {
     "m2po": ["algorithm.rollout_correction.m2po=true"],
     "ess_lr": ["algorithm.rollout_correction.ess_lr=true"],
     "adaptive": ["psrl.adaptive_staleness.enable=true"],  # psrl.staleness is the controller's ceiling
+    # LoRA (docs/lora.md) at the learning rates issue 36 chooses from on seed 0; full fine-tuning is "default"
+    **{
+        f"lora-{lr}": ["model.lora_rank=8", "model.lora_alpha=16", f"trainer.lr={lr}"]
+        for lr in ("1e-4", "3e-4", "1e-3")
+    },
 }
 
 
