@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -199,9 +200,9 @@ def _build(
         start.load_weights(weights, 0)
     elif isinstance(trainer, Trainer):
         warm_start(cfg, task, trainer, log)
-    if engines is None:
-        engines = build_engines(cfg, trainer.policy, task, recorder.run_dir if recorder is not None else None)
     versions = publish_first_version(cfg, trainer)
+    if engines is None:
+        engines = build_engines(cfg, _engine_source(trainer), task, recorder.run_dir if recorder is not None else None)
     if manager is None:
         manager = build_staleness_manager(cfg, int(trainer.policy.version), on_event)
     sink = sink if sink is not None else recorder
@@ -234,6 +235,19 @@ def wire(
     return Coordinator(
         cfg, trainer, weights, manager, pool, agents, idle, controller=controller, sink=sink, log=log, on_bound=on_bound
     )
+
+
+def _engine_source(trainer: StepTrainer) -> Any:
+    """The policy the engines start as copies of, once the first version is published, labelled with a version it
+    truly holds: an engine that holds the newest version loads nothing at start. After a resume the driver's own
+    policy holds the start weights under the resumed version (world size > 1): the newest version's policy is
+    copied instead. With LoRA the driver's policy (the base) unlabelled: every engine then loads the newest version,
+    which carries the ranks' base (the first of a set of ranks does), and keeps that base for the adapters after."""
+    if isinstance(trainer, Trainer) and trainer.lora is not None:
+        base = copy.copy(trainer.policy)
+        base.version = -1
+        return base
+    return trainer.latest_policy() if isinstance(trainer, PublishingTrainer) else trainer.policy
 
 
 def publish_first_version(cfg: Config, trainer: StepTrainer) -> WeightSource:

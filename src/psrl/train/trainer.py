@@ -305,10 +305,10 @@ class Trainer:
         return self.policy
 
     def _lora_policy(self, version: int) -> Policy:
-        """LoRA: a plain policy holding the base with ``version``'s adapter merged (:class:`MergedAdapter`): the
-        driver's own at world size > 1; at world size 1 a copy (the policy's tensors are the rank's base)."""
+        """LoRA: a plain policy holding the base with ``version``'s adapter merged (:class:`MergedAdapter`), a copy of
+        the driver's: that one stays the base (at world size 1 its tensors are the rank's), which the engines copy."""
         if self._merged is None:
-            policy = self.policy if self.world_size > 1 else self.policy.replica(seed=self.cfg.seed)
+            policy = self.policy.replica(seed=self.cfg.seed)
             self._merged = MergedAdapter(policy.model), policy
         merger, policy = self._merged
         if self._merged_version != version:
