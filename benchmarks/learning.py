@@ -65,6 +65,7 @@ from psrl.heap import return_freed_memory  # noqa: E402
 from psrl.runtime.local import build  # noqa: E402
 from psrl.runtime.recorder import EventLog, RunRecorder  # noqa: E402
 from psrl.runtime.validate import validate  # noqa: E402
+from psrl.types import PublishingTrainer  # noqa: E402
 from sim_vs_real import compare_run  # noqa: E402
 from sync_vs_async import WORKLOAD, warm_weights  # noqa: E402
 
@@ -107,12 +108,20 @@ def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tu
     recorder.write_config(cfg)
     events = EventLog(run_dir / "events.jsonl")  # the timeline and the bound's moves, as psrl train writes them
     coord = build(cfg, recorder, log=lambda _: None, weights=weights, on_event=events, on_bound=events.bound)
-    task, policy = coord.agents.task, coord.trainer.policy
-    snaps = [(0, 0.0, {k: v.detach().clone() for k, v in policy.export_state().items()})]
+    task, trainer = coord.agents.task, coord.trainer
+    policy = trainer.policy
+
+    def trained() -> dict:
+        """The weights of the newest version: the driver's policy's, or with LoRA (whose driver's policy is the base)
+        the copy with the adapter merged (``Trainer.latest_policy``)."""
+        held = trainer.latest_policy() if isinstance(trainer, PublishingTrainer) else policy
+        return {k: v.detach().clone() for k, v in held.export_state().items()}
+
+    snaps = [(0, 0.0, trained())]
 
     def on_step(row: dict) -> None:
         if row["step"] % val_every == 0 or row["step"] >= steps:
-            snaps.append((row["step"], row["time"], {k: v.detach().clone() for k, v in policy.export_state().items()}))
+            snaps.append((row["step"], row["time"], trained()))
 
     try:
         rows = asyncio.run(coord.run(steps, on_step))
@@ -134,6 +143,11 @@ CORRECTIONS = {
     "m2po": ["algorithm.rollout_correction.m2po=true"],
     "ess_lr": ["algorithm.rollout_correction.ess_lr=true"],
     "adaptive": ["psrl.adaptive_staleness.enable=true"],  # psrl.staleness is the controller's ceiling
+    # LoRA (docs/lora.md) at the learning rates issue 36 chooses from on seed 0; full fine-tuning is "default"
+    **{
+        f"lora-{lr}": ["model.lora_rank=8", "model.lora_alpha=16", f"trainer.lr={lr}"]
+        for lr in ("1e-4", "3e-4", "1e-3")
+    },
 }
 
 

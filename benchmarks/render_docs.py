@@ -18,7 +18,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results as stored  # noqa: E402
-from learning_report import DIVERGENCE, METRICS, certify, signed, spread, summarise, verdict  # noqa: E402
+from learning_report import (  # noqa: E402
+    DIVERGENCE,
+    METRICS,
+    certify,
+    paired_lower_bound,
+    signed,
+    spread,
+    summarise,
+    verdict,
+)
 
 DOCS = stored.ROOT / "docs"
 BLOCK = re.compile(r"<!-- results:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
@@ -291,6 +300,78 @@ def weights_scale_driver() -> str:
     return _command("weights_scale_driver") + "\n" + _table(header, rows) + "\n" + sentence + ".\n"
 
 
+def lora() -> str:
+    """docs/lora.md's LoRA vs full fine-tuning figures (``benchmarks/lora.py``): the command, one row per run, the
+    ratios."""
+    r = stored.read("lora")
+    mb = 1e6  # the arithmetic in docs/lora.md counts MB
+    rows = [
+        [x["mode"], str(x["world"]), f"{x['version_bytes'] / mb:.2f}", f"{x['first_version_bytes'] / mb:.1f}"]
+        + [f"{x['optim_bytes'] / mb:.2f}", f"{x['sync_s']:.2f}"]
+        for x in r["runs"]
+    ]
+    header = ["trains", "ranks", "MB per version", "MB first version", "AdamW MB per rank", "sync s"]
+    ratios = "; ".join(
+        f"{w} rank{'s' if w != '1' else ''}: bytes {q['bytes_ratio']:.2%}, AdamW {q['optim_ratio']:.2%}"
+        for w, q in r["ratios"].items()
+    )
+    return (
+        _command("lora")
+        + f"\n{r['measured']}: {r['model']}, lora_rank {r['lora']['lora_rank']}, "
+        + f"lora_alpha {r['lora']['lora_alpha']}, {', '.join(r['lora']['target_modules'])}:\n"
+        + _table(header, rows)
+        + f"\nLoRA over full fine-tuning -- {ratios}.\n"
+    )
+
+
+def lora_learning() -> str:
+    """docs/lora.md's LoRA vs full fine-tuning learning comparison (``benchmarks/learning.py`` with the ``lora-*``
+    arms): the learning rate chosen on seed 0, then per seed the paired difference, and the evidence rule's bounds."""
+    r, lr = stored.read("lora_learning"), stored.read("lora_learning_lr")
+    pick = {x["correction"]: x for x in lr["runs"] if x["correction"].startswith("lora-")}
+    by_lr = sorted(pick, key=lambda c: float(c.removeprefix("lora-")))
+    # the final validation accuracy; a tie by the training reward over the run's last third
+    chosen = max(by_lr, key=lambda c: (pick[c]["vals"][-1]["val/accuracy"], pick[c]["reward_last_third"]))
+    arms = {(x["correction"], x["seed"]): x for x in r["runs"]}
+    seeds = sorted({s for c, s in arms if c == "default"} & {s for c, s in arms if c == chosen})
+    rows = []
+    diffs: dict[str, list[float]] = {m: [] for m in METRICS}
+    for seed in seeds:
+        full, lora = arms[("default", seed)], arms[(chosen, seed)]
+        cells = []
+        for m, f in METRICS.items():
+            diffs[m].append(f(lora) - f(full))
+            cells += [f"{f(full):.3f}", f"{f(lora):.3f}", signed(f(lora) - f(full))]
+        rows.append([str(seed), *cells])
+    header = ["seed"] + [f"{m} {arm}" for m in METRICS for arm in ("full", "LoRA", "LoRA - full")]
+    bounds = "; ".join(
+        f"{m}: mean {signed(statistics.fmean(d))}, {1 - r['alpha']:.0%} lower bound "
+        + (signed(lb) if (lb := paired_lower_bound(d, r["alpha"])) is not None else "none")
+        for m, d in diffs.items()
+    )
+    enough = len(seeds) >= r["min_seeds"]
+    ok = enough and all(
+        (lb := paired_lower_bound(d, r["alpha"])) is not None and lb > -r["delta"] for d in diffs.values()
+    )
+    lrs = ", ".join(
+        f"{c.removeprefix('lora-')}: {pick[c]['vals'][-1]['val/accuracy']:.3f} / {pick[c]['reward_last_third']:.3f}"
+        for c in by_lr
+    )
+    return (
+        _command("lora_learning_lr")
+        + _command("lora_learning")
+        + f"\n{r['measured']}: {r['workload']} workload, {r['steps']} steps, staleness 0, validation every "
+        + f"{r['val_every']} steps. Learning rate on seed 0 (final val/accuracy / training reward over the last "
+        + f"third): {lrs}; chosen "
+        + f"`{chosen.removeprefix('lora-')}`; full fine-tuning at the preset's `trainer.lr`.\n"
+        + _table(header, rows)
+        + f"\n{bounds}. Evidence rule (`learning_report.certify`: >= {r['min_seeds']} seeds, lower bounds above "
+        + f"-{r['delta']:g}): "
+        + ("LoRA learns as well as full fine-tuning." if ok else f"not met ({len(seeds)} seeds paired).")
+        + "\n"
+    )
+
+
 ENGINE_NOTES = {
     "nocache": "first {nocache_tokens} tokens of each request only (O(L^2): slower still at {new_tokens})",
     "hf_shared": "`hf` with unseeded requests, one shared generator (before issue 34)",
@@ -349,6 +430,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "smollm2-repro-long": lambda: smollm2_repro("smollm2_repro_long"),
     "weights_scale": weights_scale,
     "weights_scale_driver": weights_scale_driver,
+    "lora": lora,
+    "lora-learning": lora_learning,
     "simulate-reference": simulate_reference,
     "simulate-model-vs-real": simulate_model_vs_real,
     "simulate-adaptive": simulate_adaptive,

@@ -191,9 +191,36 @@ class ModelConfig:
     n_positions: int = _f(128, "Built-in model: context length.", ge=1)
     device: str = _f("auto", "auto | cpu | cuda.", choices=("auto", "cpu", "cuda"))
     dtype: str = _f("float32", "float32 | bfloat16 | float16.", choices=("float32", "bfloat16", "float16"))
+    lora_rank: int = _f(
+        0,
+        "LoRA adapter rank: train and publish only a peft adapter on the frozen base (0 = full fine-tuning). "
+        "See docs/lora.md.",
+        ge=0,
+    )
+    lora_alpha: int = _f(16, "LoRA scaling numerator: the adapter adds (lora_alpha / lora_rank) * B A.", ge=1)
+    target_modules: list = _f(
+        ["all-linear"],
+        "Modules that get an adapter: [all-linear] (every linear layer but the output head) or module names "
+        "(e.g. [q_proj, v_proj]); checked against the model when it is built.",
+        note="[all-linear], or a list of module names of the model",
+    )
 
     def check(self) -> None:
-        """The built-in model's heads divide its width; ``path`` / ``gguf_file`` name a loadable model."""
+        """The built-in model's heads divide its width; ``path`` / ``gguf_file`` name a loadable model; the LoRA
+        targets are names (whether the model has them is checked when it is built: :func:`psrl.train.lora`)."""
+        bad = [t for t in self.target_modules if not isinstance(t, str) or not t.strip()]
+        require(
+            not bad and bool(self.target_modules),
+            "model.target_modules",
+            f"needs module names, got {self.target_modules!r}",
+            "set model.target_modules=all-linear or a list of module names, e.g. [q_proj,v_proj]",
+        )
+        require(
+            "all-linear" not in self.target_modules or len(self.target_modules) == 1,
+            "model.target_modules",
+            f"all-linear names every linear layer already: {self.target_modules!r}",
+            "set model.target_modules=all-linear alone, or list the module names",
+        )
         require(
             self.path is not None or self.n_embd % self.n_head == 0,
             "model.n_embd",
@@ -360,6 +387,20 @@ class Config:
         )
         self.algorithm.rollout_correction.check()
         self.model.check()
+        require(
+            self.model.lora_rank == 0 or self.rollout.engine == "hf",
+            "model.lora_rank",
+            f"is {self.model.lora_rank}, but LoRA versions are served by the hf engine only so far "
+            f"(rollout.engine={self.rollout.engine}: vLLM's load_lora_adapter path is not built yet, docs/lora.md)",
+            "set rollout.engine=hf, or model.lora_rank=0 for full fine-tuning",
+        )
+        require(
+            self.model.lora_rank == 0 or self.weights.transport == "files",
+            "weights.transport",
+            f"is {self.weights.transport}, but a LoRA version (model.lora_rank={self.model.lora_rank}) is published "
+            "as files or in memory only so far (the transfer group sends whole models)",
+            "set weights.transport=files, or model.lora_rank=0",
+        )
         self.task.check(self.model, self.trainer.seed)
         self.sim.check()
         self.trainer.check()

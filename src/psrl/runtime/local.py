@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +36,7 @@ from psrl.staleness import Event, StalenessManager
 from psrl.tasks.base import Task
 from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_start, warm_start_steps
 from psrl.train.launch import Launcher, LocalRanks, RankFailure
+from psrl.train.lora import lora_spec
 from psrl.types import Engine, Sink, StepTrainer, WeightSource, WeightState
 from psrl.weights import VersionDirectories, write_model_directory
 
@@ -155,7 +157,8 @@ def driver_holds_weights(cfg: Config, task: Task) -> bool:
     elsewhere = cfg.rollout.engine == "vllm" or cfg.runtime.backend == "ray"
     validates_here = cfg.trainer.val_every > 0 and cfg.rollout.engine != "vllm"  # hf validation engines copy it
     single = cfg.psrl.deployment.train_world_size == 1
-    return single or not elsewhere or validates_here or warm_start_steps(cfg, task) > 0
+    lora = cfg.model.lora_rank > 0  # the driver merges the adapters onto its base (final/, hf engines)
+    return single or not elsewhere or validates_here or lora or warm_start_steps(cfg, task) > 0
 
 
 def in_memory_versions(cfg: Config) -> bool:
@@ -199,6 +202,7 @@ def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None, feed: An
         bucket_mb=cfg.weights.bucket_mb,
         launcher=launch,
         transport=cfg.weights.transport,
+        lora=lora_spec(cfg.model),
     )
 
 
@@ -238,7 +242,7 @@ def _build(
     versions = publish_first_version(cfg, trainer)
     if engines is None:  # after the first version: a driver without weights starts its vLLM servers from it
         run_dir = recorder.run_dir if recorder is not None else None
-        engines = build_engines(cfg, trainer.policy, task, run_dir, versions, feed)
+        engines = build_engines(cfg, _engine_source(trainer, made), task, run_dir, versions, feed)
     if collective_vllm and made is not None:
         from psrl.rollout.engines.vllm import VLLMEngine
         from psrl.rollout.engines.vllm_receive import VLLMReceiver
@@ -277,6 +281,20 @@ def wire(
     return Coordinator(
         cfg, trainer, weights, manager, pool, agents, idle, controller=controller, sink=sink, log=log, on_bound=on_bound
     )
+
+
+def _engine_source(trainer: StepTrainer, made: Trainer | None) -> Any:
+    """The policy the engines start as copies of, once the first version is published, labelled with a version it
+    truly holds: an engine that holds the newest version loads nothing at start. The driver's policy is the trained
+    one at world size 1 (full fine-tuning); otherwise (ranks elsewhere: after a resume the driver's policy holds
+    the start weights under the resumed version; LoRA: the driver's policy is the base) an unlabelled copy, so every
+    engine loads the newest version at start (with LoRA it carries the ranks' base: the first of a set of ranks
+    does, and the engine keeps that base for the adapters after)."""
+    if made is None or (made.world_size == 1 and made.lora is None) or made.policy.weightless:
+        return trainer.policy
+    base = copy.copy(trainer.policy)
+    base.version = -1
+    return base
 
 
 def publish_first_version(cfg: Config, trainer: StepTrainer) -> WeightSource:
@@ -339,7 +357,7 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
                 raise Terminated("SIGTERM") from None
             raise
     saver.close()
-    write_final(coord, run_dir / "final")
+    write_final(coord, run_dir / "final", coord.trainer if isinstance(coord.trainer, Trainer) else None)
     _close_ranks(coord)
     watch.close()
     _close(validator)
@@ -357,13 +375,18 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
     return rows
 
 
-def write_final(coord: Coordinator, out: Path) -> Path:
+def write_final(coord: Coordinator, out: Path, made: Trainer | None = None) -> Path:
     """``final/``: the newest version as a Hugging Face directory (``AutoModelForCausalLM.from_pretrained``, or
     ``model.path``). Where versions are directories, made from the version's files
     (:func:`psrl.weights.write_model_directory`: nothing is loaded into the driver); in memory (world size 1, ``hf``
-    engines), the trained policy's own ``save_pretrained``."""
+    engines), the trained policy's own ``save_pretrained``. With LoRA (versions are adapters): the base with the
+    newest adapter merged, and ``final/adapter/`` the peft adapter."""
     store, policy = coord.store, coord.trainer.policy
     newest = store.latest_version()
+    if made is not None and made.lora is not None:
+        made.latest_policy().save_pretrained(out)
+        made.save_adapter(out / "adapter")
+        return out
     if isinstance(store, VersionDirectories) and newest is not None:
         config = getattr(getattr(policy, "model", None), "config", None)
         return write_model_directory(store.directory(newest), out, config, getattr(policy, "tokenizer", None))

@@ -12,6 +12,7 @@ import torch
 from psrl.errors import ConfigError, PsrlError, RunError, describe
 from psrl.models import build_policy, load_tokenizer
 from psrl.tasks import get_task
+from psrl.train.lora import check_targets, lora_spec
 
 __all__ = ["seed_everything", "build_task_and_policy", "warm_start", "warm_start_steps"]
 
@@ -60,6 +61,9 @@ def build_task_and_policy(cfg, weights: Callable[[Any], bool] | None = None):
     except Exception as e:
         what = where if m.path is not None else f"built-in model (model.n_layer={m.n_layer}, n_embd={m.n_embd})"
         raise RunError(what, f"cannot build the model: {describe(e)}", fix) from e
+    spec = lora_spec(m)
+    if spec is not None:  # a LoRA target the model does not have: a config error now, not in the ranks
+        check_targets(policy.model, spec)
     return task, policy
 
 

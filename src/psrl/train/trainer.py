@@ -54,6 +54,7 @@ from psrl.errors import ConfigError
 from psrl.models import Policy
 from psrl.models.builder import DTYPES, write_start_state
 from psrl.train.launch import InProcess, Launcher, LocalRanks, RankFailure, Ranks
+from psrl.train.lora import LoraSpec
 from psrl.train.planner import plan
 from psrl.train.shard import master_dtype
 from psrl.train.steps import (
@@ -67,7 +68,8 @@ from psrl.train.steps import (
 )
 from psrl.train.transfer import CollectivePublisher
 from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
-from psrl.weights import FileVersions, ParameterStore
+from psrl.weights import FileVersions, ParameterStore, read_manifest
+from psrl.weights.adapter import MergedAdapter, adapter_meta, peft_files
 from psrl.weights.receivers import CollectiveVersions, Receiver, SentVersions
 
 __all__ = ["Trainer"]
@@ -101,6 +103,8 @@ class Trainer:
             which holds it for the ``hf`` engines here.
         launcher: starts ranks at world size > 1: :class:`~psrl.train.launch.LocalRanks` (processes here) or,
             with ``runtime.backend=ray``, :class:`psrl.runtime.ray_ranks.RayRanks`.
+        lora: ``model.lora_rank > 0`` (:func:`psrl.train.lora.lora_spec`): the ranks train and publish an adapter;
+            :meth:`latest_policy` is then the base with the newest adapter merged (:meth:`_lora_policy`).
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class Trainer:
         bucket_mb: float = 256,
         launcher: Launcher = LocalRanks,
         transport: str = "files",
+        lora: LoraSpec | None = None,
     ):
         if world_size < 1:
             raise ValueError(f"Trainer needs world_size >= 1, got {world_size}")
@@ -154,6 +159,9 @@ class Trainer:
         self.skipped_in_a_row = 0
         self._loaded = policy.version
         """The version whose weights the driver's policy holds (at world size 1: always the trained one)."""
+        self.lora = lora
+        self._merged: tuple[MergedAdapter, Policy] | None = None
+        self._merged_version: int | None = None
 
     @property
     def version(self) -> int:
@@ -205,6 +213,7 @@ class Trainer:
             reshard_after_forward=self.cfg.reshard_after_forward,
             collective_timeout_s=self.cfg.rank_timeout_s,
             heartbeat_s=self.cfg.rank_heartbeat_s,
+            lora=self.lora,
         )
 
     def close(self) -> None:
@@ -287,11 +296,14 @@ class Trainer:
     # ------------------------------------------------------------------ warm start
 
     def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: float | None = None) -> list[float]:
-        """The supervised warm start, in the driver on its policy, before the ranks start from its weights."""
+        """The supervised warm start, in the driver on its policy, before the ranks start from its weights (with
+        LoRA it trains every weight: the adapter's base is then the warm-started model, and the versions say so)."""
         if self.ranks is not None:
             raise RuntimeError("Trainer.warm_start: the ranks have started already; warm-start before")
         if self.policy.weightless:
             raise RuntimeError("Trainer.warm_start runs on the driver's policy, which was built without weights")
+        if self.lora is not None and steps > 0:
+            self.lora = dataclasses.replace(self.lora, base=f"{self.lora.base} after a {steps}-step warm start")
         return warm_start_policy(self.policy, self.cfg, self.rng, demos, steps, batch_size, lr)
 
     # ------------------------------------------------------------------ publication
@@ -316,7 +328,10 @@ class Trainer:
             if isinstance(self.out, SentVersions):
                 self.out.commit_files(int(version))
         self.policy.version = int(version)
-        if self.world_size == 1:
+        if self.lora is not None and isinstance(self.out, FileVersions):
+            if read_manifest(self.out.directory(int(version))).get("base_included"):  # the ranks' base: take it now
+                self._lora_policy(int(version))  # (a later adapter-only version is merged when asked for)
+        elif self.world_size == 1:
             self._loaded = int(version)  # the policy's model is the trained one
         return {"time/publish_s": round(time.perf_counter() - started, 6), "weights/bytes": float(nbytes)}
 
@@ -353,7 +368,9 @@ class Trainer:
     def latest_policy(self) -> Policy:
         """The driver's policy holding the newest published weights (read from the version's files at world size
         > 1, once per version): for tests and benchmarks; a run validates on engines and writes ``final/`` from
-        the version's files."""
+        the version's files (with LoRA: the base with the newest adapter merged, :meth:`_lora_policy`)."""
+        if self.lora is not None:
+            return self._lora_policy(self.policy.version)
         if self.policy.weightless:
             raise RuntimeError("Trainer.latest_policy: the driver's policy was built without weights")
         if self._loaded != self.policy.version and isinstance(self.out, SentVersions):  # no copy here: the ranks'
@@ -365,6 +382,25 @@ class Trainer:
             self.policy.load_weights(state, version)
             self._loaded = version
         return self.policy
+
+    def _lora_policy(self, version: int) -> Policy:
+        """LoRA: a plain policy holding the base with ``version``'s adapter merged (:class:`MergedAdapter`), a copy of
+        the driver's: that one stays the base (at world size 1 its tensors are the rank's), which the engines copy."""
+        if self._merged is None:
+            policy = self.policy.replica(seed=self.cfg.seed)
+            self._merged = MergedAdapter(policy.model), policy
+        merger, policy = self._merged
+        if self._merged_version != version:
+            merger.load(self.out.get(version)[1])
+            policy.version = self._merged_version = int(version)
+        return policy
+
+    def save_adapter(self, directory: str | Path) -> Path | None:
+        """LoRA: the newest version's adapter as a peft adapter directory (``final/adapter/``); None otherwise."""
+        if self.lora is None:
+            return None
+        lora, (_, state) = self.lora, self.out.get(self.policy.version)
+        return peft_files(state, adapter_meta(lora.base, lora.rank, lora.alpha, lora.target_modules, False), directory)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -419,6 +455,7 @@ class Trainer:
         self.close()  # the ranks start again, then read the sharded state
         self._call("load", str(sharded))
         self._loaded = self.policy.version if self.world_size == 1 else -1
+        self._merged, self._merged_version = None, None  # LoRA: the next version brings the loaded base
         return self.policy.version
 
     def _from_one_rank(self, ckpt: dict) -> Path:

@@ -58,10 +58,12 @@ from torch.distributed.tensor import DTensor
 from psrl import heap
 from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
+from psrl.train.lora import LoraSpec, add_adapter, sharing_twin
 from psrl.train.masters import Masters, masters_for
 from psrl.train.shard import full_state, load_full_state, mixed_precision, shard_model
 from psrl.train.steps import StepInput, _pad, step_input, step_scaled
 from psrl.weights import MB, export_state, publish_model
+from psrl.weights.adapter import adapter_meta, published_names
 from psrl.weights.collective import BucketLayout, GroupAddress, TransferGroup, layout, send_version
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "memory_status", "COMMANDS"]
@@ -93,6 +95,8 @@ class WorkerSpec:
     reshard_after_forward: bool = True
     collective_timeout_s: float = 300.0
     """A collective that waits longer (a peer dead or stuck) raises instead of hanging."""
+    lora: LoraSpec | None = None
+    """``model.lora_rank > 0``: train a LoRA adapter over the frozen base and publish it (:mod:`psrl.train.lora`)."""
     heartbeat_s: float = 10.0
     """``trainer.rank_heartbeat_s``: a rank process's side thread beats this often; the driver reports a rank that
     misses :data:`psrl.train.launch.SILENT_BEATS` beats as silent (:class:`~psrl.train.launch.LocalRanks`; a Ray
@@ -109,23 +113,31 @@ class RankWorker:
         torch.manual_seed(spec.seed)
         self.masters: Masters | None = None
         """Unsharded with a 16-bit model: the fp32 weights AdamW steps; the forward runs the 16-bit model."""
+        self._base_sent = False
+        """LoRA: whether this worker has published the base yet (its first version carries it)."""
         if not (world_size > 1 if shard is None else shard):
             self.model = spec.build(spec.device)
-            self.masters = masters_for(self.model)
-            if self.masters is not None:  # optimiser, checkpoints, publication: fp32; forward: model.dtype
-                self.model = self.masters.model
+            if spec.lora is not None:  # the policy's own model at world size 1: adapt a twin sharing its tensors
+                self.model = add_adapter(sharing_twin(self.model), spec.lora)  # (peft keeps the adapter in fp32)
+            else:
+                self.masters = masters_for(self.model)
+                if self.masters is not None:  # optimiser, checkpoints, publication: fp32; forward: model.dtype
+                    self.model = self.masters.model
         else:
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh(spec.device.split(":")[0], (world_size,))
             self.model = spec.build(spec.device if rank == 0 else "meta")
+            if spec.lora is not None:  # before sharding: FSDP2 shards base and adapter alike
+                self.model = add_adapter(self.model, spec.lora)
             state = self.model.state_dict() if rank == 0 else None
             shard_model(self.model, mesh, spec.reshard_after_forward, mixed_precision(spec.device, spec.dtype))
             load_full_state(self.model, state, spec.device)
         self.model.eval()  # no dropout: recorded and recomputed log-probs must agree
         if self.masters is not None:
             self.masters.compute.eval()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter's alone
+        self.optimizer = torch.optim.AdamW(trained, lr=spec.lr, weight_decay=spec.weight_decay)
         self.transfer: TransferGroup | None = None
         """This rank's membership of the run's transfer group (``weights.transport=collective``)."""
 
@@ -248,10 +260,10 @@ class RankWorker:
         }
 
     def _snapshot(self) -> tuple[list[Tensor], dict[str, Any]]:
-        """This rank's parameter shards and AdamW state, copied (local: no collective), taken before the first of
-        several minibatches, as :class:`~psrl.train.Trainer` does."""
+        """This rank's trained parameter shards (LoRA: the adapter's; the frozen base cannot move) and AdamW state,
+        copied (local: no collective), taken before the first of several minibatches."""
         with torch.no_grad():
-            params = [p.detach().clone() for p in self.model.parameters()]
+            params = [p.detach().clone() for p in self.model.parameters() if p.requires_grad]
         return params, copy.deepcopy(self.optimizer.state_dict())
 
     def _restore(self, before: tuple[list[Tensor], dict[str, Any]] | None) -> None:
@@ -261,7 +273,7 @@ class RankWorker:
         if before is None:
             return
         with torch.no_grad():
-            for p, saved in zip(self.model.parameters(), before[0]):
+            for p, saved in zip((p for p in self.model.parameters() if p.requires_grad), before[0]):
                 p.copy_(saved)
         self.optimizer.load_state_dict(before[1])
         self._synced()
@@ -305,15 +317,40 @@ class RankWorker:
         """Write the weights as ``root/v{version}`` (:func:`psrl.weights.publish_model`): bucket by bucket, every rank
         gathering each bucket (collectives, in the same order) and writing the buckets it owns; rank 0 finishes the
         version. On return the version exists, on every rank. ``dtype``: ``model.dtype`` (fp32 masters are cast)."""
-        return publish_model(
-            self.model, root, version, rank=self.rank, world=self.world, bucket_mb=bucket_mb, dtype=dtype, keep=keep
+        names, meta = self._adapter_names()
+        out = publish_model(
+            self.model,
+            root,
+            version,
+            rank=self.rank,
+            world=self.world,
+            bucket_mb=bucket_mb,
+            dtype=dtype,
+            keep=keep,
+            select=names,
+            meta=meta,
         )
+        self._base_sent = True
+        return out
 
     def export(self, bucket_mb: float, dtype: torch.dtype) -> dict[str, Tensor]:
         """World size 1: the weights as CPU tensors in ``dtype`` (the in-memory store)."""
         if self.world > 1:
             raise RuntimeError("RankWorker.export is world size 1's: sharded ranks publish files (publish)")
-        return export_state(self.model, bucket_mb, dtype)
+        names, _ = self._adapter_names()
+        out = export_state(self.model, bucket_mb, dtype, names)
+        self._base_sent = True
+        return out
+
+    def _adapter_names(self) -> tuple[dict[str, tuple[str, float]] | None, dict | None]:
+        """LoRA: the tensors a version publishes (:func:`psrl.weights.adapter.published_names`: the adapter, and the
+        base in this worker's first version) and its manifest fields; None, None for full fine-tuning."""
+        lora = self.spec.lora
+        if lora is None:
+            return None, None
+        with_base = not self._base_sent
+        names = published_names(self.model.state_dict(), lora.scale, with_base)
+        return names, adapter_meta(lora.base, lora.rank, lora.alpha, lora.target_modules, with_base)
 
     def join_transfer(self, address: GroupAddress) -> None:
         """Join the run's transfer group as group rank ``self.rank`` (blocks until every member has joined)."""

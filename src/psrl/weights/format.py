@@ -120,10 +120,13 @@ def write_bucket(directory: Path, index: int, count: int, tensors: Mapping[str, 
     )
 
 
-def finish_version(tmp: Path, root: Path, version: int, buckets: Sequence[BucketInfo], keep: int) -> Path:
+def finish_version(
+    tmp: Path, root: Path, version: int, buckets: Sequence[BucketInfo], keep: int, meta: Mapping | None = None
+) -> Path:
     """After every bucket of ``tmp`` is written: the index, then the manifest, then ``root/v{version}`` -- a link
     to ``tmp`` renamed to a unique name -- made or replaced in one ``os.replace`` (a reader sees the old version or
-    the new one, whole); then :func:`prune` to ``keep`` versions. Returns ``root/v{version}``."""
+    the new one, whole); then :func:`prune` to ``keep`` versions. Returns ``root/v{version}``. ``meta``: more
+    manifest fields (an adapter version's ``kind``, base and LoRA settings: :mod:`psrl.weights.adapter`)."""
     buckets = sorted(buckets, key=lambda b: b.index)
     if [b.index for b in buckets] != list(range(len(buckets))):
         raise ValueError(f"version {version}: buckets {[b.index for b in buckets]} are not 0..{len(buckets) - 1}")
@@ -137,6 +140,7 @@ def finish_version(tmp: Path, root: Path, version: int, buckets: Sequence[Bucket
         "tensors": len(weight_map),
         "dtypes": sorted({d for b in buckets for d in b.dtypes}),
         "buckets": [{"file": b.file, "names": list(b.names), "bytes": b.nbytes, "digest": b.digest} for b in buckets],
+        **(meta or {}),
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     data = root / f"v{int(version)}.{uuid.uuid4().hex[:8]}"

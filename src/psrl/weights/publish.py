@@ -35,11 +35,20 @@ def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 
 def iter_buckets(
-    model: nn.Module, rank: int = 0, world: int = 1, bucket_bytes: int = 256 * MB, dtype: torch.dtype | None = None
+    model: nn.Module,
+    rank: int = 0,
+    world: int = 1,
+    bucket_bytes: int = 256 * MB,
+    dtype: torch.dtype | None = None,
+    select: Mapping[str, tuple[str, float]] | None = None,
 ) -> Iterator[tuple[int, int, dict[str, torch.Tensor] | None]]:
     """``(index, count, tensors)`` per bucket, ``tensors`` (CPU, cast to ``dtype`` where floating) on the rank that
-    owns the bucket and None on the others. Every rank must run the whole iteration (the gathers are collectives)."""
+    owns the bucket and None on the others. Every rank must run the whole iteration (the gathers are collectives).
+    ``select``: publish only these tensors of the state, each as ``(published name, factor)`` (a LoRA adapter's:
+    :func:`psrl.weights.adapter.published_names`); None: every tensor as it is named."""
     state = model.state_dict()
+    if select is not None:
+        state = {n: t for n, t in state.items() if n in select}
     sizes = [(n, t.numel() * _cast(t, dtype).itemsize) for n, t in state.items()]
     buckets = plan_buckets(sizes, bucket_bytes)
     for b, names in enumerate(buckets):
@@ -54,6 +63,8 @@ def iter_buckets(
                 del full
             elif mine:  # a plain module's live parameter: copied
                 out[name] = t.detach().to("cpu", dtype=_cast(t, dtype), copy=True)
+        if select is not None and mine:
+            out = {select[n][0]: (t * select[n][1] if select[n][1] != 1.0 else t) for n, t in out.items()}
         yield b, len(buckets), (out if mine else None)
 
 
@@ -100,10 +111,13 @@ def publish_model(
     bucket_mb: float = 256,
     dtype: torch.dtype | None = None,
     keep: int = 2,
+    select: Mapping[str, tuple[str, float]] | None = None,
+    meta: Mapping | None = None,
 ) -> dict:
     """Write ``model`` (sharded over ``world`` ranks, or whole at world 1) as ``root/v{version}``: each rank its own
     buckets, rank 0 the index, manifest and link after gathering the others' bucket records. Every rank calls it;
-    on return the version exists. Returns ``{"version", "bytes", "digest", "path"}``."""
+    on return the version exists. Returns ``{"version", "bytes", "digest", "path"}``. ``select``: as
+    :func:`iter_buckets`; ``meta``: more manifest fields (:func:`~psrl.weights.format.finish_version`)."""
     root = Path(root)
     tmp = root / f"v{int(version)}.tmp"
     if rank == 0:
@@ -112,7 +126,7 @@ def publish_model(
     if world > 1:
         dist.barrier()
     mine: list[BucketInfo] = []
-    for b, count, tensors in iter_buckets(model, rank, world, int(bucket_mb * MB), dtype):
+    for b, count, tensors in iter_buckets(model, rank, world, int(bucket_mb * MB), dtype, select):
         if tensors is not None:
             mine.append(write_bucket(tmp, b, count, tensors))
             del tensors
@@ -123,7 +137,7 @@ def publish_model(
         infos = [i for part in gathered or [] for i in part]
     summary: list[dict] = [{}]
     if rank == 0:
-        final = finish_version(tmp, root, version, infos, keep)
+        final = finish_version(tmp, root, version, infos, keep, meta)
         digest = version_digest([i.digest for i in sorted(infos, key=lambda i: i.index)])
         summary = [
             {"version": int(version), "bytes": sum(i.nbytes for i in infos), "digest": digest, "path": str(final)}
@@ -133,12 +147,17 @@ def publish_model(
     return summary[0]
 
 
-def export_state(model: nn.Module, bucket_mb: float = 256, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """World size 1 in memory: the model's tensors (CPU copies, in ``dtype``), bucket by bucket as
-    :func:`publish_model` takes them. No digest: nothing crosses a process (:func:`state_digest` computes the one
-    :func:`publish_model` would write, when a caller wants it)."""
+def export_state(
+    model: nn.Module,
+    bucket_mb: float = 256,
+    dtype: torch.dtype | None = None,
+    select: Mapping[str, tuple[str, float]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """World size 1 in memory: the model's tensors (CPU copies, in ``dtype``; ``select`` as :func:`iter_buckets`),
+    bucket by bucket as :func:`publish_model` takes them. No digest: nothing crosses a process
+    (:func:`state_digest` computes the one :func:`publish_model` would write, when a caller wants it)."""
     state: dict[str, torch.Tensor] = {}
-    for _, _, tensors in iter_buckets(model, 0, 1, int(bucket_mb * MB), dtype):
+    for _, _, tensors in iter_buckets(model, 0, 1, int(bucket_mb * MB), dtype, select):
         assert tensors is not None
         state.update(tensors)
     return state

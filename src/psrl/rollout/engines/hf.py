@@ -41,6 +41,7 @@ from psrl.models.policy import Policy, left_pad, sample
 from psrl.rollout.engines.base import BatchingEngine, row_uniforms
 from psrl.types import GenRequest, Sampling, WeightState
 from psrl.weights import check_version, read_buckets, read_manifest
+from psrl.weights.adapter import MergedAdapter, is_adapter
 
 __all__ = ["HFEngine", "KV_MODES"]
 
@@ -74,6 +75,8 @@ class HFEngine(BatchingEngine):
         self._cached: list[GenRequest] = []
         self._cache: Cache | None = None
         self._mask: torch.Tensor | None = None
+        self._adapter: MergedAdapter | None = None
+        """LoRA versions (:mod:`psrl.weights.adapter`): merged into the model over a kept copy of its base."""
 
     @property
     def version(self) -> int:
@@ -87,7 +90,12 @@ class HFEngine(BatchingEngine):
         return await asyncio.to_thread(self.step, rows)
 
     async def _load(self, state: WeightState, version: int) -> None:
-        await asyncio.to_thread(self.policy.load_weights, state, version)
+        if any(is_adapter(n) for n in state):
+            await asyncio.to_thread(self._lora().load, state)
+            self.policy.version = int(version)
+        else:
+            self._adapter = None  # a whole model: any kept base is stale
+            await asyncio.to_thread(self.policy.load_weights, state, version)
         if self.kv_after_update == "recompute":
             self._drop_all()
 
@@ -100,9 +108,12 @@ class HFEngine(BatchingEngine):
 
     def _stream(self, directory: Path, version: int) -> None:
         model = self.policy.model
-        names = {n for b in read_manifest(directory)["buckets"] for n in b["names"]}
-        have = set(model.state_dict())
-        if names != have:
+        manifest = read_manifest(directory)
+        names = {n for b in manifest["buckets"] for n in b["names"]}
+        if manifest.get("kind") == "lora":
+            self._lora().check(names)
+        elif names != set(model.state_dict()):
+            have = set(model.state_dict())
             raise ValueError(
                 f"{directory}: its tensors are not the engine's model's (missing {sorted(have - names)[:3]}, "
                 f"unknown {sorted(names - have)[:3]})"
@@ -110,9 +121,19 @@ class HFEngine(BatchingEngine):
         got = check_version(directory)
         if got != version:
             raise ValueError(f"{directory} holds version {got}, not {version}")
-        for _, tensors in read_buckets(directory, check=False):
-            model.load_state_dict(tensors, strict=False)
+        buckets = (tensors for _, tensors in read_buckets(directory, check=False))
+        if manifest.get("kind") == "lora":
+            self._lora().load_buckets(buckets, names)
+        else:
+            self._adapter = None
+            for tensors in buckets:
+                model.load_state_dict(tensors, strict=False)
         self.policy.version = int(version)
+
+    def _lora(self) -> MergedAdapter:
+        if self._adapter is None:
+            self._adapter = MergedAdapter(self.policy.model)
+        return self._adapter
 
     async def restart(self) -> None:
         """Start over after a failure: no cache, the same weights (the instance reloads the newest)."""
