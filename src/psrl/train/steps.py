@@ -193,3 +193,14 @@ def step_input(
         for k in range(len(plan.minibatches))
     )
     return StepInput(plan, prompts, responses, old_rows, behav, adv, mask, weights, lr_scale)
+
+
+class _Same:
+    """World size 1's model builder: the policy's own model (the rank trains it in place; nothing is copied -- a
+    16-bit model gets an fp32 twin the optimiser steps, :mod:`psrl.train.masters`, and takes its values back)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __call__(self, device: str) -> torch.nn.Module:
+        return self.model

@@ -1,37 +1,16 @@
-"""The trainer (issue #33, item 1): one path at every world size. The driver's :class:`Trainer` plans each step and
+"""The trainer: one path at every world size (docs/trainer.md). The driver's :class:`Trainer` plans each step and
 computes the batch-global statistics; the rank workers (:class:`~psrl.train.worker.RankWorker`) hold the model and
 AdamW and run the forwards, backwards and optimiser steps -- in the driver's own process at world size 1
-(:class:`~psrl.train.launch.InProcess`, over the policy's own model: no copy), in rank processes
-(:class:`~psrl.train.launch.LocalRanks`) or Ray actors (:class:`psrl.runtime.ray_ranks.RayRanks`), FSDP2-sharded,
-at ``psrl.deployment.train_nnodes x train_ngpus_per_node`` ranks.
-
-Per step, in the coordinator's training thread (the event loop keeps serving the rollout side):
-
-1. advantages, then the planner's :func:`~psrl.train.planner.plan` (tokens balanced over the ranks, micro-batches
-   under ``trainer.micro_batch_tokens``);
-2. ``logprobs`` on every rank: the pre-update log-probs, merged here, so the batch-global statistics (the mismatch
-   metric, ``divergence/*``, the rollout corrections' keep mask and learning-rate scale) see the whole batch;
-3. ``train_step`` with the global loss weights (:func:`~psrl.train.worker.step_input`).
-
-:meth:`Trainer.publish` then makes the new version the engines' (:mod:`psrl.weights`): the ranks write
-``weights/v{N}`` bucket by bucket from their shards (:class:`~psrl.weights.FileVersions`: vLLM servers, Ray actors,
-rank processes), or, at world size 1 with ``hf`` engines in this process, the in-process rank hands its tensors to a
-:class:`~psrl.weights.ParameterStore`; with ``weights.transport=collective`` the ranks send it over the run's
-transfer group to the receivers (:mod:`psrl.train.transfer`). At world size > 1 the driver's policy holds no trained
-weights: validation runs on engines that load the published versions and ``final/`` is the newest version's files
-(:func:`psrl.weights.write_model_directory`; a version that was only sent is written as files when they are
-asked for); with vLLM or Ray engines and no warm start it holds none at all (built on ``meta``: the
-ranks build the weights from ``model.*``, :class:`~psrl.models.builder.ModelRecipe`).
-
-Checkpoints, one format at every world size: ``ranks/`` (model and AdamW with ``torch.distributed.checkpoint``,
-loadable at any world size) beside ``trainer.pt`` (version, generator states, skip counters, world size: no
-weights). A checkpoint of the earlier world-size-1 layout (``trainer.pt`` with the weights and AdamW, no ``ranks/``)
-is converted on load. The ranks write their files between two steps, always (a collective); with
-``trainer.checkpoint_in_background`` (:meth:`state_dict`) moving them into place and writing ``trainer.pt`` is the
-writer thread's.
-
-A NaN or infinite loss or gradient norm skips the step: no optimiser step is kept (with several minibatches the
-ranks restore the weights and AdamW from before the batch), ``last_skip`` says why, ``train/skipped_steps`` counts.
+(:class:`~psrl.train.launch.InProcess`, over the policy's own model), in rank processes
+(:class:`~psrl.train.launch.LocalRanks`) or Ray actors (:class:`psrl.runtime.ray_ranks.RayRanks`), FSDP2-sharded.
+Per step, in the coordinator's training thread: advantages and the planner's :func:`~psrl.train.planner.plan`;
+``logprobs`` on every rank, merged here for the batch-global statistics (mismatch, ``divergence/*``, the rollout
+corrections); ``train_step`` with the global loss weights. A NaN or infinite loss or gradient norm skips the step
+(``last_skip`` says why). :meth:`Trainer.publish` then makes the new version the engines' (:mod:`psrl.weights`):
+files the ranks write from their shards, tensors handed over in memory (world size 1, ``hf`` engines here), or the
+collective transport (:mod:`psrl.train.transfer`); with LoRA the adapter alone (:mod:`psrl.train.lora`).
+Checkpoints, one format at every world size: ``ranks/`` (DCP, loadable at any world size) beside ``trainer.pt``
+(the driver's state, no weights); the earlier world-size-1 layout is converted on load.
 """
 
 from __future__ import annotations
@@ -58,6 +37,7 @@ from psrl.train.lora import LoraSpec
 from psrl.train.planner import plan
 from psrl.train.shard import master_dtype
 from psrl.train.steps import (
+    _Same,
     batch_advantages,
     logprob_mismatch,
     mean_metrics,
@@ -160,14 +140,13 @@ class Trainer:
         self._loaded = policy.version
         """The version whose weights the driver's policy holds (at world size 1: always the trained one)."""
         self.lora = lora
-        self._merged: tuple[MergedAdapter, Policy] | None = None
+        self._merged: tuple[MergedAdapter, Policy] | None = None  # LoRA: the merged policy, by version
         self._merged_version: int | None = None
 
     @property
     def version(self) -> int:
         return self.policy.version
 
-    # ------------------------------------------------------------------ ranks
 
     def start(self) -> Ranks:
         """Start the ranks from the driver's policy weights (once; again after :meth:`close` or a failed load)."""
@@ -469,14 +448,3 @@ class Trainer:
         shutil.rmtree(out, ignore_errors=True)
         worker.save(str(out))
         return out
-
-
-class _Same:
-    """World size 1's model builder: the policy's own model (the rank trains it in place; nothing is copied -- a
-    16-bit model gets an fp32 twin the optimiser steps, :mod:`psrl.train.masters`, and takes its values back)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-
-    def __call__(self, device: str) -> torch.nn.Module:
-        return self.model
