@@ -147,7 +147,6 @@ class Trainer:
     def version(self) -> int:
         return self.policy.version
 
-
     def start(self) -> Ranks:
         """Start the ranks from the driver's policy weights (once; again after :meth:`close` or a failed load)."""
         if self.ranks is None:
