@@ -50,6 +50,7 @@ from psrl.train.launch import (
     join_group,
     leave_group,
     redirect_output,
+    silence_report,
 )
 from psrl.train.worker import RankWorker, WorkerSpec
 
@@ -311,13 +312,7 @@ class RayRanks(RankGroup):
         silent = [r for r in waiting if now - heard[r] > SILENT_BEATS * self.heartbeat_s]
         if silent:
             others = [r for r in waiting if r not in silent]
-            self._fail(
-                silent[0],
-                f"went silent during {cmd!r}: no heartbeat for {now - heard[silent[0]]:.1f} s "
-                f"(trainer.rank_heartbeat_s={self.heartbeat_s:g}; stopped or hung)"
-                + (f"; silent ranks: {', '.join(map(str, silent))}" if len(silent) > 1 else "")
-                + (f"; alive and waiting: {', '.join(map(str, others))}" if others else ""),
-            )
+            self._fail(silent[0], silence_report(cmd, now - heard[silent[0]], self.heartbeat_s, silent, others))
 
     def _fail_from(self, got: dict[int, tuple[str, Any]]) -> NoReturn:
         """Raise for the first dead rank, else for the first that failed."""

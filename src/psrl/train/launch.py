@@ -99,6 +99,16 @@ Launcher = Callable[[WorkerSpec, int, float, Path], Ranks]
 log_dir) -> Ranks``; :class:`LocalRanks` by default."""
 
 
+def silence_report(cmd: str, quiet_s: float, heartbeat_s: float, silent: list[int], others: list[int]) -> str:
+    """What a rank group reports of ``silent[0]`` (named alone; ``others``: the ranks alive and waiting)."""
+    return (
+        f"went silent during {cmd!r}: no heartbeat for {quiet_s:.1f} s "
+        f"(trainer.rank_heartbeat_s={heartbeat_s:g}; stopped or hung)"
+        + (f"; silent ranks: {', '.join(map(str, silent))}" if len(silent) > 1 else "")
+        + (f"; alive and waiting: {', '.join(map(str, others))}" if others else "")
+    )
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface (for the ranks' rendezvous)."""
     with socket.socket() as s:
@@ -266,13 +276,7 @@ class LocalRanks(RankGroup):
             silent = [r for r in pending if heartbeats and r not in out and now - heard[r][1] > silence]
             if silent:
                 others = [r for r in pending if r not in out and r not in silent]
-                self._fail(
-                    silent[0],
-                    f"went silent during {cmd!r}: no heartbeat for {now - heard[silent[0]][1]:.1f} s "
-                    f"(trainer.rank_heartbeat_s={self.heartbeat_s:g}; stopped or hung)"
-                    + (f"; silent ranks: {', '.join(map(str, silent))}" if len(silent) > 1 else "")
-                    + (f"; alive and waiting: {', '.join(map(str, others))}" if others else ""),
-                )
+                self._fail(silent[0], silence_report(cmd, now - heard[silent[0]][1], self.heartbeat_s, silent, others))
             if now >= deadline:
                 names = ", ".join(str(r) for r in pending if r not in out)
                 self._fail(
