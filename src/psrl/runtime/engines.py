@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from psrl.config import Config
     from psrl.tasks.base import Task
 
-__all__ = ["build_engines", "validation_engines"]
+__all__ = ["build_engines", "validation_engines", "object_versions"]
 
 
 def build_engines(
@@ -40,9 +40,8 @@ def build_engines(
     sampling = sampling_of(cfg, task)
     if cfg.runtime.backend == "ray":
         from psrl.runtime.ray_runtime import build_ray_engines
-        from psrl.runtime.ray_weights import ObjectVersions
 
-        feed = feed if feed is not None else ObjectVersions(keep=cfg.psrl.staleness + 2)
+        feed = feed if feed is not None else object_versions(cfg)
         return build_ray_engines(cfg, n, seed, feed, policy, task, run_dir)
     if r.engine == "vllm":
         from psrl.rollout.engines.vllm_fleet import build_vllm_engines
@@ -54,6 +53,16 @@ def build_engines(
         HFEngine(policy.replica(seed=seed + 1 + i), kv_after_update=r.kv_after_update, sampling=sampling)
         for i in range(n)
     ]
+
+
+def object_versions(cfg: Config) -> Any:
+    """With ``runtime.backend=ray``: where the ranks record the refs of each version's buckets in Ray's object
+    store and the engine actors find them (:class:`psrl.runtime.ray_weights.ObjectVersions`); else None."""
+    if cfg.runtime.backend != "ray":
+        return None
+    from psrl.runtime.ray_weights import ObjectVersions
+
+    return ObjectVersions(keep=cfg.psrl.staleness + 2)
 
 
 def _newest_directory(weights: WeightSource | None) -> Path | None:

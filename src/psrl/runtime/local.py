@@ -28,7 +28,7 @@ from psrl.rollout.engines.base import TokenModel
 from psrl.runtime.adaptive import Move, StalenessController
 from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.runtime.coordinator import Coordinator, TrainerWait, build_staleness_manager
-from psrl.runtime.engines import build_engines, validation_engines
+from psrl.runtime.engines import build_engines, object_versions, validation_engines
 from psrl.runtime.recorder import EventLog, RunRecorder
 from psrl.runtime.validate import ValidationEngines
 from psrl.runtime.watch import RunWatch
@@ -130,7 +130,7 @@ def build(
         find_vllm_python(cfg.rollout.vllm.python)  # before the warm start: a missing environment is said at once
     seed_everything(cfg.trainer.seed)
     made: Trainer | None = None  # the trainer built here: the warm start runs on it
-    feed = _object_versions(cfg)
+    feed = object_versions(cfg)
     if task is None or trainer is None:
         built, policy = build_task_and_policy(cfg, lambda t: weights is not None or driver_holds_weights(cfg, t))
         task = task if task is not None else built
@@ -167,16 +167,6 @@ def in_memory_versions(cfg: Config) -> bool:
     ``RUN_DIR/weights/v{N}`` (:mod:`psrl.weights`), or send it (``weights.transport=collective``)."""
     local_hf = cfg.rollout.engine == "hf" and cfg.runtime.backend == "local"
     return cfg.psrl.deployment.train_world_size == 1 and local_hf and cfg.weights.transport == "files"
-
-
-def _object_versions(cfg: Config) -> Any:
-    """With ``runtime.backend=ray``: where the ranks record the refs of each version's buckets in Ray's object
-    store and the engine actors find them (:class:`psrl.runtime.ray_weights.ObjectVersions`); else None."""
-    if cfg.runtime.backend != "ray":
-        return None
-    from psrl.runtime.ray_weights import ObjectVersions
-
-    return ObjectVersions(keep=cfg.psrl.staleness + 2)
 
 
 def _trainer(cfg: Config, policy: Policy, recorder: RunRecorder | None, feed: Any = None) -> Trainer:
@@ -222,7 +212,7 @@ def _build(
     feed: Any = None,
 ) -> Coordinator:
     """:func:`build` once the task and the trainer exist (``made``: the trainer if :func:`build` made it; ``feed``:
-    :func:`_object_versions`)."""
+    the Ray engines' :func:`~psrl.runtime.engines.object_versions`)."""
     ck = None
     if recorder is not None and cfg.trainer.resume:
         ck = resume(recorder.run_dir, trainer, recorder, build_group_filter(cfg.psrl, cfg.algorithm), log, on_event)
