@@ -145,28 +145,9 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
                 biggest = max(b.nbytes for b in layout(policy.model, int(bucket_mb * MB)))
         finally:
             trainer.close()
-    driver = _rss()  # before the copy below, which holds two more model-sized buffers
-    copy_s = _copy_seconds(model_bytes)
-    out: dict[str, Any] = {
-        "size": size,
-        "world": world,
-        "transport": transport,
-        "engine": "hf",
-        "model_bytes": model_bytes,
-        "weights_bytes": pub["weights/bytes"],
-        "publish_s": pub["time/publish_s"],
-        "sync_s": sync_s,
-        "copy_s": copy_s,
-        "sync_over_copy": sync_s / copy_s,
-        "driver_ratio": (driver["peak_rss_bytes"] - base) / model_bytes,
-    }
-    if world > 1:
-        allowance = [biggest + 0.1 * b["param_bytes"] for b in before]  # the largest bucket written: a tensor
-        # larger than weights.bucket_mb is a bucket of its own
-        excess = [a["peak_rss_bytes"] - b["rss_bytes"] for a, b in zip(after, before)]
-        out["rank_publish_excess_bytes"] = excess
-        out["rank_publish_excess"] = max(e / w for e, w in zip(excess, allowance))
-    return out
+    return _figures(
+        size, world, transport, "hf", model_bytes, base, pub, sync_s, biggest, before, after, world > 1, False
+    )
 
 
 def one_vllm(size: str, world: int, bucket_mb: float, layers: int | None, python: str) -> dict[str, Any]:
@@ -221,13 +202,35 @@ def one_vllm(size: str, world: int, bucket_mb: float, layers: int | None, python
         finally:
             trainer.close()
     assert policy.weightless, "the driver's policy was given weights"
-    driver = _rss()
+    return _figures(size, world, "files", "vllm", model_bytes, base, pub, sync_s, biggest, before, after, True, True)
+
+
+def _figures(
+    size: str,
+    world: int,
+    transport: str,
+    engine: str,
+    model_bytes: int,
+    base: int,
+    pub: dict[str, float],
+    sync_s: float,
+    biggest: int,
+    before: list[dict[str, int]],
+    after: list[dict[str, int]],
+    ranks: bool,
+    above_start: bool,
+) -> dict[str, Any]:
+    """One configuration's figures, measured now in this process (the driver's peak RSS, then a plain copy of the
+    model's bytes); with ``above_start`` also the driver's peak above ``base`` in bytes, and with ``ranks`` each
+    rank's publish peak over its allowance: the largest bucket written (a tensor larger than weights.bucket_mb is a
+    bucket of its own) + 10 % of its shard."""
+    driver = _rss()  # before the copy below, which holds two more model-sized buffers
     copy_s = _copy_seconds(model_bytes)
     out: dict[str, Any] = {
         "size": size,
         "world": world,
-        "transport": "files",
-        "engine": "vllm",
+        "transport": transport,
+        "engine": engine,
         "model_bytes": model_bytes,
         "weights_bytes": pub["weights/bytes"],
         "publish_s": pub["time/publish_s"],
@@ -235,12 +238,14 @@ def one_vllm(size: str, world: int, bucket_mb: float, layers: int | None, python
         "copy_s": copy_s,
         "sync_over_copy": sync_s / copy_s,
         "driver_ratio": (driver["peak_rss_bytes"] - base) / model_bytes,
-        "driver_peak_above_start_bytes": driver["peak_rss_bytes"] - base,
     }
-    allowance = [biggest + 0.1 * b["param_bytes"] for b in before]
-    excess = [a["peak_rss_bytes"] - b["rss_bytes"] for a, b in zip(after, before)]
-    out["rank_publish_excess_bytes"] = excess
-    out["rank_publish_excess"] = max(e / w for e, w in zip(excess, allowance))
+    if above_start:
+        out["driver_peak_above_start_bytes"] = driver["peak_rss_bytes"] - base
+    if ranks:
+        allowance = [biggest + 0.1 * b["param_bytes"] for b in before]
+        excess = [a["peak_rss_bytes"] - b["rss_bytes"] for a, b in zip(after, before)]
+        out["rank_publish_excess_bytes"] = excess
+        out["rank_publish_excess"] = max(e / w for e, w in zip(excess, allowance))
     return out
 
 
