@@ -64,8 +64,6 @@ class ModelRecipe:
                     kw["gguf_file"] = self.gguf_file
                 model = AutoModelForCausalLM.from_pretrained(self.path, **kw)
                 if self.gguf_file:
-                    from psrl.models.policy import drop_gguf_quantizer
-
                     drop_gguf_quantizer(model, self.gguf_file)
                 self._grow(model, mean_resizing=True)
         return model.to(DTYPES[self.dtype])
@@ -127,3 +125,17 @@ def write_start_state(model: nn.Module, path: str | Path, dtype: str = "float32"
     if not isinstance(config, PretrainedConfig):
         raise TypeError(f"{type(model).__name__}: the sharded trainer builds transformers models (no .config)")
     return StateFileModel(config, str(path), dtype)
+
+
+def drop_gguf_quantizer(model, gguf_file: str) -> None:
+    """A GGUF model we train is dequantized into plain float weights; forget the GGUF quantizer so that
+    ``save_pretrained`` writes those weights (transformers refuses to serialise a "gguf-quantized" model)."""
+    packed = [n for n, w in model.named_parameters() if not w.is_floating_point()]
+    if packed:
+        raise ValueError(
+            f"model.gguf_file: {gguf_file} loaded with weights left in GGUF blocks ({packed[0]}, ...); "
+            "psrl trains float weights: uninstall the 'kernels' package so transformers dequantizes it"
+        )
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config

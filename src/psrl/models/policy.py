@@ -299,17 +299,3 @@ def _tiny_gpt2_config(model_cfg, tok):
         eos_token_id=tok.eos_id,
         pad_token_id=tok.pad_id,
     )
-
-
-def drop_gguf_quantizer(model, gguf_file: str) -> None:
-    """A GGUF model we train is dequantized into plain float weights; forget the GGUF quantizer so that
-    ``save_pretrained`` writes those weights (transformers refuses to serialise a "gguf-quantized" model)."""
-    packed = [n for n, w in model.named_parameters() if not w.is_floating_point()]
-    if packed:
-        raise ValueError(
-            f"model.gguf_file: {gguf_file} loaded with weights left in GGUF blocks ({packed[0]}, ...); "
-            "psrl trains float weights: uninstall the 'kernels' package so transformers dequantizes it"
-        )
-    model.hf_quantizer = None
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config

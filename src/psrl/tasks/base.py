@@ -20,6 +20,7 @@ from typing import Any
 from psrl.types import Trajectory
 
 __all__ = [
+    "RewardError",
     "Prompt",
     "Segment",
     "Episode",
@@ -30,6 +31,10 @@ __all__ = [
     "episode_to_trajectory",
     "compute_reward",
 ]
+
+
+class RewardError(RuntimeError):
+    """A reward call raised, timed out or returned something that is not a score."""
 
 
 @dataclass

@@ -5,7 +5,7 @@ filled in) as one user message; the first match of ``task.judge.parse`` in its r
 match) is the score. At most ``task.judge.concurrency`` requests are in flight at once (a slow judge queues the
 rest instead of being flooded); each gets ``task.judge.timeout`` seconds and is retried ``task.judge.retries``
 times on an HTTP error, a timeout or a reply the rule cannot parse. After them the call raises
-:class:`~psrl.tasks.rewards.RewardError` naming the cause, which the agent manager retries and then records like
+:class:`~psrl.tasks.base.RewardError` naming the cause, which the agent manager retries and then records like
 any failing reward (``status: error``; a group that can no longer fill is aborted), so a judge that hangs costs
 bounded time and loses nothing. The config check keeps ``(retries + 1) * timeout`` within
 ``task.reward_timeout``.
@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import re
 from typing import Any
+
+from psrl.tasks.base import RewardError
 
 __all__ = ["JudgeReward"]
 
@@ -44,8 +46,6 @@ class JudgeReward:
         return self._gate
 
     async def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-        from psrl.tasks.rewards import RewardError
-
         question = (extra_info or {}).get("question", "") if isinstance(extra_info, dict) else ""
         prompt = self.cfg.prompt.format(
             question=question, answer=solution_str, ground_truth=ground_truth, data_source=data_source

@@ -31,12 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from psrl.errors import ConfigError
+from psrl.tasks.base import RewardError
 
 __all__ = ["RewardError", "RewardExecutor", "RewardFn", "build_reward", "load_function", "math_score", "exact_score"]
-
-
-class RewardError(RuntimeError):
-    """A reward call raised, timed out or returned something that is not a score."""
 
 
 def exact_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
