@@ -174,7 +174,7 @@ def one_vllm(size: str, world: int, bucket_mb: float, layers: int | None, python
         ranks = trainer.start()
         trainer.publish(0)
         assert isinstance(trainer.out, FileVersions)
-        model_dir = write_model_directory(trainer.out.directory(0), tmp / "model", config, policy.tokenizer)
+        model_dir = write_model_directory(trainer.out.directory(0), tmp / "model", policy.model, policy.tokenizer)
         server = VLLMServer(python, model_dir, tmp / "server.log", max_model_len=256, kv_cache_gb=1)
         engine = VLLMEngine(server=server)
         try:

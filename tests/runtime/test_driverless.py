@@ -5,6 +5,8 @@ from ``model.*`` themselves -- the same start weights as a policy built in the d
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -77,9 +79,12 @@ def test_final_is_a_published_version_that_transformers_and_model_path_load(tmp_
     publish_model(trained.model, tmp_path / "weights", 5, bucket_mb=0.01)  # several buckets
     light = build_policy(cfg.model, task, seed=3, weights=False)
     final = write_model_directory(
-        FileVersions(tmp_path / "weights").directory(5), tmp_path / "final", light.model.config, light.tokenizer
+        FileVersions(tmp_path / "weights").directory(5), tmp_path / "final", light.model, light.tokenizer
     )
     assert (final / VERSION_FILE).read_text().strip() == "5"
+    # a config built in code names no architecture, and vLLM picks its model class by it (else: a pooling model)
+    assert not light.model.config.architectures
+    assert json.loads((final / "config.json").read_text())["architectures"] == [type(trained.model).__name__]
     loaded = AutoModelForCausalLM.from_pretrained(str(final), local_files_only=True).state_dict()
     want = trained.model.state_dict()
     assert all(torch.equal(loaded[k], want[k]) for k in want)

@@ -378,8 +378,8 @@ def write_final(coord: Coordinator, out: Path, made: Trainer | None = None) -> P
         made.save_adapter(out / "adapter")
         return out
     if isinstance(store, VersionDirectories) and newest is not None:
-        config = getattr(getattr(policy, "model", None), "config", None)
-        return write_model_directory(store.directory(newest), out, config, getattr(policy, "tokenizer", None))
+        model = getattr(policy, "model", None)
+        return write_model_directory(store.directory(newest), out, model, getattr(policy, "tokenizer", None))
     if not isinstance(policy, _SavesPretrained):
         raise TypeError(f"psrl train writes final/ with the policy's save_pretrained: {type(policy).__name__} has none")
     return Path(policy.save_pretrained(out))

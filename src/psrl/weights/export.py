@@ -10,6 +10,7 @@ otherwise. The directory appears whole (written beside it, then renamed).
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import uuid
@@ -24,10 +25,16 @@ VERSION_FILE = "psrl_version.txt"
 """The version a model directory holds (``final/``), one line."""
 
 
-def write_model_directory(version_dir: str | Path, out: str | Path, config: Any, tokenizer: Any) -> Path:
+def write_model_directory(version_dir: str | Path, out: str | Path, model: Any, tokenizer: Any) -> Path:
     """``out``: the published version ``version_dir`` as a directory ``AutoModelForCausalLM.from_pretrained`` (and
-    ``model.path``, and a vLLM server) loads. ``config``: the model's ``transformers`` config; ``tokenizer``:
+    ``model.path``, and a vLLM server) loads. ``model``: the ``transformers`` model (e.g. a weightless policy's, on
+    ``meta``), or its config: the config is written with the model's class as ``architectures`` where it names
+    none (a config built in code, never saved, has none, and vLLM picks its model class by it); ``tokenizer``:
     anything with ``save_pretrained(directory)``. Replaces ``out`` if it exists."""
+    config = getattr(model, "config", model)
+    if config is not model and not getattr(config, "architectures", None):
+        config = copy.deepcopy(config)
+        config.architectures = [type(model).__name__]
     src, out = Path(version_dir).resolve(), Path(out)
     manifest = read_manifest(src)  # a complete version only
     tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")

@@ -50,7 +50,7 @@ def build_vllm_engines(
         if policy.weightless:
             if start is None:
                 raise ValueError("build_vllm_engines: a weightless policy's servers start from a published version")
-            write_model_directory(start, model_dir, policy.model.config, policy.tokenizer)
+            write_model_directory(start, model_dir, policy.model, policy.tokenizer)
         else:
             policy.save_pretrained(model_dir)
     if r.vllm.urls and attach:
