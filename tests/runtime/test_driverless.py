@@ -1,7 +1,8 @@
-"""A driver that holds no model it does not use (issue #33, item 5): with vLLM or Ray engines at world size > 1 and
-no warm start, the driver's policy is built on ``meta`` (config, shapes, tokenizer); the ranks build the weights
-from ``model.*`` themselves -- the same start weights as a policy built in the driver, bit for bit -- and
-``final/`` (and a vLLM server's start) is a published version's files with the config and tokenizer beside them."""
+"""A driver that holds no model it does not use (issue #33, item 5): with vLLM or Ray engines at world size > 1
+(a warm start then runs on the ranks), the driver's policy is built on ``meta`` (config, shapes, tokenizer); the
+ranks build the weights from ``model.*`` themselves -- the same start weights as a policy built in the driver, bit
+for bit -- and ``final/`` (and a vLLM server's start) is a published version's files with the config and tokenizer
+beside them."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def _cfg(*extra: str):
     [
         (["rollout.engine=vllm", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], False),
         (["runtime.backend=ray", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], False),
-        # a warm start runs on the driver's policy; one rank trains the driver's own model; hf engines copy it
-        (["rollout.engine=vllm", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=5"], True),
+        # a warm start runs on the ranks' shards; one rank trains the driver's own model; hf engines copy it
+        (["rollout.engine=vllm", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=5"], False),
         (["rollout.engine=vllm", "trainer.warm_start_steps=0"], True),
         (["psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], True),
     ],

@@ -13,9 +13,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -23,7 +27,16 @@ from torch.distributed.tensor import DTensor
 
 from psrl.models.builder import DTYPES
 
-__all__ = ["block_classes", "shard_model", "load_full_state", "full_state", "mixed_precision", "master_dtype"]
+__all__ = [
+    "block_classes",
+    "shard_model",
+    "load_full_state",
+    "full_state",
+    "full_value",
+    "mixed_precision",
+    "master_dtype",
+    "single_process_quiet",
+]
 
 
 def mixed_precision(device: str, dtype: str) -> MixedPrecisionPolicy | None:
@@ -88,3 +101,18 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
         full = t.full_tensor() if isinstance(t, DTensor) else t
         out[name] = full.detach().to("cpu", copy=True)
     return out
+
+
+@contextlib.contextmanager
+def single_process_quiet(world: int) -> Iterator[None]:
+    """At world size 1 DCP warns that it assumes one process on every call: that is the intent, say nothing."""
+    with warnings.catch_warnings():
+        if world == 1:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def full_value(norm: Tensor) -> float:
+    """The clip norm as a float: a DTensor under FSDP (its full value is the norm over every shard)."""
+    full = getattr(norm, "full_tensor", None)
+    return float(full() if callable(full) else norm)

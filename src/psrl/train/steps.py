@@ -30,6 +30,7 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "step_scaled",
+    "warm_start_chunks",
     "warm_start_policy",
 ]
 
@@ -109,6 +110,12 @@ def step_scaled(optimizer: torch.optim.Optimizer, lr_scale: float) -> None:
             g["lr"] = lr
 
 
+def warm_start_chunks(rng: random.Random, n: int, steps: int, batch_size: int) -> list[list[int]]:
+    """The demonstrations (indices into ``n``) of each warm-start step, drawn from ``rng``: the driver draws them at
+    every world size, so ranks warm-starting their shards (:mod:`psrl.train.warm`) see the rows one process would."""
+    return [[rng.randrange(n) for _ in range(min(batch_size, n))] for _ in range(steps)]
+
+
 def warm_start_policy(
     policy: Policy,
     cfg: TrainerConfig,
@@ -128,8 +135,8 @@ def warm_start_policy(
         model.parameters(), lr=cfg.warm_start_lr if lr is None else lr, weight_decay=cfg.weight_decay
     )
     losses = []
-    for _ in range(steps):
-        chunk = [demos[rng.randrange(len(demos))] for _ in range(min(batch_size, len(demos)))]
+    for picked in warm_start_chunks(rng, len(demos), steps, batch_size):
+        chunk = [demos[i] for i in picked]
         logp = policy.sequence_logprobs([d[0] for d in chunk], [d[1] for d in chunk], 1.0)
         mask = pad_rows([d[2] for d in chunk], policy.device)[:, : logp.shape[1]]
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1.0)

@@ -44,9 +44,11 @@ from psrl.train.steps import (
     pad_rows,
     rng_state,
     set_rng_state,
+    warm_start_chunks,
     warm_start_policy,
 )
 from psrl.train.transfer import CollectivePublisher
+from psrl.train.warm import Demos
 from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
 from psrl.weights import FileVersions, ParameterStore, read_manifest
 from psrl.weights.adapter import MergedAdapter, adapter_meta, peft_files
@@ -59,8 +61,7 @@ _STAGED = "ranks_staged"
 
 Published = ParameterStore | FileVersions | CollectiveVersions | SentVersions
 """Where :meth:`Trainer.publish` puts a version: memory (world size 1, ``hf`` engines here), directories, this
-process's receiver of the collective transport (``hf`` engines here, any world size), or the manifests of versions
-sent to the vLLM servers' receivers (:meth:`Trainer.send_to`)."""
+process's collective receiver (``hf`` engines here), or manifests of versions sent to vLLM (:meth:`Trainer.send_to`)."""
 
 
 class Trainer:
@@ -274,12 +275,15 @@ class Trainer:
     # ------------------------------------------------------------------ warm start
 
     def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: float | None = None) -> list[float]:
-        """The supervised warm start, in the driver on its policy, before the ranks start from its weights (with
-        LoRA it trains every weight: the adapter's base is then the warm-started model, and the versions say so)."""
-        if self.ranks is not None:
-            raise RuntimeError("Trainer.warm_start: the ranks have started already; warm-start before")
-        if self.policy.weightless:
-            raise RuntimeError("Trainer.warm_start runs on the driver's policy, which was built without weights")
+        """The supervised warm start: on the driver's policy before the ranks start from its weights, or, where the
+        driver holds none (world size > 1), on the ranks' shards (:mod:`psrl.train.warm`: the same steps). With
+        LoRA it trains every weight: the adapter's base is then the warm-started model, and the versions say so."""
+        if self.policy.weightless and self.lora is None:
+            chunks = warm_start_chunks(self.rng, len(demos), steps, batch_size) if demos else []
+            rate = self.cfg.warm_start_lr if lr is None else lr
+            return self._call("warm_start", (Demos.of(demos), chunks, rate))[0] if chunks else []
+        if self.ranks is not None or self.policy.weightless:
+            raise RuntimeError("Trainer.warm_start: the ranks have started, or the driver's policy holds no weights")
         if self.lora is not None and steps > 0:
             self.lora = dataclasses.replace(self.lora, base=f"{self.lora.base} after a {steps}-step warm start")
         return warm_start_policy(self.policy, self.cfg, self.rng, demos, steps, batch_size, lr)
@@ -344,9 +348,8 @@ class Trainer:
         out.commit_files(int(version))
 
     def latest_policy(self) -> Policy:
-        """The driver's policy holding the newest published weights (read from the version's files at world size
-        > 1, once per version): for tests and benchmarks; a run validates on engines and writes ``final/`` from
-        the version's files (with LoRA: the base with the newest adapter merged, :meth:`_lora_policy`)."""
+        """The driver's policy holding the newest published weights (once per version), for tests and benchmarks;
+        a run validates on engines (with LoRA: the base with the newest adapter merged, :meth:`_lora_policy`)."""
         if self.lora is not None:
             return self._lora_policy(self.policy.version)
         if self.policy.weightless:
@@ -383,11 +386,9 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self, copied: bool = True) -> dict:
-        """A checkpoint taken now, for :class:`~psrl.runtime.checkpoint.CheckpointSaver`'s writer thread
-        (``trainer.checkpoint_in_background``): the ranks write their DCP files now -- the collective runs here,
-        between two steps, never in the writer thread -- into ``checkpoint.ranks.tmp`` beside the run's
-        checkpoints. :meth:`save` later moves the files into place and writes ``trainer.pt``. ``copied`` is
-        accepted for the saver's signature (the ranks' files are a copy already)."""
+        """A checkpoint taken now, for :class:`~psrl.runtime.checkpoint.CheckpointSaver`'s writer thread: the ranks
+        write their DCP files now (the collective runs here, between steps) into ``checkpoint.ranks.tmp``;
+        :meth:`save` later moves them into place and writes ``trainer.pt``. ``copied``: the saver's signature."""
         staged = self.work_dir / "checkpoint.ranks.tmp"
         shutil.rmtree(staged, ignore_errors=True)
         self._call("save", (str(staged), self.cfg.save_optimizer))

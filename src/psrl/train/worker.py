@@ -17,6 +17,7 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
 * ``join_transfer(address)``, ``transfer_layout((bucket_mb, dtype))``, ``send((bucket_mb, dtype, receivers))``,
   ``leave_transfer()`` -- ``weights.transport=collective`` (:mod:`psrl.weights.collective`): the rank joins the
   run's transfer group as its rank, and sends the buckets it owns to the receivers;
+* ``warm_start((demos, chunks, lr))`` -- the supervised warm start of the rank's shards (:mod:`psrl.train.warm`);
 * ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
   loaded at any other.
 
@@ -35,8 +36,7 @@ import contextlib
 import copy
 import hashlib
 import math
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,8 +60,16 @@ from psrl.algo.losses import ACTOR_SUMS, actor_metrics, actor_sums, token_loss
 from psrl.config import AlgorithmConfig
 from psrl.train.lora import LoraSpec, add_adapter, sharing_twin
 from psrl.train.masters import Masters, masters_for
-from psrl.train.shard import full_state, load_full_state, mixed_precision, shard_model
+from psrl.train.shard import (
+    full_state,
+    full_value,
+    load_full_state,
+    mixed_precision,
+    shard_model,
+    single_process_quiet,
+)
 from psrl.train.steps import StepInput, _pad, step_input, step_scaled
+from psrl.train.warm import Demos, warm_start_shards
 from psrl.weights import MB, export_state, publish_model
 from psrl.weights.adapter import adapter_meta, published_names
 from psrl.weights.collective import BucketLayout, GroupAddress, TransferGroup, layout, send_version
@@ -70,6 +78,7 @@ __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "memory_status
 
 COMMANDS: tuple[str, ...] = ("logprobs", "train_step", "digest", "state", "save", "load", "publish", "export", "usage")
 COMMANDS += ("join_transfer", "transfer_layout", "send", "leave_transfer")  # weights.transport=collective
+COMMANDS += ("warm_start",)
 
 
 @dataclass(frozen=True)
@@ -151,9 +160,9 @@ class RankWorker:
             return method()
         return method(*arg) if isinstance(arg, tuple) else method(arg)
 
-    def _forward(self, inp: StepInput, rows: tuple[int, ...]) -> Tensor:
+    def _forward(self, inp: StepInput | Demos, rows: tuple[int, ...], temperature: float | None = None) -> Tensor:
         """``[b, T]`` log-probs of the rows' response tokens, one right-padded forward (as
-        :meth:`psrl.models.Policy.sequence_logprobs` computes them)."""
+        :meth:`psrl.models.Policy.sequence_logprobs` computes them), at ``temperature`` (default the trainer's)."""
         dev = torch.device(self.spec.device)
         full = [list(inp.prompts[i]) + list(inp.responses[i]) for i in rows]
         n = max(len(s) for s in full)
@@ -172,7 +181,8 @@ class RankWorker:
         starts = torch.tensor([len(inp.prompts[i]) - 1 for i in rows], device=dev)
         where = (starts[:, None] + torch.arange(width, device=dev)[None, :]).clamp(max=n - 1)
         picked = logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1])).float()
-        temp = self.spec.temperature if self.spec.temperature > 0 else 1.0
+        temp = self.spec.temperature if temperature is None else temperature
+        temp = temp if temp > 0 else 1.0
         logp = F.log_softmax(picked / temp, dim=-1)
         targets = torch.zeros((len(rows), width), dtype=torch.long)
         valid = torch.zeros((len(rows), width), dtype=torch.float32)
@@ -234,7 +244,7 @@ class RankWorker:
                 if self.masters is not None:
                     self.masters.accumulate()  # into fp32, micro-batch after micro-batch
                 total = total + loss.detach()
-            norm = _global(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip))
+            norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip))
             if self.world > 1:
                 dist.all_reduce(total)
                 dist.all_reduce(sums)
@@ -258,6 +268,22 @@ class RankWorker:
             "skipped_minibatch": float(skipped),  # not a metric: 0, or the minibatch (1-based) that skipped the step
             "skip_reason": why,  # not a metric: why it skipped ("" when it did not)
         }
+
+    def warm_start(self, demos: Demos, chunks: list[list[int]], lr: float) -> list[float]:
+        """The supervised warm start of this rank's shards over the driver's ``chunks`` (:mod:`psrl.train.warm`)."""
+        forward = lambda rows: self._forward(demos, rows, temperature=1.0)  # noqa: E731 (as the driver's: at 1)
+        spec = self.spec
+        return warm_start_shards(
+            self.model,
+            forward,
+            demos.masks,
+            chunks,
+            rank=self.rank,
+            world=self.world,
+            lr=lr,
+            weight_decay=spec.weight_decay,
+            grad_clip=spec.grad_clip,
+        )
 
     def _snapshot(self) -> tuple[list[Tensor], dict[str, Any]]:
         """This rank's trained parameter shards (LoRA: the adapter's; the frozen base cannot move) and AdamW state,
@@ -292,14 +318,14 @@ class RankWorker:
         state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
         if optimizer and self.optimizer.state:
             state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
-        with _single_process_quiet(self.world):
+        with single_process_quiet(self.world):
             dcp.save(state, checkpoint_id=directory, no_dist=self.world == 1)
         return directory
 
     def load(self, directory: str) -> str:
         """Read what :meth:`save` wrote, at this world size (resharded by DCP); without saved optimiser state AdamW
         starts fresh."""
-        with _single_process_quiet(self.world):
+        with single_process_quiet(self.world):
             saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
             model = get_model_state_dict(self.model)
             dcp.load({"model": model}, checkpoint_id=directory, no_dist=self.world == 1)  # fills the dict in place
@@ -421,18 +447,3 @@ def memory_status() -> dict[str, int]:
     lines = status.read_text().splitlines() if status.exists() else []
     field = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in lines if ln.startswith(("VmRSS:", "VmHWM:"))}
     return {"rss_bytes": field.get("VmRSS", 0), "peak_rss_bytes": field.get("VmHWM", 0)}
-
-
-@contextlib.contextmanager
-def _single_process_quiet(world: int) -> Iterator[None]:
-    """At world size 1 DCP warns that it assumes one process on every call: that is the intent, say nothing."""
-    with warnings.catch_warnings():
-        if world == 1:
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def _global(norm: Tensor) -> float:
-    """The clip norm as a float: a DTensor under FSDP (its full value is the norm over every shard)."""
-    full = getattr(norm, "full_tensor", None)
-    return float(full() if callable(full) else norm)
