@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 
 import pytest
@@ -16,13 +17,17 @@ from hypothesis import strategies as st
 from psrl.weights import (
     MANIFEST,
     FileVersions,
+    ParameterStore,
     VersionDamaged,
+    bucket_digest,
     export_state,
     plan_buckets,
     publish_model,
     read_manifest,
     read_version,
     state_digest,
+    tied_aliases,
+    version_digest,
     versions,
 )
 
@@ -117,3 +122,57 @@ def test_an_hf_engine_keeps_serving_its_version_when_the_next_is_damaged(tiny, t
 
     req = asyncio.run(go())
     assert req.tokens and req.versions == [1] * len(req.tokens)
+
+
+def test_a_tied_model_is_published_once_and_an_engine_that_loads_it_scores_as_its_writer(tiny, tmp_path):
+    """The built-in model ties its head to its embedding: a version carries that tensor once (the head's name is
+    not in it; its bytes are the parameters' bytes, each storage once), and an ``hf`` engine over other weights
+    that loads it -- from files and from memory -- keeps the tie and gives the writer's logits exactly."""
+    from psrl.rollout.engines.hf import HFEngine
+
+    policy = copy.deepcopy(tiny[2])
+    assert tied_aliases(policy.model) == {"lm_head.weight": "transformer.wte.weight"}
+    info = publish_model(policy.model, tmp_path, 1, bucket_mb=0.01)
+    names = [n for b in read_manifest(tmp_path / "v1")["buckets"] for n in b["names"]]
+    assert "lm_head.weight" not in names and len(names) == len(set(names)) == len(list(policy.model.parameters()))
+    assert info["bytes"] == sum(p.numel() * p.element_size() for p in policy.model.parameters())
+    other = copy.deepcopy(policy)
+    with torch.no_grad():
+        for w in other.model.parameters():
+            w.add_(0.3)
+    memory = ParameterStore()
+    memory.publish(1, export_state(policy.model))
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        want = policy.model(ids).logits
+    for source in (FileVersions(tmp_path), memory):
+        engine = HFEngine(other.replica(seed=1))
+        asyncio.run(engine.update_weights(1, source))
+        asyncio.run(engine.close())
+        model = engine.policy.model
+        assert model.lm_head.weight is model.transformer.wte.weight and engine.version == 1
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, want)
+
+
+def test_a_version_written_with_sha256_digests_still_reads_and_is_still_checked(tmp_path):
+    """Digests are CRC-32 now (``crc32:`` prefix); a version whose manifest carries the sha256 digests psrl wrote
+    before reads back exactly, checked with sha256: a flipped byte in it is still refused."""
+    model = _model()
+    publish_model(model, tmp_path, 1, bucket_mb=0.001)
+    manifest = read_manifest(tmp_path / "v1")
+    assert all(b["digest"].startswith("crc32:") for b in manifest["buckets"])
+    _, state = read_version(tmp_path / "v1")
+    for b in manifest["buckets"]:
+        b["digest"] = bucket_digest({n: state[n] for n in b["names"]}, like="sha256")
+        assert len(b["digest"]) == 64
+    manifest["digest"] = version_digest([b["digest"] for b in manifest["buckets"]])
+    (tmp_path / "v1" / MANIFEST).write_text(json.dumps(manifest))
+    version, got = read_version(tmp_path / "v1")
+    assert version == 1 and all(torch.equal(got[k], v) for k, v in model.state_dict().items())
+    victim = tmp_path / "v1" / manifest["buckets"][1]["file"]
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(VersionDamaged, match="damaged"):
+        read_version(tmp_path / "v1")

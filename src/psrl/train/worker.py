@@ -16,7 +16,8 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
 * ``export((bucket_mb, dtype))`` -- world size 1, in process: the weights as CPU tensors;
 * ``join_transfer(address)``, ``transfer_layout((bucket_mb, dtype))``, ``send((bucket_mb, dtype, receivers))``,
   ``leave_transfer()`` -- ``weights.transport=collective`` (:mod:`psrl.weights.collective`): the rank joins the
-  run's transfer group as its rank, and sends the buckets it owns to the receivers;
+  run's transfer group as its rank, and sends its rows of every bucket (and the whole tensors of the buckets
+  it owns) to the receivers;
 * ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
   loaded at any other.
 
@@ -361,9 +362,10 @@ class RankWorker:
         """The buckets a version is sent in (names, shapes, dtypes): what a receiver allocates before they come."""
         return layout(self.model, int(bucket_mb * MB), dtype)
 
-    def send(self, bucket_mb: float, dtype: torch.dtype, receivers: list[int]) -> list[tuple[int, int, str]]:
-        """Send the weights, bucket by bucket, to the transfer group's ``receivers``: every rank gathers each bucket
-        (collectives, in the same order), its owner sends it. ``(index, bytes, digest)`` of the buckets sent here."""
+    def send(self, bucket_mb: float, dtype: torch.dtype, receivers: list[int]) -> list[tuple[int, int, int, str]]:
+        """Send the weights, bucket by bucket, to the transfer group's ``receivers``: every rank sends its rows of
+        each bucket straight from its shard (:func:`~psrl.weights.collective.send_version`). ``(bucket, rank,
+        bytes, digest)`` of the parts sent here."""
         if self.transfer is None:
             raise RuntimeError("RankWorker.send: not in a transfer group (join_transfer first)")
         return send_version(
