@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from psrl.weights import (
     MANIFEST,
     FileVersions,
-    ParameterStore,
     VersionDamaged,
     bucket_digest,
     export_state,
@@ -26,7 +25,6 @@ from psrl.weights import (
     read_manifest,
     read_version,
     state_digest,
-    tied_aliases,
     version_digest,
     versions,
 )
@@ -122,37 +120,6 @@ def test_an_hf_engine_keeps_serving_its_version_when_the_next_is_damaged(tiny, t
 
     req = asyncio.run(go())
     assert req.tokens and req.versions == [1] * len(req.tokens)
-
-
-def test_a_tied_model_is_published_once_and_an_engine_that_loads_it_scores_as_its_writer(tiny, tmp_path):
-    """The built-in model ties its head to its embedding: a version carries that tensor once (the head's name is
-    not in it; its bytes are the parameters' bytes, each storage once), and an ``hf`` engine over other weights
-    that loads it -- from files and from memory -- keeps the tie and gives the writer's logits exactly."""
-    from psrl.rollout.engines.hf import HFEngine
-
-    policy = copy.deepcopy(tiny[2])
-    assert tied_aliases(policy.model) == {"lm_head.weight": "transformer.wte.weight"}
-    info = publish_model(policy.model, tmp_path, 1, bucket_mb=0.01)
-    names = [n for b in read_manifest(tmp_path / "v1")["buckets"] for n in b["names"]]
-    assert "lm_head.weight" not in names and len(names) == len(set(names)) == len(list(policy.model.parameters()))
-    assert info["bytes"] == sum(p.numel() * p.element_size() for p in policy.model.parameters())
-    other = copy.deepcopy(policy)
-    with torch.no_grad():
-        for w in other.model.parameters():
-            w.add_(0.3)
-    memory = ParameterStore()
-    memory.publish(1, export_state(policy.model))
-    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
-    with torch.no_grad():
-        want = policy.model(ids).logits
-    for source in (FileVersions(tmp_path), memory):
-        engine = HFEngine(other.replica(seed=1))
-        asyncio.run(engine.update_weights(1, source))
-        asyncio.run(engine.close())
-        model = engine.policy.model
-        assert model.lm_head.weight is model.transformer.wte.weight and engine.version == 1
-        with torch.no_grad():
-            assert torch.equal(model(ids).logits, want)
 
 
 def test_a_version_written_with_sha256_digests_still_reads_and_is_still_checked(tmp_path):

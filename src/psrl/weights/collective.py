@@ -9,8 +9,7 @@ group`` does), so neither the ranks' group nor a vLLM server's is touched. The d
 :attr:`GroupAddress.timeout_s` (gloo's timeout on each operation, and ``wait(timeout)`` on each transfer).
 
 **A version.** Its :func:`layout` (per bucket: names, shapes, dtypes, and how many ranks each tensor's rows are
-split over -- the same on every rank, from the model's ``state_dict`` with a tied tensor once and
-``weights.bucket_mb``, as :func:`~psrl.weights.publish.iter_buckets` cuts it) reaches the receivers before the
+split over -- the same on every rank, from the model's ``state_dict`` and ``weights.bucket_mb``, as :func:`~psrl.weights.publish.iter_buckets` cuts it) reaches the receivers before the
 transfer, through the control path (the driver asks rank 0 once). Every rank sends its own rows of each FSDP-sharded
 tensor straight from its shard, point to point to every receiver -- no gather to an owner, no copy in the shard's
 dtype -- and the bucket's owner (rank ``b % W``) any tensor that is not split, gathered (:func:`bucket_parts`;
@@ -42,7 +41,7 @@ from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 from torch.distributed.tensor import DTensor, Shard
 
-from psrl.weights.format import VersionDamaged, bucket_digest, plan_buckets, published_state, version_digest
+from psrl.weights.format import VersionDamaged, bucket_digest, plan_buckets, version_digest
 from psrl.weights.publish import MB
 
 __all__ = [
@@ -174,7 +173,7 @@ def layout(
 ) -> tuple[BucketLayout, ...]:
     """The buckets :func:`~psrl.weights.publish.iter_buckets` makes of ``model`` (its full shapes, under FSDP too)
     at ``bucket_bytes``, with floating tensors cast to ``dtype``: no tensor is gathered or copied."""
-    state = published_state(model)
+    state = model.state_dict()
     cast = {n: dtype if dtype is not None and t.is_floating_point() else t.dtype for n, t in state.items()}
     buckets = plan_buckets([(n, t.numel() * cast[n].itemsize) for n, t in state.items()], bucket_bytes)
     return tuple(
@@ -278,7 +277,7 @@ def send_version(
     shard (cast copies; none in the shard's dtype). Returns ``(bucket, rank, bytes, digest)`` of each part sent."""
     buckets = layout(model, bucket_bytes, dtype)
     tags = first_tags(buckets)
-    state = published_state(model)
+    state = model.state_dict()
     sent: list[tuple[int, int, int, str]] = []
     for b, bucket in enumerate(buckets):
         mine = {i: (name, rows) for i, name, rows in bucket_parts(bucket, b, world).get(rank, [])}

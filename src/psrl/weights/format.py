@@ -42,8 +42,6 @@ __all__ = [
     "bucket_file",
     "plan_buckets",
     "bucket_digest",
-    "tied_aliases",
-    "published_state",
     "version_digest",
     "write_bucket",
     "finish_version",
@@ -120,26 +118,6 @@ def _header(name: str, t: torch.Tensor) -> bytes:
 def _bytes(t: torch.Tensor) -> memoryview:
     """The tensor's bytes as a view (no copy of a contiguous CPU tensor)."""
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
-
-
-def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
-    """``{name: first name}`` for every ``state_dict`` entry that is the same tensor as an earlier one (a tied
-    embedding's ``lm_head.weight`` -> ``...embed_tokens.weight``): a version carries each tensor once, under its
-    first name (as ``transformers``' ``save_pretrained`` does), and a loader re-ties by loading that one."""
-    first: dict[int, str] = {}
-    out: dict[str, str] = {}
-    for name, t in model.state_dict(keep_vars=True).items():
-        if id(t) in first:
-            out[name] = first[id(t)]
-        else:
-            first[id(t)] = name
-    return out
-
-
-def published_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's ``state_dict`` as a version carries it: each tensor once (:func:`tied_aliases`)."""
-    tied = tied_aliases(model)
-    return {n: t for n, t in model.state_dict().items() if n not in tied}
 
 
 def version_digest(bucket_digests: Sequence[str]) -> str:

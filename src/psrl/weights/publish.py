@@ -23,15 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from psrl.weights.format import (
-    BucketInfo,
-    bucket_digest,
-    finish_version,
-    plan_buckets,
-    published_state,
-    version_digest,
-    write_bucket,
-)
+from psrl.weights.format import BucketInfo, bucket_digest, finish_version, plan_buckets, version_digest, write_bucket
 
 __all__ = ["iter_buckets", "publish_model", "export_state", "state_digest", "MB"]
 
@@ -54,10 +46,9 @@ def iter_buckets(
     owns the bucket and None on the others. Every rank must run the whole iteration (the gathers are collectives).
     ``select``: publish only these tensors of the state, each as ``(published name, factor)`` (a LoRA adapter's:
     :func:`psrl.weights.adapter.published_names`); None: every tensor as it is named."""
+    state = model.state_dict()
     if select is not None:
-        state = {n: t for n, t in model.state_dict().items() if n in select}
-    else:
-        state = published_state(model)  # a tied tensor once
+        state = {n: t for n, t in state.items() if n in select}
     sizes = [(n, t.numel() * _cast(t, dtype).itemsize) for n, t in state.items()]
     buckets = plan_buckets(sizes, bucket_bytes)
     for b, names in enumerate(buckets):

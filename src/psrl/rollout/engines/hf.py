@@ -40,7 +40,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from psrl.models.policy import Policy, left_pad, sample
 from psrl.rollout.engines.base import BatchingEngine, row_uniforms
 from psrl.types import GenRequest, Sampling, WeightState
-from psrl.weights import check_version, published_state, read_buckets, read_manifest, tied_aliases
+from psrl.weights import check_version, read_buckets, read_manifest
 from psrl.weights.adapter import MergedAdapter, is_adapter
 
 __all__ = ["HFEngine", "KV_MODES"]
@@ -112,8 +112,8 @@ class HFEngine(BatchingEngine):
         names = {n for b in manifest["buckets"] for n in b["names"]}
         if manifest.get("kind") == "lora":
             self._lora().check(names)
-        elif names - set(tied_aliases(model)) != set(published_state(model)):  # a tied tensor comes once
-            have = set(published_state(model))
+        elif names != set(model.state_dict()):
+            have = set(model.state_dict())
             raise ValueError(
                 f"{directory}: its tensors are not the engine's model's (missing {sorted(have - names)[:3]}, "
                 f"unknown {sorted(names - have)[:3]})"
