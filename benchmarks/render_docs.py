@@ -270,16 +270,27 @@ def simulate_head_scope() -> str:
 def weights_scale() -> str:
     """docs/trainer.md's weight-path figures (``benchmarks/weights_scale.py``): one row per configuration."""
     rows = []
-    for r in stored.read("weights_scale")["runs"]:
+    data = stored.read("weights_scale")
+    for r in data["runs"]:
         excess = f"{r['rank_publish_excess']:.2f}" if "rank_publish_excess" in r else "--"
+        load = f"{r['load_s']:.2f}" if r.get("load_s") is not None else "--"
         rows.append(
             [f"{r['size']} ({r['model_bytes'] / 2**30:.2f} GiB)", str(r["world"]), r["transport"]]
-            + [f"{r['publish_s']:.2f}", f"{r['sync_s']:.2f}", f"{r['sync_over_copy']:.0f}", f"{r['driver_ratio']:.2f}"]
-            + [excess]
+            + [f"{r['publish_s']:.2f}", load, f"{r['sync_s']:.2f}", f"{r['copy_s']:.3f}", f"{r['sync_over_copy']:.0f}"]
+            + [f"{r['driver_ratio']:.2f}", excess]
         )
-    header = ["model", "ranks", "versions go", "publish s", "sync s", "sync / plain copy"]
-    header += ["driver peak / model bytes", "rank publish peak / allowance"]
-    return _table(header, rows)
+    header = ["model", "ranks", "versions go", "publish s", "engine load s", "sync s", "plain copy s"]
+    header += ["sync / plain copy", "driver peak / model bytes", "rank publish peak / allowance"]
+    out = _table(header, rows)
+    f = data.get("floors")
+    if f:
+        out += (
+            f"\nFloors on the headline's {f['bytes'] / 1e9:.2f} GB ({data['headline']}), each alone in a fresh "
+            f"process: a plain copy {f['copy_s']:.3f} s, CRC-32 {f['crc32_s']:.2f} s (sha256 {f['sha256_s']:.2f} s), "
+            f"gloo over loopback {f['gloo_s']:.2f} s; (gloo + one CRC + one copy) / copy = "
+            f"{f['floor_over_copy']:.0f}.\n"
+        )
+    return out
 
 
 def weights_scale_driver() -> str:

@@ -11,13 +11,21 @@ only; ``collective``: the ranks send the buckets over the run's transfer group t
 ``weights.transport=collective``), after one training step on a small batch. It measures:
 
 * ``driver_ratio`` -- the driver's peak RSS (``VmHWM``) above its RSS once the config is loaded, over the model's
-  fp32 bytes. The driver builds the policy and one ``hf`` engine replica here, so ~2 is the floor of this
-  set-up (the allowance with ``hf`` is n_rollout_instances + 0.5 = 1.5 over the policy it trains at one rank);
+  fp32 bytes. At one rank the driver builds the policy it trains and one ``hf`` engine replica, so ~2 is the floor
+  there; at 2 ranks it builds what ``psrl train`` builds (:func:`psrl.runtime.local.driver_holds_weights`): a
+  weightless policy and the engine from the recipe, so the engine's model (1) is the floor and the allowance is
+  n_rollout_instances + 0.5 = 1.5;
 * ``rank_publish_excess`` -- each rank's peak RSS during the publish above its RSS before it, over its allowance
   (one bucket -- the largest written: a tensor larger than ``weights.bucket_mb`` is a bucket of its own -- + 10 %
   of its shard of parameters): <= 1 meets it (2 ranks);
-* ``sync_over_copy`` -- seconds from the optimiser step's end until the engine serves the version, over the seconds
-  of ``torch`` copying the same bytes (one ``copy_`` of a flat tensor) in the same process.
+* ``sync_over_copy`` -- seconds from the optimiser step's end until the engine serves the version (``load_s`` of
+  it the engine's own load, after the publish), over the seconds of ``torch`` copying the same bytes (one
+  ``copy_`` between two flat tensors whose pages were written first) in the same process.
+
+Then ``floors``, on the headline's bytes in a fresh process: the plain copy, the CRC-32 bucket digest (computed on
+both sides of a sync; ``sha256_s`` for the digest psrl had before), and gloo over loopback between two processes
+(``gloo_s``), with ``floor_over_copy`` = (gloo + one CRC + one copy) / copy: what a collective sync cannot go below
+on this machine.
 
 With ``--engines vllm`` (or ``hf,vllm``) it also runs, at 2 ranks (``--vllm-worlds``), the driver ``psrl train`` builds
 for vLLM engines without a warm start (:func:`one_vllm`): its policy on ``meta``, the ranks building the weights
@@ -112,16 +120,21 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
     torch.set_num_threads(1)
     from psrl.config import AlgorithmConfig, TrainerConfig
     from psrl.models import Policy
+    from psrl.models.builder import ModelRecipe
     from psrl.rollout.engines.hf import HFEngine
     from psrl.train import Trainer
     from psrl.weights import MB, FileVersions, read_manifest
     from psrl.weights.collective import layout
 
     base = _rss()["rss_bytes"]
-    model = build_llama(size, layers)
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied tensors once
-    policy = Policy(model, SimpleNamespace(pad_id=2), seed=0)
-    engine = HFEngine(policy.replica(seed=1))
+    if world == 1:  # the rank trains the driver's own policy
+        policy = Policy(build_llama(size, layers), SimpleNamespace(pad_id=2), seed=0)
+    else:  # as psrl train builds it (runtime/local.py driver_holds_weights): weightless, the ranks build the model
+        config = llama_config(size, layers)
+        recipe = ModelRecipe(config, None, None, config.vocab_size, 0, "float32")
+        policy = Policy(recipe("meta"), SimpleNamespace(pad_id=2), seed=0, recipe=recipe)
+    model_bytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())  # tied tensors once
+    engine = HFEngine(policy.replica(seed=1))  # a weightless policy's: built from the recipe
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(
             policy, AlgorithmConfig(), TrainerConfig(lr=1e-5), world, tmp, in_memory=transport == "memory",
@@ -135,8 +148,10 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
             step_end = time.perf_counter()
             before = ranks.call("usage", True)  # steady RSS, then a new high-water mark from here
             pub = trainer.publish(1)
+            loading = time.perf_counter()
             asyncio.run(engine.update_weights(1, trainer.out))
             sync_s = time.perf_counter() - step_end
+            pub["load_s"] = time.perf_counter() - loading
             after = ranks.call("usage")
             out_dir = trainer.out.directory(1) if isinstance(trainer.out, FileVersions) else None
             if out_dir is not None:
@@ -234,6 +249,7 @@ def _figures(
         "model_bytes": model_bytes,
         "weights_bytes": pub["weights/bytes"],
         "publish_s": pub["time/publish_s"],
+        "load_s": pub.get("load_s"),
         "sync_s": sync_s,
         "copy_s": copy_s,
         "sync_over_copy": sync_s / copy_s,
@@ -250,13 +266,58 @@ def _figures(
 
 
 def _copy_seconds(nbytes: int) -> float:
-    """Seconds of one ``copy_`` of ``nbytes`` between two flat tensors (their pages touched first)."""
-    src = torch.empty(nbytes // 4)
+    """Seconds of one ``copy_`` of ``nbytes`` between two flat tensors, both written first (a source never written
+    reads the kernel's one zero page: a copy of nothing, faster than this machine's memory)."""
+    src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
-    dst.copy_(src)  # first touch of the pages: not measured
+    dst.copy_(src)  # first touch of the destination: not measured
     t0 = time.perf_counter()
     dst.copy_(src)
     return time.perf_counter() - t0
+
+
+def floors(nbytes: int, bucket_mb: float) -> dict[str, float]:
+    """What a sync of ``nbytes`` cannot go below here, each measured in seconds on the same bytes: a plain copy
+    (``copy_s``), the bucket digest psrl computes on both sides (``crc32_s``; ``sha256_s`` for the digest it had),
+    and gloo over loopback into buffers written before (``gloo_s``: a child process sends ``nbytes`` in messages
+    of ``bucket_mb``, as the transfer group does)."""
+    import hashlib
+    import zlib
+
+    from psrl.weights.collective import GroupAddress, TransferGroup, host_store
+
+    out = {"copy_s": _copy_seconds(nbytes)}
+    buf = torch.ones(nbytes, dtype=torch.uint8)
+    for name, fn in (("crc32_s", zlib.crc32), ("sha256_s", lambda b: hashlib.sha256(b).digest())):
+        t0 = time.perf_counter()
+        fn(buf.numpy().data)
+        out[name] = time.perf_counter() - t0
+    store, port = host_store()
+    address = GroupAddress("127.0.0.1", port, 2, "floor", 300.0)
+    peer = subprocess.Popen([sys.executable, __file__, "--gloo-peer", str(port), str(nbytes), str(bucket_mb)])
+    group = TransferGroup(address, 1)
+    step = int(bucket_mb * (1 << 20))
+    for _ in range(2):  # the first pass warms the connection; the second is measured
+        t0 = time.perf_counter()
+        works = [group.irecv(buf[i : i + step], 0, tag) for tag, i in enumerate(range(0, nbytes, step))]
+        for w in works:
+            group.wait(w)
+        out["gloo_s"] = time.perf_counter() - t0
+    peer.wait()
+    group.close()
+    del store
+    return out
+
+
+def _gloo_peer(port: int, nbytes: int, bucket_mb: float) -> None:
+    from psrl.weights.collective import GroupAddress, TransferGroup
+
+    group = TransferGroup(GroupAddress("127.0.0.1", port, 2, "floor", 300.0), 0)
+    buf, step = torch.ones(nbytes, dtype=torch.uint8), int(bucket_mb * (1 << 20))
+    for _ in range(2):
+        for w in [group.isend(buf[i : i + step], 1, tag) for tag, i in enumerate(range(0, nbytes, step))]:
+            group.wait(w)
+    group.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,7 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm-worlds", default="2", help="world sizes of the vLLM runs")
     p.add_argument("--vllm-python", default=None, help="the vLLM environment's python (default: .venv-vllm)")
     p.add_argument("--one", nargs=3, metavar=("SIZE", "WORLD", "TRANSPORT"), help=argparse.SUPPRESS)
+    p.add_argument("--gloo-peer", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--floors", type=int, metavar="BYTES", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
+    if ns.gloo_peer:
+        _gloo_peer(int(ns.gloo_peer[0]), int(ns.gloo_peer[1]), float(ns.gloo_peer[2]))
+        return 0
+    if ns.floors:
+        torch.set_num_threads(1)
+        print(json.dumps(floors(ns.floors, ns.bucket_mb)))
+        return 0
     if ns.one:
         size, world, transport = ns.one
         if transport == "vllm":
@@ -331,8 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     at_two = [r for r in (pick("large", 2, "files"), pick("large", 2, "collective")) if r is not None]
     at_two = at_two or [r for r in (pick("small", 2, "files"), pick("small", 2, "collective")) if r is not None]
     head = min(at_two, key=lambda r: r["sync_over_copy"]) if at_two else (vllm_head or runs[-1])
+    cmd = [sys.executable, __file__, "--floors", str(int(head["weights_bytes"])), "--bucket-mb", str(ns.bucket_mb)]
+    floor = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+    floor["floor_over_copy"] = (floor["gloo_s"] + floor["crc32_s"] + floor["copy_s"]) / floor["copy_s"]
     summary = {
         "runs": runs,
+        "floors": {"bytes": head["weights_bytes"], **floor},
         "slopes": slopes,
         "driver_weight_ratio_vllm": vllm_head["driver_ratio"] if vllm_head else None,
         "driver_weight_ratio_vllm_at": f"{vllm_head['size']} at {vllm_head['world']} ranks" if vllm_head else None,

@@ -32,10 +32,14 @@ def _cfg(*extra: str):
     [
         (["rollout.engine=vllm", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], False),
         (["runtime.backend=ray", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], False),
-        # a warm start runs on the ranks' shards; one rank trains the driver's own model; hf engines copy it
+        # hf engines here are built from the recipe and load each version: the driver holds theirs only
+        (["psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], False),
+        # a warm start runs on the ranks' shards
         (["rollout.engine=vllm", "psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=5"], False),
+        (["psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=5"], False),
+        # one rank trains the driver's own model; LoRA merges onto it
         (["rollout.engine=vllm", "trainer.warm_start_steps=0"], True),
-        (["psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0"], True),
+        (["psrl.deployment.train_ngpus_per_node=2", "trainer.warm_start_steps=0", "model.lora_rank=4"], True),
     ],
 )
 def test_the_driver_builds_weights_only_where_something_in_it_uses_them(extra, holds):
@@ -66,6 +70,21 @@ def test_the_recipe_builds_the_drivers_start_weights_bit_for_bit(dtype):
     assert is_weightless(light.model)
     other = build_policy(cfg.model, task, seed=8, weights=False).recipe("cpu").state_dict()
     assert not torch.equal(other["lm_head.weight"], reference["lm_head.weight"])  # the seed is what decides
+
+
+def test_a_weightless_policys_replica_is_built_from_its_recipe():
+    """An ``hf`` engine of a driver that holds no weights (world size 2): its replica has the start weights the
+    ranks build (a policy built with weights holds the same, bit for bit), on a real device and untrainable, while
+    the driver's policy stays on ``meta``."""
+    cfg = _cfg()
+    task = get_task(cfg.task, seed=0)
+    held = build_policy(cfg.model, task, seed=7)
+    light = build_policy(cfg.model, task, seed=7, weights=False)
+    engine = light.replica(seed=3)
+    assert light.weightless and not engine.weightless
+    reference = held.model.state_dict()
+    assert all(torch.equal(engine.model.state_dict()[k], v) for k, v in reference.items())
+    assert not any(p.requires_grad for p in engine.model.parameters())
 
 
 def test_final_is_a_published_version_that_transformers_and_model_path_load(tmp_path):

@@ -154,7 +154,7 @@ def test_a_damaged_bucket_is_refused_and_the_old_version_kept():
         sent = []
         for b, bucket in enumerate(buckets):
             tensors = {n: state[n].clone() for n in bucket.names}
-            sent.append((b, bucket.nbytes, bucket_digest(tensors)))
+            sent.append((b, 0, bucket.nbytes, bucket_digest(tensors)))
             if b == 1:
                 next(iter(tensors.values())).reshape(-1).view(torch.uint8)[0] ^= 1
             for work in send_bucket(group, tensors, 1, first_tags(buckets)[b]):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 
 import pytest
@@ -17,12 +18,14 @@ from psrl.weights import (
     MANIFEST,
     FileVersions,
     VersionDamaged,
+    bucket_digest,
     export_state,
     plan_buckets,
     publish_model,
     read_manifest,
     read_version,
     state_digest,
+    version_digest,
     versions,
 )
 
@@ -117,3 +120,26 @@ def test_an_hf_engine_keeps_serving_its_version_when_the_next_is_damaged(tiny, t
 
     req = asyncio.run(go())
     assert req.tokens and req.versions == [1] * len(req.tokens)
+
+
+def test_a_version_written_with_sha256_digests_still_reads_and_is_still_checked(tmp_path):
+    """Digests are CRC-32 now (``crc32:`` prefix); a version whose manifest carries the sha256 digests psrl wrote
+    before reads back exactly, checked with sha256: a flipped byte in it is still refused."""
+    model = _model()
+    publish_model(model, tmp_path, 1, bucket_mb=0.001)
+    manifest = read_manifest(tmp_path / "v1")
+    assert all(b["digest"].startswith("crc32:") for b in manifest["buckets"])
+    _, state = read_version(tmp_path / "v1")
+    for b in manifest["buckets"]:
+        b["digest"] = bucket_digest({n: state[n] for n in b["names"]}, like="sha256")
+        assert len(b["digest"]) == 64
+    manifest["digest"] = version_digest([b["digest"] for b in manifest["buckets"]])
+    (tmp_path / "v1" / MANIFEST).write_text(json.dumps(manifest))
+    version, got = read_version(tmp_path / "v1")
+    assert version == 1 and all(torch.equal(got[k], v) for k, v in model.state_dict().items())
+    victim = tmp_path / "v1" / manifest["buckets"][1]["file"]
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(VersionDamaged, match="damaged"):
+        read_version(tmp_path / "v1")

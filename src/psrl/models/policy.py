@@ -135,8 +135,16 @@ class Policy:
 
     def replica(self, seed: int) -> Policy:
         """An independent copy (same weights and version, its own sampling seed) for a rollout instance:
-        cheaper than loading ``model.path`` again (a GGUF file is dequantized on every load)."""
-        model = copy.deepcopy(self.model)
+        cheaper than loading ``model.path`` again (a GGUF file is dequantized on every load). A :attr:`weightless`
+        policy's replica is built from its :attr:`recipe` (the trainer ranks' start weights, which the engine then
+        replaces with each published version it loads): the driver holds the engines' weights and no copy of its
+        own (issue #33, item 5)."""
+        if self.weightless:
+            if self.recipe is None:
+                raise RuntimeError("Policy.replica: a weightless policy without a recipe has no weights to copy")
+            model = self.recipe(str(self.device))
+        else:
+            model = copy.deepcopy(self.model)
         for w in model.parameters():  # a rollout copy never trains: no gradients, no autograd
             w.grad = None
             w.requires_grad_(False)

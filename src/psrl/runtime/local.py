@@ -149,15 +149,15 @@ def build(
 def driver_holds_weights(cfg: Config, task: Task) -> bool:
     """Whether the driver's policy is built with weights (issue #33, item 5). It is not when nothing in the driver
     uses them: the trainer's ranks are other processes (world size > 1) and build the model themselves from
-    ``model.*`` (and run the supervised warm start on their shards: :mod:`psrl.train.warm`), the engines are vLLM
-    servers or Ray actors that read the published versions, and validation runs on vLLM servers (``hf`` validation
-    engines copy the driver's policy). Then the driver holds the config, the tokenizer and the architecture on
-    ``meta``; ``final/`` and the servers' start are the published versions' files."""
-    elsewhere = cfg.rollout.engine == "vllm" or cfg.runtime.backend == "ray"
-    validates_here = cfg.trainer.val_every > 0 and cfg.rollout.engine != "vllm"  # hf validation engines copy it
+    ``model.*`` (and run the supervised warm start on their shards: :mod:`psrl.train.warm`), and there is no LoRA
+    (the driver merges the adapters onto its base). The engines then hold the only weights here: vLLM servers and
+    Ray actors read the published versions themselves, and ``hf`` engines of this process (rollout and validation)
+    are built from the recipe (:meth:`~psrl.models.Policy.replica`) and load each version. The driver's policy
+    holds the config, the tokenizer and the architecture on ``meta``; ``final/`` and the servers' start are the
+    published versions' files."""
     single = cfg.psrl.deployment.train_world_size == 1
     lora = cfg.model.lora_rank > 0  # the driver merges the adapters onto its base (final/, hf engines)
-    return single or not elsewhere or validates_here or lora
+    return single or lora
 
 
 def in_memory_versions(cfg: Config) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,15 @@ class Demos:
         return Demos([list(d[0]) for d in demos], [list(d[1]) for d in demos], [list(d[2]) for d in demos])
 
 
+class Optimised(Protocol):
+    """The trainer's settings a warm-start step uses (a :class:`~psrl.train.worker.WorkerSpec`)."""
+
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def grad_clip(self) -> float: ...
+
+
 Forward = Callable[[tuple[int, ...]], Tensor]
 """``rows -> [b, T]`` log-probs of the rows' response tokens at temperature 1 (:meth:`RankWorker._forward`)."""
 
@@ -48,17 +58,16 @@ def warm_start_shards(
     forward: Forward,
     masks: Sequence[Sequence[float]],
     chunks: Sequence[Sequence[int]],
-    *,
-    rank: int,
-    world: int,
+    place: tuple[int, int],
     lr: float,
-    weight_decay: float,
-    grad_clip: float,
+    spec: Optimised,
 ) -> list[float]:
-    """The warm start's steps over ``chunks`` (each a list of demonstration indices); returns each step's loss (the
-    mean over the step's unmasked tokens, the same on every rank)."""
+    """The warm start's steps over ``chunks`` (each a list of demonstration indices) on rank ``place = (rank,
+    world)``, with ``spec``'s weight decay and clipping; returns each step's loss (the mean over the step's unmasked
+    tokens, the same on every rank)."""
+    rank, world = place
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=spec.weight_decay)
     dev = next(iter(params)).device
     losses = []
     for chunk in chunks:
@@ -70,7 +79,7 @@ def warm_start_shards(
         loss = -(logp * mask).sum() * weight / den
         opt.zero_grad(set_to_none=True)
         (loss * world).backward()  # FSDP averages over ranks; each rank's loss already holds its share of the mean
-        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
         opt.step()
         total = loss.detach().clone()
         if world > 1:

@@ -16,7 +16,8 @@ picks its own rows from the planner's :class:`~psrl.train.planner.Plan`. Command
 * ``export((bucket_mb, dtype))`` -- world size 1, in process: the weights as CPU tensors;
 * ``join_transfer(address)``, ``transfer_layout((bucket_mb, dtype))``, ``send((bucket_mb, dtype, receivers))``,
   ``leave_transfer()`` -- ``weights.transport=collective`` (:mod:`psrl.weights.collective`): the rank joins the
-  run's transfer group as its rank, and sends the buckets it owns to the receivers;
+  run's transfer group as its rank, and sends its rows of every bucket (and the whole tensors of the buckets
+  it owns) to the receivers;
 * ``warm_start((demos, chunks, lr))`` -- the supervised warm start of the rank's shards (:mod:`psrl.train.warm`);
 * ``save(dir)`` / ``load(dir)`` -- model and optimiser with ``torch.distributed.checkpoint``: saved at one world size,
   loaded at any other.
@@ -272,18 +273,7 @@ class RankWorker:
     def warm_start(self, demos: Demos, chunks: list[list[int]], lr: float) -> list[float]:
         """The supervised warm start of this rank's shards over the driver's ``chunks`` (:mod:`psrl.train.warm`)."""
         forward = lambda rows: self._forward(demos, rows, temperature=1.0)  # noqa: E731 (as the driver's: at 1)
-        spec = self.spec
-        return warm_start_shards(
-            self.model,
-            forward,
-            demos.masks,
-            chunks,
-            rank=self.rank,
-            world=self.world,
-            lr=lr,
-            weight_decay=spec.weight_decay,
-            grad_clip=spec.grad_clip,
-        )
+        return warm_start_shards(self.model, forward, demos.masks, chunks, (self.rank, self.world), lr, self.spec)
 
     def _snapshot(self) -> tuple[list[Tensor], dict[str, Any]]:
         """This rank's trained parameter shards (LoRA: the adapter's; the frozen base cannot move) and AdamW state,
@@ -387,9 +377,10 @@ class RankWorker:
         """The buckets a version is sent in (names, shapes, dtypes): what a receiver allocates before they come."""
         return layout(self.model, int(bucket_mb * MB), dtype)
 
-    def send(self, bucket_mb: float, dtype: torch.dtype, receivers: list[int]) -> list[tuple[int, int, str]]:
-        """Send the weights, bucket by bucket, to the transfer group's ``receivers``: every rank gathers each bucket
-        (collectives, in the same order), its owner sends it. ``(index, bytes, digest)`` of the buckets sent here."""
+    def send(self, bucket_mb: float, dtype: torch.dtype, receivers: list[int]) -> list[tuple[int, int, int, str]]:
+        """Send the weights, bucket by bucket, to the transfer group's ``receivers``: every rank sends its rows of
+        each bucket straight from its shard (:func:`~psrl.weights.collective.send_version`). ``(bucket, rank,
+        bytes, digest)`` of the parts sent here."""
         if self.transfer is None:
             raise RuntimeError("RankWorker.send: not in a transfer group (join_transfer first)")
         return send_version(

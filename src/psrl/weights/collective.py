@@ -8,16 +8,18 @@ group`` does), so neither the ranks' group nor a vLLM server's is touched. The d
 ``0 .. W-1`` (in their rank order), then the receivers ``W ..``. Every wait is bounded by
 :attr:`GroupAddress.timeout_s` (gloo's timeout on each operation, and ``wait(timeout)`` on each transfer).
 
-**A version.** Its :func:`layout` (per bucket: names, shapes, dtypes -- the same on every rank, from the model's
-``state_dict`` and ``weights.bucket_mb``, as :func:`~psrl.weights.publish.iter_buckets` cuts it) reaches the
-receivers before the transfer, through the control path (the driver asks rank 0 once). Bucket ``b``'s owner
-(rank ``b % W``) sends its tensors point to point to every receiver, each as the bytes of the tensor itself (no
-copy; tensor ``i`` of the version has tag ``i``, :func:`first_tags`), and computes the bucket's digest while they
-travel (:func:`send_version`); each receiver receives them side by side into one buffer per bucket and rebuilds the
-tensors as views of it (:func:`receive_version`). The writer computes each bucket's digest (:func:`~psrl.weights.format.bucket_digest`,
-as for files); the receiver computes it again from what arrived and compares with the manifest rank 0 returns
-(:func:`check_received`: :class:`~psrl.weights.format.VersionDamaged` when any bucket or the version digest
-differs).
+**A version.** Its :func:`layout` (per bucket: names, shapes, dtypes, and how many ranks each tensor's rows are
+split over -- the same on every rank, from the model's ``state_dict`` and ``weights.bucket_mb``, as :func:`~psrl.weights.publish.iter_buckets` cuts it) reaches the receivers before the
+transfer, through the control path (the driver asks rank 0 once). Every rank sends its own rows of each FSDP-sharded
+tensor straight from its shard, point to point to every receiver -- no gather to an owner, no copy in the shard's
+dtype -- and the bucket's owner (rank ``b % W``) any tensor that is not split, gathered (:func:`bucket_parts`;
+tensor ``i`` of the version has tag ``i`` from each sender, :func:`first_tags`); each rank computes its part's
+digest while the bytes travel (:func:`send_version`). Each receiver receives the parts side by side into one buffer
+per bucket, each rank's rows into their place, and rebuilds the tensors as views of it (:func:`receive_version`).
+The digest of a bucket is its senders' parts' CRC-32 digests (:func:`~psrl.weights.format.bucket_digest`) joined in
+rank order -- one sender: the digest a file of it carries; the receiver computes it again from what arrived and
+compares with the manifest rank 0 returns (:func:`check_received`: :class:`~psrl.weights.format.VersionDamaged`
+when any bucket or the version digest differs).
 
 **Failure.** A receiver holds what it received apart from anything it serves: a version becomes loadable only
 after its last bucket arrived and every digest matched (:class:`CollectiveVersions`). A transfer that fails midway
@@ -37,9 +39,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+from torch.distributed.tensor import DTensor, Shard
 
 from psrl.weights.format import VersionDamaged, bucket_digest, plan_buckets, version_digest
-from psrl.weights.publish import MB, iter_buckets
+from psrl.weights.publish import MB
 
 __all__ = [
     "GroupAddress",
@@ -49,6 +52,8 @@ __all__ = [
     "host_store",
     "layout",
     "unpack",
+    "row_parts",
+    "bucket_parts",
     "first_tags",
     "send_bucket",
     "send_version",
@@ -83,6 +88,10 @@ class BucketLayout:
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
+    split: tuple[int, ...] = ()
+    """Per tensor, how many ranks its rows come from: ``W`` -- an FSDP dim-0 shard on each of the ``W`` ranks,
+    each sending its rows straight from its shard (:func:`bucket_parts`); 1 (or none given) -- whole, from the
+    bucket's owner."""
 
     @property
     def nbytes(self) -> int:
@@ -172,9 +181,49 @@ def layout(
             tuple(names),
             tuple(tuple(state[n].shape) for n in names),
             tuple(str(cast[n]).removeprefix("torch.") for n in names),
+            tuple(_split(state[n]) for n in names),
         )
         for names in buckets
     )
+
+
+def _split(t: torch.Tensor) -> int:
+    """The ranks whose shards hold ``t``'s rows: FSDP2's dim-0 ``Shard`` over a 1-D mesh (``torch.chunk`` rows per
+    rank); 1 for anything else (a plain tensor, or another placement: gathered whole by its owner)."""
+    if isinstance(t, DTensor) and t.device_mesh.ndim == 1 and len(t.placements) == 1:
+        place = t.placements[0]
+        if isinstance(place, Shard) and place.dim == 0:
+            return int(t.device_mesh.size())
+    return 1
+
+
+def row_parts(rows: int, split: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of each of ``split`` ranks' rows (``torch.chunk``'s sizes, as FSDP2 shards dim 0)."""
+    chunk = -(-rows // split)
+    return [(min(r * chunk, rows), min((r + 1) * chunk, rows)) for r in range(split)]
+
+
+Part = tuple[int, str, tuple[int, int] | None]
+"""One message of a bucket: ``(tensor index in the bucket, name in the digest, rows)`` -- rows None: whole."""
+
+
+def bucket_parts(bucket: BucketLayout, index: int, world: int) -> dict[int, list[Part]]:
+    """Who sends what of bucket ``index``: per sending rank, its messages in tensor order. A split tensor comes as
+    each rank's rows (named ``name[lo:hi]`` in that rank's digest; a rank with no rows sends nothing), a whole one
+    from the bucket's owner (rank ``index % world``, under its own name). Sender and receiver both derive it from
+    the layout, so they agree on every message, tag and digest."""
+    out: dict[int, list[Part]] = {}
+    for i, (name, shape) in enumerate(zip(bucket.names, bucket.shapes)):
+        split = bucket.split[i] if bucket.split else 1
+        if split == 1:
+            out.setdefault(index % world, []).append((i, name, None))
+            continue
+        if split != world:
+            raise ValueError(f"{name} is split over {split} ranks, the senders are {world}")
+        for r, (lo, hi) in enumerate(row_parts(shape[0], split)):
+            if hi > lo:
+                out.setdefault(r, []).append((i, f"{name}[{lo}:{hi}]", (lo, hi)))
+    return dict(sorted(out.items()))
 
 
 def unpack(flat: torch.Tensor, bucket: BucketLayout) -> dict[str, torch.Tensor]:
@@ -219,63 +268,95 @@ def send_version(
     receivers: Sequence[int],
     bucket_bytes: int = 256 * MB,
     dtype: torch.dtype | None = None,
-) -> list[tuple[int, int, str]]:
-    """Every rank of the trainer calls it (the gathers are collectives): the owner of each bucket starts sending its
-    tensors to every receiver (group ranks ``receivers``) and computes the bucket's digest while the bytes travel.
-    A rank holds one bucket beyond its shard: nothing is packed or copied to send. Returns ``(index, bytes,
-    digest)`` of the buckets this rank sent."""
-    tags = first_tags(layout(model, bucket_bytes, dtype))
-    sent: list[tuple[int, int, str]] = []
-    for b, _, tensors in iter_buckets(model, rank, world, bucket_bytes, dtype):
-        if tensors is None:
+) -> list[tuple[int, int, int, str]]:
+    """Every rank of the trainer calls it: bucket by bucket, each rank starts sending its part
+    (:func:`bucket_parts`) to every receiver (group ranks ``receivers``) -- its own rows of every FSDP-sharded
+    tensor straight from its shard (no gather to an owner, no copy unless cast), and the whole tensors of the
+    buckets it owns -- and computes its part's digest while the bytes travel. A tensor that is not split is
+    gathered whole on every rank (a collective) and sent by its owner. A rank holds one bucket's part beyond its
+    shard (cast copies; none in the shard's dtype). Returns ``(bucket, rank, bytes, digest)`` of each part sent."""
+    buckets = layout(model, bucket_bytes, dtype)
+    tags = first_tags(buckets)
+    state = model.state_dict()
+    sent: list[tuple[int, int, int, str]] = []
+    for b, bucket in enumerate(buckets):
+        mine = {i: (name, rows) for i, name, rows in bucket_parts(bucket, b, world).get(rank, [])}
+        part: dict[str, torch.Tensor] = {}
+        order: list[int] = []
+        for i, name in enumerate(bucket.names):
+            t = state[name]
+            if isinstance(t, DTensor) and (bucket.split[i] if bucket.split else 1) == 1:
+                t = t.full_tensor()  # a collective: every rank, in the same order
+            if i not in mine:
+                continue
+            piece, rows = (t.to_local(), mine[i][1]) if isinstance(t, DTensor) else (t, None)
+            if rows is not None and piece.shape[0] != rows[1] - rows[0]:
+                raise ValueError(f"{name}: rank {rank} holds {piece.shape[0]} rows, not {rows[1] - rows[0]}")
+            part[mine[i][0]] = piece.detach().to("cpu", dtype=_dtype(bucket.dtypes[i])).contiguous()
+            order.append(i)
+        if not part:
             continue
-        works = [w for dst in receivers for w in send_bucket(group, tensors, dst, tags[b])]
-        sent.append((b, sum(t.numel() * t.element_size() for t in tensors.values()), bucket_digest(tensors)))
+        works = [
+            group.isend(t.reshape(-1).view(torch.uint8), dst, tag=tags[b] + i)
+            for dst in receivers
+            for i, t in zip(order, part.values())
+        ]
+        sent.append((b, rank, sum(t.numel() * t.element_size() for t in part.values()), bucket_digest(part)))
         for work in works:
             group.wait(work)
-        del tensors, works  # a started send holds its tensor: gone before the next bucket is gathered
+        del part, works  # a started send holds its tensor: gone before the next bucket
     return sent
 
 
 def receive_version(
     group: TransferGroup, buckets: Sequence[BucketLayout], world: int
 ) -> Iterator[tuple[int, dict[str, torch.Tensor], str]]:
-    """``(index, tensors, digest)`` per bucket as it arrives from its owner (group rank ``b % world``): one buffer
-    per bucket, each tensor's bytes received into its place; the tensors are views of it, the digest computed here
-    from them -- while the next bucket is already arriving (at most two buckets in flight)."""
+    """``(index, tensors, digest)`` per bucket as it arrives from its senders (:func:`bucket_parts`): one buffer per
+    bucket, each message received into its place (a rank's rows of a tensor into those rows); the tensors are views
+    of it, the digest computed here -- each sender's part, joined in rank order with ``+`` -- while the next bucket
+    is already arriving (at most two buckets in flight)."""
     tags = first_tags(buckets)
 
-    def post(b: int) -> tuple[torch.Tensor, list[Any]]:
+    def post(b: int) -> tuple[dict[str, torch.Tensor], list[Any], list[dict[str, torch.Tensor]]]:
         flat = torch.empty(buckets[b].nbytes, dtype=torch.uint8)
         views = unpack(flat, buckets[b])
-        works = [
-            group.irecv(t.reshape(-1).view(torch.uint8), src=b % world, tag=tags[b] + i)
-            for i, t in enumerate(views.values())
-        ]
-        return flat, works
+        works, regions = [], []
+        for src, parts in bucket_parts(buckets[b], b, world).items():
+            mine: dict[str, torch.Tensor] = {}
+            for i, name, rows in parts:
+                whole = views[buckets[b].names[i]]
+                mine[name] = whole if rows is None else whole[rows[0] : rows[1]]
+                works.append(group.irecv(mine[name].reshape(-1).view(torch.uint8), src=src, tag=tags[b] + i))
+            regions.append(mine)
+        return views, works, regions
 
     nxt = post(0) if buckets else None
-    for b, bucket in enumerate(buckets):
+    for b in range(len(buckets)):
         assert nxt is not None
-        flat, works = nxt
+        views, works, regions = nxt
         for work in works:
             group.wait(work)
         nxt = post(b + 1) if b + 1 < len(buckets) else None
-        tensors = unpack(flat, bucket)
-        yield b, tensors, bucket_digest(tensors)
+        yield b, views, "+".join(bucket_digest(part) for part in regions)
 
 
-def sent_manifest(version: int, sent: Sequence[tuple[int, int, str]]) -> dict:
+def sent_manifest(version: int, sent: Sequence[tuple[int, int, int, str]]) -> dict:
     """The manifest of a version sent by the ranks (every rank's :func:`send_version` records, gathered): the same
-    ``version``, ``digest``, ``bytes`` and per-bucket ``bytes`` and ``digest`` as a published directory's."""
-    ordered = sorted(sent)
-    if [b for b, _, _ in ordered] != list(range(len(ordered))):
-        raise ValueError(f"version {version}: buckets {[b for b, _, _ in ordered]} are not 0..{len(ordered) - 1}")
+    ``version``, ``digest``, ``bytes`` and per-bucket ``bytes`` and ``digest`` as a published directory's (a
+    bucket's digest: its senders' parts' digests in rank order, joined with ``+``; one sender: the digest files
+    would carry)."""
+    parts: dict[int, list[tuple[int, int, str]]] = {}
+    for b, rank, nbytes, digest in sorted(sent):
+        parts.setdefault(b, []).append((rank, nbytes, digest))
+    if sorted(parts) != list(range(len(parts))):
+        raise ValueError(f"version {version}: buckets {sorted(parts)} are not 0..{len(parts) - 1}")
+    digests = ["+".join(d for _, _, d in parts[b]) for b in sorted(parts)]
+    sizes = [sum(n for _, n, _ in parts[b]) for b in sorted(parts)]
     return {
         "version": int(version),
-        "digest": version_digest([d for _, _, d in ordered]),
-        "bytes": sum(n for _, n, _ in ordered),
-        "buckets": [{"bytes": n, "digest": d} for _, n, d in ordered],
+        "digest": version_digest(digests),
+        "bytes": sum(sizes),
+        "buckets": [{"bytes": n, "digest": d} for n, d in zip(sizes, digests)],
     }
 
 

@@ -10,8 +10,11 @@ that is a bucket of its own). On disk, ``ROOT/v{N}`` is a symbolic link to the d
 * ``psrl_manifest.json`` -- written last: version, the version's digest, and per bucket its file, tensors, bytes
   and digest.
 
-The digest of a bucket is sha256 over its tensors' names, dtypes, shapes and bytes (:func:`bucket_digest`); the
-version's is sha256 over its buckets' digests in order (:func:`version_digest`). It is computed once, by the writer,
+The digest of a bucket is a CRC-32 (``zlib.crc32``, ``crc32:xxxxxxxx``) over its tensors' names, dtypes, shapes
+and bytes (:func:`bucket_digest`): it catches a damaged or half-copied file and a transfer that went wrong, at
+~3x the speed of sha256 (``benchmarks/weights_scale.py``'s ``floors``: it is computed on both sides of every
+sync); versions written before it carry sha256 digests and are still checked with sha256. The version's digest is
+sha256 over its buckets' digests in order (:func:`version_digest`). It is computed once, by the writer,
 from the tensors it writes; every reader -- a file reader here, a transport receiving the buckets -- recomputes it
 from what it received and compares. The link makes a version appear atomically, and a re-publish of the same
 version (after a resume) replace it atomically (:func:`finish_version`).
@@ -24,6 +27,7 @@ import json
 import os
 import shutil
 import uuid
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +56,8 @@ __all__ = [
 
 INDEX = "model.safetensors.index.json"
 MANIFEST = "psrl_manifest.json"
+CRC = "crc32:"
+"""The prefix of a CRC-32 bucket digest (:func:`bucket_digest`)."""
 
 
 class VersionDamaged(ValueError):
@@ -89,13 +95,29 @@ def plan_buckets(sizes: Sequence[tuple[str, int]], bucket_bytes: int) -> list[li
     return out
 
 
-def bucket_digest(tensors: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over the tensors in their given order: name, dtype, shape, then the raw bytes."""
-    h = hashlib.sha256()
+def bucket_digest(tensors: Mapping[str, torch.Tensor], like: str | None = None) -> str:
+    """CRC-32 over the tensors in their given order: name, dtype, shape, then the raw bytes (``crc32:`` and 8 hex
+    digits). ``like``: the digest to compare with -- one without the ``crc32:`` prefix is sha256 over the same
+    (versions written before the CRC), and is recomputed so."""
+    if like is not None and not like.startswith(CRC):
+        h = hashlib.sha256()
+        for name, t in tensors.items():
+            h.update(_header(name, t))
+            h.update(_bytes(t))
+        return h.hexdigest()
+    crc = 0
     for name, t in tensors.items():
-        h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)  # a view: no copy
-    return h.hexdigest()
+        crc = zlib.crc32(_bytes(t), zlib.crc32(_header(name, t), crc))
+    return f"{CRC}{crc:08x}"
+
+
+def _header(name: str, t: torch.Tensor) -> bytes:
+    return f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode()
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes as a view (no copy of a contiguous CPU tensor)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 
 def version_digest(bucket_digests: Sequence[str]) -> str:
@@ -169,7 +191,7 @@ def read_buckets(directory: str | Path, check: bool = True) -> Iterator[tuple[in
     for i, b in enumerate(manifest["buckets"]):
         loaded = load_file(str(d / b["file"]))
         tensors = {n: loaded[n] for n in b["names"]}
-        if check and bucket_digest(tensors) != b["digest"]:
+        if check and bucket_digest(tensors, like=b["digest"]) != b["digest"]:
             raise VersionDamaged(f"{d / b['file']}: its tensors differ from {MANIFEST}: the version is damaged")
         yield i, tensors
 

@@ -55,7 +55,10 @@ class WeightReceiver:
         if st["group"] is None:
             raise RuntimeError(f"psrl_receive of version {version}: not in a transfer group (psrl_join first)")
         layout = [
-            BucketLayout(tuple(b["names"]), tuple(tuple(s) for s in b["shapes"]), tuple(b["dtypes"])) for b in buckets
+            BucketLayout(
+                tuple(b["names"]), tuple(tuple(s) for s in b["shapes"]), tuple(b["dtypes"]), tuple(b.get("split", ()))
+            )
+            for b in buckets
         ]
         tensors: list[tuple[str, torch.Tensor]] = []
         digests: list[str] = []
