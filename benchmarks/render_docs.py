@@ -125,18 +125,28 @@ def learning_arms(name: str, arms: list[tuple[str, int]]) -> str:
     return _table(header, rows)
 
 
-def agent_endpoint() -> str:
-    """docs/agents.md's endpoint cost (``benchmarks/agent_endpoint.py``), as one sentence."""
-    r = stored.read("agent_endpoint")
-    lo = min(min(v) for v in r["rounds"].values())
-    hi = max(max(v) for v in r["rounds"].values())
+def _agent_endpoint(name: str) -> str:
+    r = stored.read(name)
+    engines = r.get("engines") or {r["engine"]: r}
+    parts = []
+    for engine, f in engines.items():
+        lo = min(min(v) for v in f["rounds"].values())
+        hi = max(max(v) for v in f["rounds"].values())
+        paired = ", ".join(f"{e / d:.2f}" for e, d in zip(f["rounds"]["endpoint"], f["rounds"]["direct"]))
+        parts.append(
+            f"on `{engine}` the endpoint gave {f['endpoint_tokens_per_s']:.2f} sampled tokens/s against "
+            f"{f['direct_tokens_per_s']:.2f} directly, `endpoint_over_direct` {f['endpoint_over_direct']:.3f} "
+            f"(single rounds {lo:.1f} to {hi:.1f} tokens/s; round by round {paired})"
+        )
     return (
-        f"with {r['model']} on `{r['engine']}` ({r['agents']} agents at once x {r['turns']} turns x at most "
-        f"{r['tokens']} tokens, median of {r['repeats']} rounds each) the endpoint gave "
-        f"{r['endpoint_tokens_per_s']:.2f} sampled tokens/s against {r['direct_tokens_per_s']:.2f} directly, "
-        f"`endpoint_over_direct` {r['endpoint_over_direct']:.3f}; single rounds ranged from {lo:.1f} to {hi:.1f} "
-        f"tokens/s (`{r['command']}`, {r['measured']})"
+        f"with {r['model']}, {r['agents']} agents at once x {r['turns']} turns x at most {r['tokens']} tokens, "
+        f"median of {r['repeats']} rounds each: {'; '.join(parts)} (`{r['command']}`, {r['measured']})"
     )
+
+
+def agent_endpoint() -> str:
+    """docs/agents.md's endpoint cost (``benchmarks/agent_endpoint.py``): the vLLM headline, then ``hf``."""
+    return f"{_agent_endpoint('agent_endpoint')}; and {_agent_endpoint('agent_endpoint_hf')}"
 
 
 def trainer_scale() -> str:

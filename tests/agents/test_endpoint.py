@@ -65,6 +65,8 @@ def post(path, body):
             "maximum context length",
         ),
         ("/t/t0/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt must be"),
+        ("/t/t0/v1/completions", {"model": MODEL, "prompt": [-1]}, 400, "token id -1, outside"),
+        ("/t/t0/v1/completions", {"model": MODEL, "prompt": [1, 10**9]}, 400, f"token id {10**9}, outside"),
     ],
 )
 def test_a_bad_request_gets_an_openai_error_naming_the_cause(make_task, path, body, status, words):

@@ -12,3 +12,4 @@ def test_the_benchmark_measures_both_paths_and_ends_with_the_ratio():
     assert out["direct_tokens_per_s"] > 0 and out["endpoint_tokens_per_s"] > 0
     ratio = out["endpoint_tokens_per_s"] / out["direct_tokens_per_s"]
     assert out["endpoint_over_direct"] == pytest.approx(ratio, rel=1e-2)
+    assert out["engine"] == "hf" and out["hf_endpoint_over_direct"] == out["endpoint_over_direct"]

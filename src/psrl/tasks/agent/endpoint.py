@@ -230,6 +230,10 @@ class Endpoint:
         )
         if not ok or not prompt:
             raise EndpointError(400, "prompt must be a non-empty string or a list of token ids")
+        vocab = conv.tokenizer.vocab_size
+        if isinstance(prompt, list) and not all(0 <= t < vocab for t in prompt):
+            bad = next(t for t in prompt if not 0 <= t < vocab)
+            raise EndpointError(400, f"prompt holds token id {bad}, outside this model's vocabulary [0, {vocab})")
         ids = conv.text_context(prompt)
         turn = await conv.turn(ids, _ints(data.get("max_tokens"), "max_tokens"), _stops(data.get("stop")))
         choice = {"index": 0, "text": self._text(conv, turn), "finish_reason": turn.finish, "logprobs": None}
