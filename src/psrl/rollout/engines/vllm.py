@@ -16,9 +16,9 @@ nothing is re-tokenised, nothing is detokenised.
 * **Weights**: the trainer's ranks publish each version as a directory (``RUN_DIR/weights/v{N}``,
   :mod:`psrl.weights`: buckets in Hugging Face's sharded layout, atomically, old versions pruned) and
   every server loads it in place with ``POST /collective_rpc`` ``reload_weights`` (dev mode), without a
-  restart; the driver holds no copy. With LoRA (``model.lora_rank > 0``) the server serves the base and one adapter,
-  loaded in place under one name (:mod:`psrl.rollout.engines.vllm_lora`), and every request names the adapter. On GPUs vLLM's NCCL weight-transfer API is the faster path (docs/engines.md says what
-  was run).
+  restart; the driver holds no copy. With LoRA (``model.lora_rank > 0``) the server serves the base and one
+  adapter, loaded in place under one name (:mod:`psrl.rollout.engines.vllm_lora`), and every request names the
+  adapter. On GPUs vLLM's NCCL weight-transfer API is the faster path (docs/engines.md says what was run).
 * **Partial rollout**: ``POST /pause?mode=keep`` (in-flight requests kept, with their KV cache:
   the stale KV of PSRL's partial rollout), reload, ``POST /resume``. Until a request's final
   chunk, its tokens carry provisional labels (the version loaded at the last resume before they
