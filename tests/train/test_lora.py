@@ -60,7 +60,13 @@ def test_the_keys_load_and_bad_targets_are_config_errors_naming_the_modules():
         with pytest.raises(ConfigError) as e:
             load_config(None, ["model.lora_rank=8", f"model.target_modules={bad}"])
         assert e.value.key == "model.target_modules"
-    for bad in (["model.lora_rank=-1"], ["model.lora_rank=8", "rollout.engine=vllm"]):
+    load_config(None, ["model.lora_rank=8", "rollout.engine=vllm"])  # vLLM serves the adapter (docs/lora.md)
+    vllm = ["rollout.engine=vllm", "psrl.deployment.n_rollout_instances=1"]
+    for bad in (
+        ["model.lora_rank=-1"],
+        ["model.lora_rank=8", "runtime.backend=ray", *vllm],  # vLLM in Ray actors: not built
+        ["model.lora_rank=513", *vllm],  # above vLLM's largest --max-lora-rank
+    ):
         with pytest.raises(ConfigError) as e:
             load_config(None, bad)
         assert e.value.key == "model.lora_rank"

@@ -388,11 +388,17 @@ class Config:
         self.algorithm.rollout_correction.check()
         self.model.check()
         require(
-            self.model.lora_rank == 0 or self.rollout.engine == "hf",
+            self.model.lora_rank == 0 or self.rollout.engine == "hf" or self.runtime.backend == "local",
             "model.lora_rank",
-            f"is {self.model.lora_rank}, but LoRA versions are served by the hf engine only so far "
-            f"(rollout.engine={self.rollout.engine}: vLLM's load_lora_adapter path is not built yet, docs/lora.md)",
-            "set rollout.engine=hf, or model.lora_rank=0 for full fine-tuning",
+            f"is {self.model.lora_rank}, but vLLM engines in Ray actors do not serve LoRA versions yet "
+            "(runtime.backend=ray, rollout.engine=vllm; docs/lora.md)",
+            "set runtime.backend=local or rollout.engine=hf, or model.lora_rank=0 for full fine-tuning",
+        )
+        require(
+            self.model.lora_rank <= 512 or self.rollout.engine == "hf",
+            "model.lora_rank",
+            f"is {self.model.lora_rank}, but vLLM serves LoRA adapters of rank <= 512 (--max-lora-rank)",
+            "set model.lora_rank <= 512, or rollout.engine=hf",
         )
         require(
             self.model.lora_rank == 0 or self.weights.transport == "files",

@@ -21,12 +21,15 @@ forward's, version after version (no drift from undoing the previous adapter).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
+
+from psrl.weights.format import INDEX, VersionDamaged, bucket_file, read_buckets, read_manifest, version_digest
 
 __all__ = [
     "LORA_PARTS",
@@ -35,6 +38,7 @@ __all__ = [
     "adapter_meta",
     "MergedAdapter",
     "peft_files",
+    "unpack_version",
 ]
 
 LORA_PARTS = (".lora_A.weight", ".lora_B.weight")
@@ -173,6 +177,46 @@ def peft_files(state: Mapping[str, Tensor], meta: Mapping, directory: str | Path
         "bias": "none",
         "inference_mode": True,
     }
-    save_file(tensors, str(d / "adapter_model.safetensors"))
-    (d / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    # each file replaced whole (a reader sees the old file or the new one): vLLM may read the directory again
+    # whenever it reloads the adapter (rollout/engines/vllm_lora.py)
+    _replace(d / "adapter_model.safetensors", lambda tmp: save_file(tensors, str(tmp)))
+    _replace(d / "adapter_config.json", lambda tmp: tmp.write_text(json.dumps(config, indent=1)))
     return d
+
+
+def _replace(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def unpack_version(directory: str | Path, base_out: str | Path) -> tuple[dict[str, Tensor], dict, Path | None]:
+    """An adapter version for an engine that takes the adapter and the base apart (vLLM): ``(adapter, manifest,
+    base)``, every bucket checked against the manifest (:class:`~psrl.weights.format.VersionDamaged` before
+    anything is returned). ``adapter``: the adapter's tensors (published names); ``base``: when the version carries
+    the base, ``base_out`` holding it alone as a Hugging Face directory (safetensors shards and their index: what
+    vLLM's ``reload_weights`` reads), written bucket by bucket; else None."""
+    manifest = read_manifest(directory)
+    if manifest.get("kind") != "lora":
+        raise ValueError(f"{directory} is not an adapter version (its manifest has no kind: lora)")
+    if version_digest([b["digest"] for b in manifest["buckets"]]) != manifest["digest"]:
+        raise VersionDamaged(f"{directory}: the buckets' digests do not make the manifest's version digest")
+    with_base = bool(manifest.get("base_included"))
+    out = Path(base_out)
+    if with_base:
+        out.mkdir(parents=True, exist_ok=True)
+    count = len(manifest["buckets"])
+    adapter: dict[str, Tensor] = {}
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, tensors in read_buckets(directory):
+        adapter.update({n: t for n, t in tensors.items() if is_adapter(n)})
+        base = {n: t.contiguous() for n, t in tensors.items() if not is_adapter(n)}
+        if with_base and base:
+            save_file(base, str(out / bucket_file(i, count)))
+            weight_map.update(dict.fromkeys(base, bucket_file(i, count)))
+            total += sum(t.numel() * t.element_size() for t in base.values())
+    if not with_base:
+        return adapter, manifest, None
+    (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    return adapter, manifest, out

@@ -16,8 +16,9 @@ nothing is re-tokenised, nothing is detokenised.
 * **Weights**: the trainer's ranks publish each version as a directory (``RUN_DIR/weights/v{N}``,
   :mod:`psrl.weights`: buckets in Hugging Face's sharded layout, atomically, old versions pruned) and
   every server loads it in place with ``POST /collective_rpc`` ``reload_weights`` (dev mode), without a
-  restart; the driver holds no copy. On GPUs vLLM's NCCL weight-transfer API is the faster path (docs/engines.md says what
-  was run).
+  restart; the driver holds no copy. With LoRA (``model.lora_rank > 0``) the server serves the base and one
+  adapter, loaded in place under one name (:mod:`psrl.rollout.engines.vllm_lora`), and every request names the
+  adapter. On GPUs vLLM's NCCL weight-transfer API is the faster path (docs/engines.md says what was run).
 * **Partial rollout**: ``POST /pause?mode=keep`` (in-flight requests kept, with their KV cache:
   the stale KV of PSRL's partial rollout), reload, ``POST /resume``. Until a request's final
   chunk, its tokens carry provisional labels (the version loaded at the last resume before they
@@ -40,6 +41,7 @@ import asyncio
 import itertools
 import json
 import secrets
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from psrl.rollout.engines.base import TokenRate
@@ -51,6 +53,7 @@ from psrl.rollout.engines.vllm_http import (
     resend_delay,
     span_versions,
 )
+from psrl.rollout.engines.vllm_lora import ServedAdapter
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource, stream_seed
 from psrl.weights import VersionDirectories
@@ -69,6 +72,7 @@ class VLLMEngine:
     Args:
         url: an already running server (``rollout.vllm.urls``), or None with ``server``.
         server: a :class:`VLLMServer` psrl starts and owns.
+        adapter: with LoRA, the adapter the server serves (its files; the server runs with ``--enable-lora``).
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class VLLMEngine:
         sampling: Sampling = Sampling(),
         request_timeout_s: float = 300.0,
         model_name: str = "psrl",
+        adapter: ServedAdapter | None = None,
     ):
         if (url is None) == (server is None):
             raise ValueError("VLLMEngine needs exactly one of url (attach) and server (start)")
@@ -87,6 +92,7 @@ class VLLMEngine:
         self.sampling = sampling
         self.request_timeout_s = float(request_timeout_s)
         self.model_name = model_name
+        self.adapter = adapter
         self.version = -1
         self.receives = False
         """A member of the run's transfer group (``weights.transport=collective``): sent versions are staged in
@@ -256,7 +262,7 @@ class VLLMEngine:
         if req.seed is not None:  # vLLM's per-request generator; a re-sent request continues from its tokens so far
             params["seed"] = stream_seed(req.seed, base) if base else req.seed
         body = {
-            "model": self.model_name,
+            "model": self.adapter.name if self.adapter is not None else self.model_name,
             "request_id": self._sids[key],
             "token_ids": list(req.context),
             "sampling_params": params,
@@ -328,12 +334,29 @@ class VLLMEngine:
             await self.rpc("psrl_load", version=int(version), digest=store.manifest(int(version))["digest"])
         elif not isinstance(store, VersionDirectories):
             raise TypeError(f"vLLM loads weights from a published directory: {type(store).__name__} has none")
+        elif self.adapter is not None:  # an adapter version: in place, under the adapter's one name
+            await self._load_adapter(self.adapter, store.directory(int(version)))
         else:  # the ranks' files: Hugging Face's sharded layout with its index
             await self.rpc("reload_weights", weights_path=str(store.directory(int(version))))
         await self._label(int(version))
         self.version = int(version)
         if not self._inflight:
             self._token_version = self.version
+
+    async def _load_adapter(self, adapter: ServedAdapter, directory: Path) -> None:
+        """An adapter version (checked first; its base reloaded first if it carries one), loaded in place under the
+        adapter's name; the server refusing it puts the previous adapter's files back (it serves the old one)."""
+        base = await asyncio.to_thread(adapter.stage, directory)
+        try:
+            if base is not None:
+                await self.rpc("reload_weights", weights_path=str(base))
+            body = {"lora_name": adapter.name, "lora_path": str(adapter.path), "load_inplace": True}
+            await self._post("/v1/load_lora_adapter", json=body)
+        except BaseException:
+            await asyncio.to_thread(adapter.restore)
+            raise
+        finally:
+            await asyncio.to_thread(adapter.done)
 
     async def rpc(self, method: str, timeout: float | None = None, **kwargs: object) -> list[Any]:
         """``POST /collective_rpc``: ``method`` of every worker of the server (vLLM's, or psrl's receiver
@@ -380,7 +403,9 @@ class VLLMEngine:
                 await asyncio.sleep(delay)
         if resp.status_code != 200:
             raise RuntimeError(f"vLLM server {self.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
-        return resp.json() if resp.content else None
+        if not resp.content:
+            return None  # /v1/load_lora_adapter answers in plain text
+        return resp.json() if "json" in resp.headers.get("content-type", "") else resp.text
 
     # ------------------------------------------------------------------ load figures
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from psrl.rollout.engines.vllm import VLLMEngine
+from psrl.rollout.engines.vllm_lora import ServedAdapter
 from psrl.rollout.engines.vllm_server import VLLMServer, find_vllm_python
 from psrl.types import Sampling
 from psrl.weights import write_model_directory
@@ -36,6 +37,8 @@ def build_vllm_engines(
     files linked, the policy's config and tokenizer beside them: :func:`psrl.weights.write_model_directory`) when
     the driver's policy holds no weights, else the policy itself, saved (so a task's added tokens and a dequantized
     GGUF model are served as the trainer sees them); every version after that arrives through ``reload_weights``.
+    With LoRA (``model.lora_rank > 0``) each engine serves an adapter whose files live in ``run_dir/vllm/{name}-{i}``
+    (:class:`~psrl.rollout.engines.vllm_lora.ServedAdapter`).
     """
     r = cfg.rollout
     n = cfg.psrl.deployment.n_rollout_instances if n is None else n
@@ -53,9 +56,19 @@ def build_vllm_engines(
             write_model_directory(start, model_dir, policy.model, policy.tokenizer)
         else:
             policy.save_pretrained(model_dir)
+    lora = cfg.model.lora_rank > 0
     if r.vllm.urls and attach:
-        return [engine(url=u) for u in r.vllm.urls]
-    return [engine(server=server_of(cfg, policy, model_dir, root / f"{name}-{i}.log")) for i in range(n)]
+        return [
+            engine(url=u, adapter=ServedAdapter(root / f"attached-{i}") if lora else None)
+            for i, u in enumerate(r.vllm.urls)
+        ]
+    return [
+        engine(
+            server=server_of(cfg, policy, model_dir, root / f"{name}-{i}.log"),
+            adapter=ServedAdapter(root / f"{name}-{i}") if lora else None,
+        )
+        for i in range(n)
+    ]
 
 
 def server_of(cfg: Config, policy: Policy, model_dir: Path, log_path: Path) -> VLLMServer:
@@ -74,4 +87,5 @@ def server_of(cfg: Config, policy: Policy, model_dir: Path, log_path: Path) -> V
         extra_args=r.vllm.args,
         receiver=cfg.weights.transport == "collective",
         startup_timeout_s=r.vllm.startup_timeout_s,
+        lora_rank=cfg.model.lora_rank,
     )

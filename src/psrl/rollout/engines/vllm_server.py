@@ -126,6 +126,8 @@ class VLLMServer:
         dtype, max_model_len, kv_cache_gb: server settings (``rollout.vllm.*``).
         extra_args: more command-line arguments (``rollout.vllm.args``).
         startup_timeout_s: bound on the wait for ``/health``.
+        lora_rank: > 0 serves the base with one LoRA adapter of this rank, loaded at run time
+            (:mod:`psrl.rollout.engines.vllm_lora`).
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class VLLMServer:
         startup_timeout_s: float = 600.0,
         name: str = "psrl",
         receiver: bool = False,
+        lora_rank: int = 0,
     ):
         self.python = python
         self.model_dir = str(model_dir)
@@ -155,6 +158,7 @@ class VLLMServer:
         """``weights.transport=collective``: the workers get psrl's weight receiver (:mod:`psrl.weights.vllm_receiver`,
         ``--worker-extension-cls``), with the directory holding the ``psrl`` package (and nothing else of the
         project's environment) on their ``PYTHONPATH``."""
+        self.lora_rank = int(lora_rank)
         self.proc: subprocess.Popen | None = None
         self.watcher: subprocess.Popen | None = None
         self.port: int | None = None
@@ -191,8 +195,14 @@ class VLLMServer:
             "--stream-interval",
             "16",
             *(["--worker-extension-cls", RECEIVER_CLS] if self.receiver else []),
+            *(self._lora_args() if self.lora_rank else []),
             *self.extra_args,
         ]
+
+    def _lora_args(self) -> list[str]:
+        from psrl.rollout.engines.vllm_lora import max_lora_rank
+
+        return ["--enable-lora", "--max-lora-rank", str(max_lora_rank(self.lora_rank)), "--max-loras", "1"]
 
     async def start(self, client: httpx.AsyncClient) -> str:
         """Spawn the server and wait (bounded) until ``/health`` answers; returns its URL."""
@@ -212,6 +222,8 @@ class VLLMServer:
     def _spawn(self, port: int) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": f"{self.kv_cache_gb:g}"}
+        if self.lora_rank:  # /v1/load_lora_adapter
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         env.pop("PYTHONPATH", None)  # the project's path must not shadow vLLM's own packages
         if self.receiver:  # psrl's own source only (psrl.weights imports torch and safetensors: vLLM has both)
             env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
