@@ -57,8 +57,11 @@ def quarters(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values[:q]), statistics.fmean(values[-q:])
 
 
-def config(seed: int, steps: int, overrides: list[str]):
-    args = [f"model.path={hf_dir()}", f"trainer.seed={seed}", f"trainer.total_steps={steps}", "trainer.resume=false"]
+def config(seed: int, steps: int, overrides: list[str], model: str = "smollm2"):
+    """The example's config at ``seed``; ``model`` ``builtin`` keeps its built-in model (the smoke test's)."""
+    args = [f"trainer.seed={seed}", f"trainer.total_steps={steps}", "trainer.resume=false"]
+    if model == "smollm2":
+        args.append(f"model.path={hf_dir()}")
     return load_config(str(CONFIG), args + overrides)
 
 
@@ -85,9 +88,9 @@ def warm(cfg, path: Path) -> tuple[dict, dict]:
     return policy.export_state(), info
 
 
-def one_seed(seed: int, steps: int, overrides: list[str], out: Path, weights: dict) -> dict:
+def one_seed(seed: int, steps: int, overrides: list[str], out: Path, weights: dict, model: str) -> dict:
     run_dir = out / f"seed{seed}"
-    cfg = config(seed, steps, overrides)
+    cfg = config(seed, steps, overrides, model)
     t0 = time.perf_counter()
     history = run(cfg, str(run_dir), log=lambda line: print(line, flush=True), weights=weights)
     seconds = time.perf_counter() - t0
@@ -108,15 +111,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--model", choices=("smollm2", "builtin"), default="smollm2")
     ap.add_argument("--out", default="/tmp/agent_learning", help="the runs' directories (one per seed)")
     ap.add_argument("--results", default=None, help="store the curves here (docs/results/agent_learning.json)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    weights, warm_info = warm(config(0, args.steps, list(args.overrides)), Path(args.out) / "warm.pt")
+    over = list(args.overrides)
+    weights, warm_info = warm(config(0, args.steps, over, args.model), Path(args.out) / "warm.pt")
     runs = []
     for seed in args.seeds:
-        r = one_seed(seed, args.steps, list(args.overrides), Path(args.out), weights)
+        r = one_seed(seed, args.steps, over, Path(args.out), weights, args.model)
         runs.append(r)
         verdict = "rose" if r["reward_last_quarter"] > r["reward_first_quarter"] else "did not rise"
         print(
@@ -130,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
             Path(args.results),
             {
                 "config": str(CONFIG.relative_to(stored.ROOT)),
+                "model": args.model,
                 "overrides": args.overrides,
                 "steps": args.steps,
                 "warm_start": warm_info,
