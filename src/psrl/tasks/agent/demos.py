@@ -49,7 +49,8 @@ def _calls(tool_calls: Any) -> list:
 
 def _reads_back(parsed: ParsedTurn, msg: dict) -> bool:
     """Whether the parsed text is the message (content and calls), as the endpoint answers and recognises it."""
-    content = msg.get("content") if isinstance(msg.get("content"), str) else ""
+    content = msg.get("content")
+    content = content if isinstance(content, str) else ""
     return parsed.content.strip() == content.strip() and _calls(parsed.tool_calls) == _calls(msg.get("tool_calls"))
 
 
