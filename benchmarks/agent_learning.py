@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     over = list(args.overrides)
     weights, warm_info = warm(config(0, args.steps, over, args.model), Path(args.out) / "warm.pt")
-    runs = []
+    runs: list[dict] = []
     for seed in args.seeds:
         r = one_seed(seed, args.steps, over, Path(args.out), weights, args.model)
         runs.append(r)
@@ -130,18 +130,10 @@ def main(argv: list[str] | None = None) -> dict:
             f"audit {r['audit']}; {r['seconds']:.0f} s",
             flush=True,
         )
-    if args.results:
-        stored.write(
-            Path(args.results),
-            {
-                "config": str(CONFIG.relative_to(stored.ROOT)),
-                "model": args.model,
-                "overrides": args.overrides,
-                "steps": args.steps,
-                "warm_start": warm_info,
-                "runs": runs,
-            },
-        )
+        if args.results:  # after every seed: a long run that is stopped keeps the seeds it finished
+            record = {"config": str(CONFIG.relative_to(stored.ROOT)), "model": args.model, "overrides": over}
+            record |= {"steps": args.steps, "warm_start": warm_info, "runs": runs}
+            stored.write(Path(args.results), record)
     summary = {
         "seeds": len(runs),
         "reward_first_quarter": round(statistics.fmean(r["reward_first_quarter"] for r in runs), 4),
