@@ -139,18 +139,18 @@ def agent_endpoint() -> str:
     )
 
 
-def agent_learning() -> str:
+def agent_learning(name: str) -> str:
     """docs/agents.md's learning of the calculator example over seeds (``benchmarks/agent_learning.py``): the
     command, the shared warm start, per step window (quarters of the run) the mean ± spread over seeds of each
     seed's window mean, and per seed its first and last quarter."""
-    r = stored.read("agent_learning")
+    r = stored.read(name)
     runs, w = r["runs"], r["warm_start"]
     steps = min(len(x["curves"]["reward/mean"]) for x in runs)
     q = max(1, steps // 4)
     windows = [(a, min(a + q, steps)) for a in range(0, steps, q)]
     rows = []
     for a, b in windows:
-        cells = [f"{a + 1}–{b}"]
+        cells = [f"{a + 1}–{b}" if b > a + 1 else str(b)]
         for key in ("reward/mean", "batch/tool_call_frac"):
             s = spread([statistics.fmean(x["curves"][key][a:b]) for x in runs])
             cells.append(_spread(s, 2))
@@ -164,7 +164,7 @@ def agent_learning() -> str:
     )
     rose = sum(x["reward_last_quarter"] > x["reward_first_quarter"] for x in runs)
     return (
-        _command("agent_learning")
+        _command(name)
         + f"\n{r['measured']}, `{r['config']}`"
         + (f" with {' '.join(r['overrides'])}" if r["overrides"] else "")
         + f": one warm start of {w['steps']} steps x {w['batch']} demonstrations at lr {w['lr']:g} (loss "
@@ -485,7 +485,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "trainer-resume-cells": lambda: trainer_resume("cells"),
     "trainer-scale": trainer_scale,
     "agent-endpoint": agent_endpoint,
-    "agent-learning": agent_learning,
+    "agent-learning": lambda: agent_learning("agent_learning"),
     "learning-agentic-command": lambda: _command("learning_agentic"),
     "learning-agentic-table": lambda: learning_table("learning_agentic"),
     "learning-agentic-certificate": lambda: learning_certificate("learning_agentic"),
