@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -90,6 +91,7 @@ def warm(cfg, path: Path) -> tuple[dict, dict]:
 
 def one_seed(seed: int, steps: int, overrides: list[str], out: Path, weights: dict, model: str) -> dict:
     run_dir = out / f"seed{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a recorder appends: an earlier run's trajectories would be audited too
     cfg = config(seed, steps, overrides, model)
     t0 = time.perf_counter()
     history = run(cfg, str(run_dir), log=lambda line: print(line, flush=True), weights=weights)
