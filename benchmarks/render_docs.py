@@ -486,6 +486,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "trainer-scale": trainer_scale,
     "agent-endpoint": agent_endpoint,
     "agent-learning": lambda: agent_learning("agent_learning"),
+    "agent-learning-vllm": lambda: agent_learning("agent_learning_vllm"),
     "learning-agentic-command": lambda: _command("learning_agentic"),
     "learning-agentic-table": lambda: learning_table("learning_agentic"),
     "learning-agentic-certificate": lambda: learning_certificate("learning_agentic"),
