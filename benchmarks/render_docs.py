@@ -149,6 +149,44 @@ def agent_endpoint() -> str:
     return f"{_agent_endpoint('agent_endpoint')}; and {_agent_endpoint('agent_endpoint_hf')}"
 
 
+def agent_learning(name: str) -> str:
+    """docs/agents.md's learning of the calculator example over seeds (``benchmarks/agent_learning.py``): the
+    command, the shared warm start, per step window (quarters of the run) the mean ± spread over seeds of each
+    seed's window mean, and per seed its first and last quarter."""
+    r = stored.read(name)
+    runs, w = r["runs"], r["warm_start"]
+    steps = min(len(x["curves"]["reward/mean"]) for x in runs)
+    q = max(1, steps // 4)
+    windows = [(a, min(a + q, steps)) for a in range(0, steps, q)]
+    rows = []
+    for a, b in windows:
+        cells = [f"{a + 1}–{b}" if b > a + 1 else str(b)]
+        for key in ("reward/mean", "batch/tool_call_frac"):
+            s = spread([statistics.fmean(x["curves"][key][a:b]) for x in runs])
+            cells.append(_spread(s, 2))
+        rows.append(cells)
+    per_seed = "; ".join(
+        f"seed {x['seed']}: {x['reward_first_quarter']:.3f} -> {x['reward_last_quarter']:.3f} "
+        f"({'rose' if x['reward_last_quarter'] > x['reward_first_quarter'] else 'did not rise'}; "
+        f"{x['audit']['trained']} trajectories trained, {x['audit']['violations']} outside the bound, "
+        f"{x['seconds'] / max(1, x['steps']):.0f} s/step)"
+        for x in runs
+    )
+    rose = sum(x["reward_last_quarter"] > x["reward_first_quarter"] for x in runs)
+    return (
+        _command(name)
+        + f"\n{r['measured']}, `{r['config']}`"
+        + (f" with {' '.join(r['overrides'])}" if r["overrides"] else "")
+        + f": one warm start of {w['steps']} steps x {w['batch']} demonstrations at lr {w['lr']:g} (loss "
+        + f"{w['loss_first']:.3f} -> {w['loss_last']:.3f}, {w['seconds']:.0f} s), shared by the seeds, then "
+        + f"{steps} RL steps per seed. Per step window, mean ± std [min–max] over {len(runs)} seeds of each "
+        + "seed's window mean:\n"
+        + _table(["steps", "reward/mean", "batch/tool_call_frac"], rows)
+        + f"\nFirst vs last quarter of the training reward, per seed -- {per_seed}. The reward rose in {rose} of "
+        + f"{len(runs)} seeds.\n"
+    )
+
+
 def trainer_scale() -> str:
     """docs/trainer.md's 1-vs-2-rank figures (``benchmarks/trainer_scale.py``), as one sentence."""
     r = stored.read("trainer_scale")
@@ -468,6 +506,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "trainer-resume-cells": lambda: trainer_resume("cells"),
     "trainer-scale": trainer_scale,
     "agent-endpoint": agent_endpoint,
+    "agent-learning": lambda: agent_learning("agent_learning"),
+    "agent-learning-vllm": lambda: agent_learning("agent_learning_vllm"),
     "learning-agentic-command": lambda: _command("learning_agentic"),
     "learning-agentic-table": lambda: learning_table("learning_agentic"),
     "learning-agentic-certificate": lambda: learning_certificate("learning_agentic"),

@@ -6,6 +6,10 @@ one tool, ``calculator(expression)``; every call it makes is evaluated here and 
 ``MAX_TURNS`` model turns; the reward is 1.0 when the final answer holds the right number (the row's
 ``reward_model.ground_truth``), else 0.0. Nothing here imports psrl.
 
+``demonstration(row)`` is the conversation this agent has when the model does the job (call the calculator on
+the question's expression, then answer its result): ``task.demonstration`` names it for the supervised warm start
+(``trainer.warm_start_steps``), which psrl renders through the same template the endpoint uses.
+
     import asyncio, json, openai
     row = json.loads(open("examples/agent_calculator/train.jsonl").readline())
     asyncio.run(agent(openai.AsyncOpenAI(base_url="http://localhost:8000/v1", api_key="x"), row))
@@ -56,6 +60,26 @@ def calculate(expression: str) -> str:
 def _answer(text: str) -> int | None:
     numbers = re.findall(r"-?\d+", text or "")
     return int(numbers[-1]) if numbers else None
+
+
+def demonstration(row):
+    """The whole conversation, as :func:`agent` would send it, of a model that calls the calculator on the
+    question's expression and then answers with the result alone."""
+    messages = list(row["prompt"])
+    question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    expression = re.search(r"(-?\d+(?:\s*[-+*/]\s*-?\d+)+)", question).group(1)
+    result = calculate(expression)
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
+    }
+    messages += [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": result},
+        {"role": "assistant", "content": result},
+    ]
+    return {"messages": messages, "tools": [CALCULATOR]}
 
 
 async def agent(client, row):

@@ -17,10 +17,10 @@ class _Task:
 
 class _Trainer:
     def __init__(self):
-        self.steps = None
+        self.steps = self.batch_size = None
 
-    def warm_start(self, demos, steps):
-        self.steps = steps
+    def warm_start(self, demos, steps, batch_size=32):
+        self.steps, self.batch_size = steps, batch_size
         return [1.0 - i / (steps + 1) for i in range(steps)]
 
 
@@ -32,3 +32,10 @@ def test_warm_start_steps(override, expected):
     losses = warm_start(cfg, _Task(), trainer, log=lambda _: None)
     assert trainer.steps == expected
     assert len(losses) == (expected or 0)
+
+
+def test_warm_start_batch_is_the_configs():
+    """``trainer.warm_start_batch`` is how many demonstrations each warm-start step sees."""
+    trainer = _Trainer()
+    warm_start(load_config(None, ["trainer.warm_start_steps=2", "trainer.warm_start_batch=5"]), _Task(), trainer)
+    assert (trainer.steps, trainer.batch_size) == (2, 5)

@@ -264,6 +264,12 @@ class TrainerConfig:
         fix="use 0 to skip the warm start, null for the task's default",
     )
     warm_start_lr: float = _f(2e-3, "AdamW learning rate of the supervised warm start (its own optimiser).", gt=0)
+    warm_start_batch: int = _f(
+        32,
+        "Demonstrations per supervised warm-start step (one forward and backward pass over all of them: its "
+        "activation memory grows with it and with the demonstrations' length).",
+        ge=1,
+    )
     resume: bool = _f(True, "Continue from the newest checkpoint in run_dir if there is one.")
     checkpoint_every: int = _f(
         10, "Save a resumable checkpoint every this many steps.", ge=0, note="0 = only at the end and on Ctrl-C/SIGTERM"

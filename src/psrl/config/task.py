@@ -132,6 +132,13 @@ class TaskConfig:
         "with score, or None (then task.reward scores its last assistant message).",
         note="module:function | file.py:function (needed when task.name is agent)",
     )
+    demonstration: str = _f(
+        "",
+        "task.name=agent: def demonstration(row) as module:function or path/to/file.py:function, returning one "
+        "whole conversation for a row ({messages, tools}, as the agent sends it) whose assistant turns the "
+        "supervised warm start (trainer.warm_start_steps) teaches, rendered as the endpoint renders requests.",
+        note="module:function | file.py:function (needed for an agent task's warm start)",
+    )
     agent_timeout: float = _f(
         300.0,
         "task.name=agent: seconds one agent episode may take (all its turns and tools); past it the episode "
@@ -182,6 +189,13 @@ class TaskConfig:
                 "task.agent",
                 f"task.name is agent but task.agent={self.agent!r} names no function",
                 "set task.agent=module:function or path/to/file.py:function",
+            )
+        if self.demonstration:
+            require(
+                ":" in self.demonstration and self.demonstration.rsplit(":", 1)[1].isidentifier(),
+                "task.demonstration",
+                f"task.demonstration={self.demonstration!r} names no function",
+                "set task.demonstration=module:function or path/to/file.py:function, or leave it empty",
             )
         t = self.chat_template
         require(

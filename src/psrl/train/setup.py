@@ -73,7 +73,7 @@ def warm_start(cfg: Any, task: Any, trainer: Any, log: Callable[[str], None] = p
     if steps <= 0:
         return []
     demos = task.demonstrations(max(256, 4 * steps), random.Random(f"{cfg.trainer.seed}/demos"))
-    losses = trainer.warm_start(demos, steps)
+    losses = trainer.warm_start(demos, steps, batch_size=cfg.trainer.warm_start_batch)
     log(f"warm start: {steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     return losses
 

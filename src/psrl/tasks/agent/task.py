@@ -27,8 +27,9 @@ from typing import Any
 from psrl.errors import ConfigError
 from psrl.tasks.agent.capture import Conversation
 from psrl.tasks.agent.chat import ChatTemplate
+from psrl.tasks.agent.demos import demo_tokens
 from psrl.tasks.agent.endpoint import Endpoint
-from psrl.tasks.base import Episode, GenerateFn, Prompt
+from psrl.tasks.base import Demo, Episode, GenerateFn, Prompt
 from psrl.tasks.dataset import DatasetTask
 from psrl.tasks.rewards import load_function
 
@@ -54,6 +55,9 @@ class AgentTask(DatasetTask):
                 "task.agent", f"{task_cfg.agent} is not an async function", "write it as async def agent(client, row)"
             )
         self.template = ChatTemplate(self.tokenizer, task_cfg.chat_template)
+        self.demonstration = (
+            load_function(task_cfg.demonstration, key="task.demonstration") if task_cfg.demonstration else None
+        )
         self.endpoint: Endpoint | None = None
         self._http: Any = None
         self._ids = itertools.count()
@@ -119,6 +123,22 @@ class AgentTask(DatasetTask):
                 "an episode needs at least one model turn"
             )
         return self._episode(conv, out)
+
+    def demonstrations(self, n: int, rng: random.Random) -> list[Demo]:
+        """``task.demonstration`` of ``n`` random rows, tokenised as the endpoint captures a conversation
+        (:mod:`psrl.tasks.agent.demos`), for ``trainer.warm_start_steps > 0``."""
+        if self.demonstration is None:
+            raise ConfigError(
+                "task.demonstration",
+                "an agent task's warm start (trainer.warm_start_steps > 0) needs demonstrations, and none is named",
+                "set task.demonstration=file.py:function, or trainer.warm_start_steps=0",
+            )
+        out = []
+        for _ in range(n):
+            row = self.rows[rng.randrange(len(self.rows))]
+            demo = self.demonstration(copy.deepcopy(row.raw))
+            out.append(demo_tokens(self.tokenizer, self.template, self.eos_id, self.cfg.tool_parser, demo, row.where))
+        return out
 
     @staticmethod
     def _episode(conv: Conversation, out: Any) -> Episode:
