@@ -12,12 +12,14 @@ Two jobs: ``default`` (the built-in job, synchronous: ``psrl train psrl.stalenes
 user and system seconds; ``--runs`` runs of each setting, interleaved ``none, threshold, psrl, none, ...`` so that
 a drift of the shared machine's speed falls on all three) and ``smollm2`` (SmolLM2-135M-Instruct on
 ``examples/arith2``, the workload of docs/learning.md, ``psrl.staleness=2``: the run whose heap grew past 20 GB
-without a setting; its peak resident memory ``VmHWM``, once per setting). Seconds and peaks are the finished
-process's own accounting (``wait4``); each ratio is taken run by run against ``none`` (the default job's wall) or
-``threshold`` (SmolLM2's peak), then its median.
+without a setting; its peak resident memory ``VmHWM``, ``--smollm2-runs`` runs of each setting, interleaved, each
+~8 GB: one at a time). Seconds and peaks are the finished process's own accounting (``wait4``); each ratio is taken
+run by run against ``none`` (the default job's wall) or ``threshold`` (SmolLM2's peak), then its median. A SmolLM2
+run also stores its peak RSS per phase (``phase_peak_bytes``: sampled every 10 ms while an hf decode step, the
+log-prob forwards, the training step or a version's hand-over ran, or several at once), which says where it peaks.
 
     PYTHONPATH=src python benchmarks/heap_cost.py [--jobs default smollm2] [--runs 3] [--steps 25]
-        [--smollm2-steps 10] [--results docs/results/heap_cost.json]
+        [--smollm2-steps 10] [--smollm2-runs 2] [--results docs/results/heap_cost.json]
 
 The last line is one JSON object: ``default_wall_psrl_over_none`` (acceptance: <= 1.03),
 ``default_wall_threshold_over_none`` and ``smollm2_peak_psrl_over_threshold`` (acceptance: <= 1).
