@@ -147,8 +147,10 @@ def heap_cost() -> str:
     its ratios to the run of the reference setting it was paired with (the default job: ``none``'s wall and CPU
     seconds, user + system; SmolLM2: ``threshold``'s peak RSS), and where a SmolLM2 run peaked."""
     out = []
-    for job, over in (("default", "none"), ("smollm2", "threshold")):
-        r = stored.read(f"heap_cost_{job}")
+    stores = [("heap_cost_default", "default", "none")]
+    stores += [(p.stem, "smollm2", "threshold") for p in sorted(stored.RESULTS.glob("heap_cost_smollm2*.json"))]
+    for name, job, over in stores:  # SmolLM2: one store per invocation (each run takes ~8 GB for minutes)
+        r = stored.read(name)
         runs, rows = r["runs"][job], []
         figures = {
             "wall s": lambda x: x["wall_s"],
