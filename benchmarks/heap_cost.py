@@ -12,12 +12,14 @@ Two jobs: ``default`` (the built-in job, synchronous: ``psrl train psrl.stalenes
 user and system seconds; ``--runs`` runs of each setting, interleaved ``none, threshold, psrl, none, ...`` so that
 a drift of the shared machine's speed falls on all three) and ``smollm2`` (SmolLM2-135M-Instruct on
 ``examples/arith2``, the workload of docs/learning.md, ``psrl.staleness=2``: the run whose heap grew past 20 GB
-without a setting; its peak resident memory ``VmHWM``, once per setting). Seconds and peaks are the finished
-process's own accounting (``wait4``); each ratio is taken run by run against ``none`` (the default job's wall) or
-``threshold`` (SmolLM2's peak), then its median.
+without a setting; its peak resident memory ``VmHWM``, ``--smollm2-runs`` runs of each setting, interleaved, each
+~8 GB: one at a time). Seconds and peaks are the finished process's own accounting (``wait4``); each ratio is taken
+run by run against ``none`` (the default job's wall) or ``threshold`` (SmolLM2's peak), then its median. A SmolLM2
+run also stores its peak RSS per phase (``phase_peak_bytes``: sampled every 10 ms while an hf decode step, the
+log-prob forwards, the training step or a version's hand-over ran, or several at once), which says where it peaks.
 
     PYTHONPATH=src python benchmarks/heap_cost.py [--jobs default smollm2] [--runs 3] [--steps 25]
-        [--smollm2-steps 10] [--results docs/results/heap_cost.json]
+        [--smollm2-steps 10] [--smollm2-runs 2] [--results docs/results/heap_cost.json]
 
 The last line is one JSON object: ``default_wall_psrl_over_none`` (acceptance: <= 1.03),
 ``default_wall_threshold_over_none`` and ``smollm2_peak_psrl_over_threshold`` (acceptance: <= 1).
@@ -63,17 +65,70 @@ def _apply(setting: str) -> None:
         heap.release_freed = lambda: False
 
 
+PHASES = {
+    "gen": ("psrl.rollout.engines.hf", "HFEngine", "step"),
+    "logprobs": ("psrl.train.worker", "RankWorker", "logprobs"),
+    "train": ("psrl.train.worker", "RankWorker", "train_step"),
+    "publish": ("psrl.train.worker", "RankWorker", "export"),
+}
+"""What the child's peak is attributed to: an hf engine's decode step, the pre-update log-prob forwards, the
+training step (forward, backward, optimiser), the hand-over of a version (world size 1, hf engines)."""
+
+
+def phase_peaks(out: Path) -> None:
+    """Sample this process's RSS every 10 ms; at exit write the highest seen while each set of :data:`PHASES` was
+    running (``gen+train``: both at once; ``other``: none) to ``out`` (JSON, bytes)."""
+    import atexit
+    import functools
+    import importlib
+    import threading
+
+    active: dict[str, int] = dict.fromkeys(PHASES, 0)
+    peaks: dict[str, int] = {}
+
+    def wrap(name: str, fn):
+        @functools.wraps(fn)
+        def inner(*a, **k):
+            active[name] += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                active[name] -= 1
+
+        return inner
+
+    for name, (module, cls, attr) in PHASES.items():
+        owner = getattr(importlib.import_module(module), cls)
+        setattr(owner, attr, wrap(name, getattr(owner, attr)))
+
+    def sample() -> None:
+        while True:
+            with open("/proc/self/status") as f:
+                rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+            key = "+".join(n for n, c in active.items() if c > 0) or "other"
+            peaks[key] = max(peaks.get(key, 0), rss)
+            time.sleep(0.01)
+
+    threading.Thread(target=sample, daemon=True).start()
+    atexit.register(lambda: out.write_text(json.dumps(peaks)))
+
+
 def child(setting: str, args: list[str]) -> int:
     _apply(setting)
+    if os.environ.get("PSRL_HEAP_PHASES"):
+        phase_peaks(Path(os.environ["PSRL_HEAP_PHASES"]))
     from psrl.train_cli import main
 
     return main(args)
 
 
-def run(setting: str, args: list[str]) -> dict[str, float]:
-    """One ``psrl train ARGS`` under ``setting``: its wall, user and system seconds and peak RSS (bytes)."""
+def run(setting: str, args: list[str], phases: Path | None = None) -> dict:
+    """One ``psrl train ARGS`` under ``setting``: its wall, user and system seconds and peak RSS (bytes); with
+    ``phases`` (a file for the child) also its peak RSS per phase (``phase_peak_bytes``, :func:`phase_peaks`)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", setting, "--", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+    if phases is not None:
+        env["PSRL_HEAP_PHASES"] = str(phases)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -83,9 +138,17 @@ def run(setting: str, args: list[str]) -> dict[str, float]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         sys.exit(f"psrl train failed ({proc.returncode}) under {setting}: {' '.join(args)}\n{err.decode()[-3000:]}")
-    out = {"wall_s": wall, "user_s": usage.ru_utime, "sys_s": usage.ru_stime, "peak_rss_bytes": usage.ru_maxrss * 1024}
+    out: dict = {"wall_s": wall, "user_s": usage.ru_utime, "sys_s": usage.ru_stime}
+    out["peak_rss_bytes"] = usage.ru_maxrss * 1024
     print(f"{setting:9s} {json.dumps({k: round(v, 2) for k, v in out.items()})}", file=sys.stderr, flush=True)
+    if phases is not None and phases.exists():
+        out["phase_peak_bytes"] = json.loads(phases.read_text())
+        print(f"{'':9s} peak by phase (GiB): {_gib(out['phase_peak_bytes'])}", file=sys.stderr, flush=True)
     return out
+
+
+def _gib(peaks: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v / 2**30:.2f}" for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]))
 
 
 def smollm2_args(root: Path, steps: int) -> list[str]:
@@ -95,11 +158,14 @@ def smollm2_args(root: Path, steps: int) -> list[str]:
     return [*smollm2_overrides(root), "psrl.staleness=2", f"trainer.total_steps={steps}"]
 
 
-def measure(job: str, args: list[str], runs: int, root: Path, settings: list[str]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict[str, float]]] = {s: [] for s in settings}
+def measure(
+    job: str, args: list[str], runs: int, root: Path, settings: list[str], phases: bool = False
+) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {s: [] for s in settings}
     for r in range(runs):
         for s in settings:
-            out[s].append(run(s, [*args, f"trainer.run_dir={root / f'{job}-{s}-{r}'}"]))
+            where = root / f"{job}-{s}-{r}"
+            out[s].append(run(s, [*args, f"trainer.run_dir={where}"], where.with_suffix(".phases") if phases else None))
     return out
 
 
@@ -116,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3, help="runs of each setting of the default job")
     p.add_argument("--steps", type=int, default=25, help="the default job's synchronous steps")
     p.add_argument("--smollm2-steps", type=int, default=10)
+    p.add_argument("--smollm2-runs", type=int, default=2, help="runs of each setting of the smollm2 job (~8 GB each)")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS, help="of the default job")
     p.add_argument("--smollm2-settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     p.add_argument("--results", type=Path, default=None)
@@ -135,18 +202,20 @@ def main(argv: list[str] | None = None) -> int:
                 for key in ("wall_s", "sys_s", "peak_rss_bytes"):
                     summary[f"default_{key}_{s}"] = statistics.median(x[key] for x in runs[s])
         if "smollm2" in ns.jobs:
-            runs = measure("smollm2", smollm2_args(root, ns.smollm2_steps), 1, root, ns.smollm2_settings)
+            args = smollm2_args(root, ns.smollm2_steps)
+            runs = measure("smollm2", args, ns.smollm2_runs, root, ns.smollm2_settings, phases=True)
             measured["smollm2"] = runs
             if "psrl" in runs and "threshold" in runs:
                 summary["smollm2_peak_psrl_over_threshold"] = paired(runs, "psrl", "threshold", "peak_rss_bytes")
             for s in ns.smollm2_settings:
                 for key in ("wall_s", "sys_s", "peak_rss_bytes"):
-                    summary[f"smollm2_{key}_{s}"] = runs[s][0][key]
+                    summary[f"smollm2_{key}_{s}"] = statistics.median(x[key] for x in runs[s])
     for name, value in summary.items():
         shown = f"{value / 2**30:.2f} GiB" if name.endswith("bytes") or "_peak_rss_" in name else f"{value:.3f}"
         print(f"{name:40s} {shown}")
     if ns.results is not None:
-        args = {"jobs": ns.jobs, "runs": ns.runs, "steps": ns.steps, "smollm2_steps": ns.smollm2_steps}
+        args = {"jobs": ns.jobs, "runs": ns.runs, "steps": ns.steps}
+        args |= {"smollm2_runs": ns.smollm2_runs, "smollm2_steps": ns.smollm2_steps}
         stored.write(ns.results, {"args": args, "summary": summary, "runs": measured})
     print(json.dumps(summary))
     return 0

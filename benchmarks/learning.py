@@ -65,7 +65,7 @@ from psrl.heap import return_freed_memory  # noqa: E402
 from psrl.runtime.local import build  # noqa: E402
 from psrl.runtime.recorder import EventLog, RunRecorder  # noqa: E402
 from psrl.runtime.validate import validate  # noqa: E402
-from psrl.types import PublishingTrainer  # noqa: E402
+from psrl.train import Trainer  # noqa: E402
 from sim_vs_real import compare_run  # noqa: E402
 from sync_vs_async import WORKLOAD, warm_weights  # noqa: E402
 
@@ -114,7 +114,7 @@ def run_one(cfg, weights: dict, steps: int, val_every: int, run_dir: Path) -> tu
     def trained() -> dict:
         """The weights of the newest version: the driver's policy's, or with LoRA (whose driver's policy is the base)
         the copy with the adapter merged (``Trainer.latest_policy``)."""
-        held = trainer.latest_policy() if isinstance(trainer, PublishingTrainer) else policy
+        held = trainer.latest_policy() if isinstance(trainer, Trainer) else policy
         return {k: v.detach().clone() for k, v in held.export_state().items()}
 
     snaps = [(0, 0.0, trained())]

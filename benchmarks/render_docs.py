@@ -187,6 +187,46 @@ def agent_learning(name: str) -> str:
     )
 
 
+HEAP_SETTINGS = {"none": "none (glibc's defaults)", "threshold": "1 MiB threshold (before)", "psrl": "psrl (now)"}
+
+
+def heap_cost() -> str:
+    """docs/learning.md's heap settings (``benchmarks/heap_cost.py``): per job and setting, every run's figures and
+    its ratios to the run of the reference setting it was paired with (the default job: ``none``'s wall and CPU
+    seconds, user + system; SmolLM2: ``threshold``'s peak RSS), and where a SmolLM2 run peaked."""
+    out = []
+    stores = [("heap_cost_default", "default", "none")]
+    stores += [(p.stem, "smollm2", "threshold") for p in sorted(stored.RESULTS.glob("heap_cost_smollm2*.json"))]
+    for name, job, over in stores:  # SmolLM2: one store per invocation (each run takes ~8 GB for minutes)
+        r = stored.read(name)
+        runs, rows = r["runs"][job], []
+        figures = {
+            "wall s": lambda x: x["wall_s"],
+            "CPU s": lambda x: x["user_s"] + x["sys_s"],
+            "system s": lambda x: x["sys_s"],
+            "peak RSS GB": lambda x: x["peak_rss_bytes"] / 1e9,
+        }
+        ratios = ("wall s", "CPU s") if job == "default" else ("peak RSS GB",)
+        for setting, label in HEAP_SETTINGS.items():
+            each, ref = runs.get(setting, []), runs.get(over, []) if setting != over else []
+            cells = [
+                " / ".join(f"{f(x):.{1 if name == 'system s' else 2 if 'GB' in name else 0}f}" for x in each)
+                for name, f in figures.items()
+            ]
+            cells += [" / ".join(f"{figures[n](a) / figures[n](b):.2f}" for a, b in zip(each, ref)) for n in ratios]
+            if job == "smollm2":  # where each run peaked, and the peak of the no-grad log-prob forwards alone
+                phases = [x.get("phase_peak_bytes", {"?": 0}) for x in each]
+                cells.append(" / ".join(max(p.items(), key=lambda kv: kv[1])[0] for p in phases))
+                cells.append(" / ".join(f"{p['logprobs'] / 1e9:.2f}" if "logprobs" in p else "?" for p in phases))
+            rows += [[label, *cells]] if each else []
+        header = ["setting", *figures, *(f"{n.split()[0]} / {over}'s" for n in ratios)]
+        out.append(
+            f"\n`{r['command']}` ({r['measured']}, commit {r['commit']}; run by run):\n"
+            + _table(header + (["peak while", "log-prob forwards' peak GB"] if job == "smollm2" else []), rows)
+        )
+    return "".join(out)
+
+
 def trainer_scale() -> str:
     """docs/trainer.md's 1-vs-2-rank figures (``benchmarks/trainer_scale.py``), as one sentence."""
     r = stored.read("trainer_scale")
@@ -485,6 +525,7 @@ def smollm2_repro(name: str) -> str:
 
 RENDERERS: dict[str, Callable[[], str]] = {
     "engines": engines,
+    "heap-cost": heap_cost,
     "smollm2-repro": lambda: smollm2_repro("smollm2_repro"),
     "smollm2-repro-long": lambda: smollm2_repro("smollm2_repro_long"),
     "weights_scale": weights_scale,

@@ -13,9 +13,11 @@ spent a quarter of its wall time in the kernel for it (issue #33, item 6). So in
 * :func:`return_freed_memory` (once, at start): a fixed mmap threshold of :data:`MMAP_THRESHOLD` (8 MiB: no longer
   rising to 32 MiB; the heap's top trimmed past twice that) and at most 2 malloc arenas (threads share them instead
   of each fragmenting its own);
-* :func:`release_freed` (after every training step, :class:`~psrl.train.worker.RankWorker`): ``malloc_trim(0)``,
-  which gives the kernel back every whole free page of every arena -- not only the top of the heap -- so what one
-  step freed does not stay resident into the next.
+* :func:`release_freed`: ``malloc_trim(0)``, which gives the kernel back every whole free page of every arena --
+  not only the top of the heap -- so what one phase freed does not stay resident under the next. A rank
+  (:class:`~psrl.train.worker.RankWorker`) calls it after its pre-update log-prob forwards (the training forward,
+  where a step peaks, then starts from a trimmed heap) and after every training step; at world size > 1 the driver
+  (:class:`~psrl.train.Trainer`) after every step too.
 
 ``benchmarks/heap_cost.py`` measures it against no setting and the 1 MiB threshold (``docs/results/heap_cost_*``).
 Elsewhere than glibc both do nothing.

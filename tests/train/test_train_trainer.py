@@ -130,3 +130,38 @@ def test_warm_start_lowers_the_demo_loss():
         task.demonstrations(128, random.Random(0)), 30
     )
     assert len(losses) == 30 and losses[-1] < losses[0] * 0.8
+
+
+class _TwoAnsweringRanks:
+    """Two ranks that answer without a model (a launcher for :class:`Trainer`): rank 0 every row's log-probs, then a
+    step's metrics; what the driver does around them is the test's subject."""
+
+    world_size = 2
+
+    def __init__(self, spec, world_size, reply_timeout_s, log_dir):
+        assert world_size == 2
+
+    def call(self, cmd, arg=None):
+        if cmd == "logprobs":
+            return [{i: [-1.0] * len(r) for i, r in enumerate(arg.responses)}, {}]
+        assert cmd == "train_step", cmd
+        zero = {"train/loss": 0.0, "train/grad_norm": 0.0, "train/empty_minibatches": 0.0}
+        return [{**zero, "skipped_minibatch": 0.0, "skip_reason": ""}] * 2
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_driver_gives_back_its_freed_heap_after_each_step_at_world_size_2(monkeypatch, tmp_path, world_size):
+    """At world size > 1 the driver trims its own heap after each step (each rank trims its own: psrl/heap.py); at
+    world size 1 the in-process rank's trim is the driver's, so the driver adds none."""
+    from psrl.train import trainer as trainer_module
+
+    trims = []
+    monkeypatch.setattr(trainer_module, "release_freed", lambda: trims.append(1) or True)
+    task, policy = _setup()
+    tr = Trainer(policy, AlgorithmConfig(), TrainerConfig(), world_size, tmp_path, launcher=_TwoAnsweringRanks)
+    for step in range(3):
+        tr.step(random_batch(task, step, seed=step))
+    assert len(trims) == (3 if world_size == 2 else 0)

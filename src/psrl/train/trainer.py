@@ -30,6 +30,7 @@ from psrl.algo.corrections import batch_corrections, rollout_correction_from_con
 from psrl.algo.divergence import divergence_metrics
 from psrl.config import AlgorithmConfig, TrainerConfig
 from psrl.errors import ConfigError
+from psrl.heap import release_freed
 from psrl.models import Policy
 from psrl.models.builder import DTYPES, write_start_state
 from psrl.train.launch import InProcess, Launcher, LocalRanks, RankFailure, Ranks
@@ -117,8 +118,7 @@ class Trainer:
         self.algo_cfg, self.cfg = algo_cfg, trainer_cfg
         self.world_size, self.dtype, self.keep, self.bucket_mb = world_size, dtype, max(int(keep), 1), bucket_mb
         self.work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="psrl-trainer-"))
-        if in_memory is None:
-            in_memory = world_size == 1
+        in_memory = world_size == 1 if in_memory is None else in_memory
         if in_memory and world_size > 1:
             raise ValueError("versions in memory are handed over in this process: world size 1 only")
         self.out: Published = ParameterStore() if in_memory else FileVersions(self.work_dir / "weights")
@@ -136,8 +136,7 @@ class Trainer:
         self.launcher = launcher
         self.ranks: Ranks | None = None
         self.last_skip: str | None = None
-        self.skipped_steps = 0
-        self.skipped_in_a_row = 0
+        self.skipped_steps = self.skipped_in_a_row = 0
         self._loaded = policy.version
         """The version whose weights the driver's policy holds (at world size 1: always the trained one)."""
         self.lora = lora
@@ -240,6 +239,8 @@ class Trainer:
         behav_rows = [list(t.logprobs[: len(t.response_ids)]) for t in trajs]
         inp = step_input(p, prompts, responses, old_rows, behav_rows, adv, masks, self.algo_cfg, lr_scale)
         m = self._call("train_step", inp)[0]
+        if self.world_size > 1:  # each rank gave back what its step freed (psrl/heap.py); the driver does too
+            release_freed()
         skipped, why = int(m.pop("skipped_minibatch", 0)), str(m.pop("skip_reason", ""))
         if skipped:  # the ranks undid the minibatches before it: no update of the batch is kept
             where = f" (minibatch {skipped}/{len(p.minibatches)})" if len(p.minibatches) > 1 else ""

@@ -208,6 +208,7 @@ class RankWorker:
                 logp = self._forward(inp, rows).cpu()
                 if not padding:
                     out.update({i: logp[j, : len(inp.responses[i])].tolist() for j, i in enumerate(rows)})
+        heap.release_freed()  # what these forwards freed, before the training forward's activations (psrl/heap.py)
         return out
 
     def train_step(self, inp: StepInput) -> dict[str, Any]:
