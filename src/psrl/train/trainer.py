@@ -276,9 +276,8 @@ class Trainer:
     # ------------------------------------------------------------------ warm start
 
     def warm_start(self, demos: list, steps: int, batch_size: int = 32, lr: float | None = None) -> list[float]:
-        """The supervised warm start: on the driver's policy before the ranks start from its weights, or, where the
-        driver holds none (world size > 1), on the ranks' shards (:mod:`psrl.train.warm`: the same steps). With
-        LoRA it trains every weight: the adapter's base is then the warm-started model, and the versions say so."""
+        """The supervised warm start: on the driver's policy before the ranks start, or on the ranks' shards where the
+        driver holds no weights (:mod:`psrl.train.warm`). With LoRA it trains every weight (the versions say so)."""
         if self.policy.weightless and self.lora is None:
             chunks = warm_start_chunks(self.rng, len(demos), steps, batch_size) if demos else []
             rate = self.cfg.warm_start_lr if lr is None else lr
