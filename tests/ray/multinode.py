@@ -179,6 +179,18 @@ def log_digest(logs: Path, lines: int = 15) -> str:
     return "\n".join(out)
 
 
+def print_tasks() -> None:
+    """The stack of every task of the driver's running event loops (what ``await`` each waits in; a thread's stack
+    shows only the loop's ``select``). From another thread: a diagnosis, not a synchronised read."""
+    import asyncio
+    import gc
+
+    for loop in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]:
+        for task in list(asyncio.all_tasks(loop)):
+            print(f"--- task {task.get_name()}: {task.get_coro()!r}", flush=True)
+            task.print_stack(limit=12, file=sys.stdout)
+
+
 def hang_guard(seconds: float, mode: str, logs: Path, cluster) -> threading.Timer:  # noqa: ANN001
     """A run still going after ``seconds``: every thread's stack and :func:`log_digest` on stdout, a RESULT line
     naming the hang, the cluster shut down, the process ended -- where the test's own timeout would only say that
@@ -187,6 +199,7 @@ def hang_guard(seconds: float, mode: str, logs: Path, cluster) -> threading.Time
     def fire() -> None:
         print(f"HANG: no result after {seconds:g} s; every thread of the driver:", flush=True)
         faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
+        print_tasks()
         print(log_digest(logs), flush=True)
         result = {"mode": mode, "error": f"hang: no result after {seconds:g} s (stacks and Ray's logs above)"}
         print("RESULT " + json.dumps(result), flush=True)
