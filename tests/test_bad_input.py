@@ -181,6 +181,11 @@ def test_run_errors_pickle_with_their_source():
     assert (e.source, str(e)) == ("trajectory g1-0", "trajectory g1-0: reward failed -- fix: fix it")
     c = pickle.loads(pickle.dumps(ConfigError("psrl.staleness", "bad", "x")))
     assert c.key == "psrl.staleness" and isinstance(c, ValueError)
+    from psrl.rollout.engines.vllm_server import EngineSetupError  # raised in Ray engine actors
+
+    sent = EngineSetupError("the vLLM server on port 1 exited with code 1", "see its log")
+    s = pickle.loads(pickle.dumps(sent))
+    assert (type(s), str(s), s.source) == (EngineSetupError, str(sent), "rollout.engine=vllm"), str(s)
 
 
 def test_nothing_is_written_when_config_loads_fine(tmp_path, empty_cwd):

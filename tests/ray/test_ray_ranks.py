@@ -194,30 +194,37 @@ def test_sigkill_of_psrl_train_leaves_no_ray_rank_actor(tmp_path):
     args = [*TINY, f"trainer.run_dir={tmp_path / 'run'}", "trainer.total_steps=200"]
     args += ["psrl.deployment.train_ngpus_per_node=2", "runtime.backend=ray"]
     cmd = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", sys.executable, "-m", "psrl.cli"]
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [*cmd, "train", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
+    mark = f"PSRL_TEST_RUN={tmp_path}"  # Ray's processes inherit it: this run's, not another job's on the machine
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "PSRL_TEST_RUN": str(tmp_path)}
+    err = (tmp_path / "stderr").open("w")
+    proc = subprocess.Popen([*cmd, "train", *args], env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # the first step's line: the rank actors are up and have trained
         if line.startswith("step "):
             break
-    ranks = _rank_actors()
+    else:
+        proc.wait(timeout=30)
+        raise AssertionError("psrl train ended before its first step: " + (tmp_path / "stderr").read_text()[-3000:])
+    ranks = _rank_actors(mark)
     assert len(ranks) == 2, ranks
     proc.kill()
     proc.wait(timeout=30)
     deadline = time.monotonic() + 60
-    while _rank_actors() and time.monotonic() < deadline:
+    while _rank_actors(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _rank_actors() == []
+    err.close()
+    assert _rank_actors(mark) == []
 
 
-def _rank_actors() -> list[int]:
-    """Live processes of this machine running a :class:`~psrl.runtime.ray_ranks.RankActor`."""
+def _rank_actors(mark: str) -> list[int]:
+    """Live processes of this machine running a :class:`~psrl.runtime.ray_ranks.RankActor` with ``mark`` (``K=V``)
+    in their environment."""
     out = []
     for d in Path("/proc").iterdir():
         try:
-            if d.name.isdigit() and b"RankActor" in (d / "cmdline").read_bytes():
+            if not d.name.isdigit() or mark.encode() not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            if b"RankActor" in (d / "cmdline").read_bytes():
                 if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     out.append(int(d.name))
         except OSError:

@@ -197,16 +197,20 @@ class RayRanks(RankGroup):
             )
         gpus = bundles[0].get("GPU", 0.0)
         remote = ray.remote(RankActor)
-        for rank in range(world_size):
-            where = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=rank)
-            # two threads: a command in one, the heartbeat's ping in the other (the driver sends one command at a time)
-            opts = dict(num_cpus=1, num_gpus=gpus, scheduling_strategy=where, max_restarts=0, max_concurrency=2)
-            log = str(self.log_path(rank))
-            self.actors.append(remote.options(**opts).remote(spec, rank, world_size, log))
-        self.nodes = [node for node, _ in self._run(lambda: [a.where.remote() for a in self.actors])]
-        self._check_shared()
-        host, port = self._run(lambda: [self.actors[0].rendezvous.remote()])[0]
-        self._run(lambda: [a.start.remote(host, port) for a in self.actors])
+        try:  # whatever stops the start (a rank killed, Ray's OutOfMemoryError): no actor or placement group stays
+            for rank in range(world_size):
+                where = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=rank)
+                # two threads: a command in one, the heartbeat's ping in the other (the driver sends one at a time)
+                opts = dict(num_cpus=1, num_gpus=gpus, scheduling_strategy=where, max_restarts=0, max_concurrency=2)
+                log = str(self.log_path(rank))
+                self.actors.append(remote.options(**opts).remote(spec, rank, world_size, log))
+            self.nodes = [node for node, _ in self._run(lambda: [a.where.remote() for a in self.actors])]
+            self._check_shared()
+            host, port = self._run(lambda: [self.actors[0].rendezvous.remote()])[0]
+            self._run(lambda: [a.start.remote(host, port) for a in self.actors])
+        except BaseException:
+            self.kill()
+            raise
 
     def _check_shared(self) -> None:
         """Every rank must see the run directory the driver writes (``weights/start.pt``, ``weights/``,

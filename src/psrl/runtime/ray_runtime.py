@@ -14,6 +14,14 @@ itself. Actors take no CPU (``num_cpus=0``, so instances fit beside the trainer 
 A request's tokens come back when it finishes or is aborted, so the proactive ``truncate`` filter
 sees the tokens of a Ray request in flight only once it is aborted (the tokens are kept then).
 
+Every wait on an actor but a request's has a bound (a request's is its engine's ``rollout.request_timeout_s`` per
+token, and Ray's health check when the node goes): its start (the actor's creation and its engine's start, vLLM's
+bounded by ``rollout.vllm.startup_timeout_s``) by that plus ``rollout.request_timeout_s``, a control call (pause,
+resume, abort) by ``rollout.request_timeout_s``, a weight load (the buckets' fetch and the server's reload) by
+twice that. A bound passed is an :class:`EngineStuck` naming the instance, its node and the key, never a hang: at
+start it stops the run, later the instance recovers as from any engine fault (a vLLM engine actor restarts its
+server, :class:`RestartingRayEngine`; an ``hf`` one, which cannot restart, is given up on, as locally).
+
 Select it with ``runtime.backend=ray`` (``pip install -e '.[ray]'``). ``runtime.ray_address`` joins an
 existing cluster; by default a local one is started with the dashboard off.
 """
@@ -27,13 +35,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from psrl.errors import PsrlError, RunError
 from psrl.runtime.ray_weights import ObjectVersions
 from psrl.types import EngineLoad, GenRequest, WeightSource
 
-__all__ = ["EngineWorker", "RayEngine", "build_ray_engines", "ensure_ray"]
+__all__ = ["EngineStuck", "EngineWorker", "RayEngine", "RestartingRayEngine", "build_ray_engines", "ensure_ray"]
 
 CLOSE_S = 30.0
 """How long an engine actor is given to stop its engine before it is killed."""
+
+
+class EngineStuck(RunError):
+    """An engine actor did not answer a call within its bound (see the module docstring)."""
 
 
 class EngineWorker:
@@ -79,6 +92,10 @@ class EngineWorker:
     async def start(self) -> None:
         """Start the engine (vLLM: the server, bounded by ``rollout.vllm.startup_timeout_s``)."""
         await self.engine.start()
+
+    async def restart(self) -> None:
+        """vLLM: stop the server and start it again (its weights: none of psrl's until the next load)."""
+        await self.engine.restart()
 
     async def close(self) -> None:
         """Stop the engine (vLLM: the server) and remove this node's directory."""
@@ -144,19 +161,51 @@ class EngineWorker:
 
 
 class RayEngine:
-    """Client side of an :class:`EngineWorker` actor: a :class:`psrl.types.Engine`, one Ray call per request."""
+    """Client side of an :class:`EngineWorker` actor: a :class:`psrl.types.Engine`, one Ray call per request.
 
-    def __init__(self, actor: Any, feed: ObjectVersions, version: int = -1):
+    Args:
+        actor: the :class:`EngineWorker` actor.
+        feed: the refs of the published versions' buckets.
+        name: the instance and its node, for messages (``rollout instance 1 on node 5f3a...``).
+        start_s: bound on the actor's creation and its engine's start.
+        call_s: bound on a control call (a weight load: twice this).
+        start_key: the key that sets the engine's own start-up bound (named when ``start_s`` is passed).
+    """
+
+    def __init__(
+        self,
+        actor: Any,
+        feed: ObjectVersions,
+        version: int = -1,
+        *,
+        name: str = "a Ray engine actor",
+        start_s: float = 600.0,
+        call_s: float = 300.0,
+        start_key: str = "rollout.request_timeout_s",
+    ):
         self.actor = actor
         self.feed = feed
         self.version = int(version)
+        self.name, self.start_s, self.call_s, self.start_key = name, float(start_s), float(call_s), start_key
         self.steps = 0
         self.tokens = 0
         self._ids = itertools.count()
         self._running: dict[str, GenRequest] = {}
 
+    async def _within(self, ref: Any, bound: float, what: str, key: str) -> Any:
+        """``await ref``, or :class:`EngineStuck` after ``bound`` seconds (``key`` sets it)."""
+        try:
+            return await asyncio.wait_for(ref, bound)
+        except TimeoutError:
+            raise EngineStuck(self.name, f"no answer to {what} within {bound:g} s", f"raise {key}") from None
+        except Exception as exc:
+            cause = getattr(exc, "cause", None)  # Ray's RayTaskError: the actor's own error, its message first
+            if isinstance(cause, PsrlError):
+                raise cause from exc
+            raise
+
     async def start(self) -> None:
-        await self.actor.start.remote()
+        await self._within(self.actor.start.remote(), self.start_s, "start", self.start_key)
 
     async def generate(self, req: GenRequest) -> GenRequest:
         if req.max_new_tokens <= 0:
@@ -191,15 +240,15 @@ class RayEngine:
         import ray
 
         try:
-            await self.actor.abort_all.remote()
+            await self._within(self.actor.abort_all.remote(), self.call_s, "abort_all", "rollout.request_timeout_s")
         except ray.exceptions.RayActorError:  # the actor (or its node) is gone, and its requests with it
             pass
 
     async def pause(self) -> None:
-        await self.actor.pause.remote()
+        await self._within(self.actor.pause.remote(), self.call_s, "pause", "rollout.request_timeout_s")
 
     async def resume(self) -> None:
-        await self.actor.resume.remote()
+        await self._within(self.actor.resume.remote(), self.call_s, "resume", "rollout.request_timeout_s")
 
     async def update_weights(self, version: int, store: WeightSource) -> None:
         from psrl.weights import VersionDirectories
@@ -208,7 +257,9 @@ class RayEngine:
             raise TypeError(f"Ray engine actors load what the ranks published: {type(store).__name__} is not that")
         store.directory(int(version))  # a version not published is a KeyError here, as before the actor is asked
         digest, buckets = self.feed.buckets(int(version), store)
-        self.version = int(await self.actor.update_weights_from_refs.remote(int(version), digest, list(buckets)))
+        ref = self.actor.update_weights_from_refs.remote(int(version), digest, list(buckets))
+        what = f"the load of version {int(version)}"
+        self.version = int(await self._within(ref, 2 * self.call_s, what, "rollout.request_timeout_s"))
 
     def load(self) -> EngineLoad:
         return EngineLoad(running=len(self._running), queued=0, tokens_per_s=0.0)
@@ -222,6 +273,15 @@ class RayEngine:
         except (TimeoutError, ray.exceptions.RayError):
             pass  # gone already, or stuck: killed below
         ray.kill(self.actor)
+
+
+class RestartingRayEngine(RayEngine):
+    """A :class:`RayEngine` whose actor's engine restarts after a fault (vLLM: its server, as
+    :meth:`psrl.rollout.engines.vllm.VLLMEngine.restart` locally); the instance loads the newest version after."""
+
+    async def restart(self) -> None:
+        await self._within(self.actor.restart.remote(), self.start_s, "restart", self.start_key)
+        self.version = -1
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -251,8 +311,18 @@ def build_ray_engines(
     check_pools(cfg)
     remote_cls = ray.remote(num_cpus=0, max_restarts=0)(EngineWorker)
     data = config_to_dict(cfg)
-    engines = []
+    r = cfg.rollout
+    vllm = r.engine == "vllm"
+    kind = RestartingRayEngine if vllm else RayEngine
+    bounds: dict[str, Any] = dict(start_s=r.request_timeout_s, call_s=r.request_timeout_s)
+    if vllm:
+        bounds.update(
+            start_s=r.vllm.startup_timeout_s + r.request_timeout_s, start_key="rollout.vllm.startup_timeout_s"
+        )
+    engines: list[RayEngine] = []
     for i, where in enumerate(rollout_strategies(cfg.runtime.ray_pool_label, n)):
         opts = {"scheduling_strategy": where} if where is not None else {}
-        engines.append(RayEngine(remote_cls.options(**opts).remote(data, seed + 1 + i), feed))
+        node = getattr(where, "node_id", None)
+        name = f"rollout instance {i}" + (f" on node {node[:12]}" if node else "")
+        engines.append(kind(remote_cls.options(**opts).remote(data, seed + 1 + i), feed, name=name, **bounds))
     return engines

@@ -60,6 +60,10 @@ class EngineSetupError(RunError):
     def __init__(self, problem: str, fix: str = "", source: str = "rollout.engine=vllm"):
         super().__init__(source, problem, fix)
 
+    def __reduce__(self):
+        """Its own argument order: RunError's scrambled it across Ray processes (``: source -- fix: problem``)."""
+        return (type(self), (self.problem, self.fix, self.source))
+
 
 def find_vllm_python(configured: str | None) -> str:
     """The interpreter of the vLLM environment: ``rollout.vllm.python``, ``$PSRL_VLLM_PYTHON``, ``.venv-vllm``."""
