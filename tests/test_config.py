@@ -40,6 +40,7 @@ def test_yaml_then_overrides(tmp_path):
         (["psrl.stalenes=1"], "psrl.stalenes", "did you mean 'psrl.staleness'"),
         (["psrl.staleness=-1"], "psrl.staleness", "synchronous"),
         (["psrl.staleness=two"], "psrl.staleness", ""),
+        (["rollout.vllm.kv_cache_gb=0.5"], "rollout.vllm.kv_cache_gb", "whole number of GiB"),
         (
             ["psrl.redundant_rollout.enable=true", "psrl.redundant_rollout.redundant_rollout_n=2", "psrl.rollout_n=4"],
             "psrl.redundant_rollout.redundant_rollout_n",

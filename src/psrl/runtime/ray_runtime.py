@@ -285,7 +285,9 @@ class RestartingRayEngine(RayEngine):
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Start (or join) Ray once; local clusters bind to loopback with the dashboard off."""
+    """Start (or join) Ray once; local clusters bind to loopback with the dashboard off. No ``address``
+    (``runtime.ray_address: null``) starts a cluster of this run's own even where another runs on the machine: Ray's
+    default would join that one (``ray start``'s, or another run's)."""
     import ray
 
     if ray.is_initialized():
@@ -294,7 +296,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
 
 
 def build_ray_engines(
