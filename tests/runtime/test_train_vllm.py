@@ -210,8 +210,9 @@ def test_train_smollm2_on_a_vllm_server_psrl_starts(tmp_path):
 
 
 def test_a_driver_with_vllm_engines_at_two_ranks_holds_no_weights(tmp_path, vllm_urls, monkeypatch):
-    """World size 2, vLLM engines, no warm start (issue #33, item 5): the driver's policy is on ``meta`` when the
-    ranks start and no ``weights/start.pt`` is written (the ranks build the model from ``model.*``); validation runs
+    """World size 2, vLLM engines (issue #33, item 5): the driver's policy is on ``meta`` when the ranks start and
+    no ``weights/start.pt`` is written (the ranks build the model from ``model.*`` and run the warm start on their
+    shards, the driver's policy still on ``meta``); validation runs
     on a vLLM server of its own, on the newest version (``val/*`` rows at steps 1 and 2); ``final/`` is version 2's
     files, which ``transformers`` loads tensor for tensor."""
     import torch
@@ -231,7 +232,7 @@ def test_a_driver_with_vllm_engines_at_two_ranks_holds_no_weights(tmp_path, vllm
     python = vllm_python_or_skip()
     extra = [
         "psrl.deployment.train_ngpus_per_node=2",
-        "trainer.warm_start_steps=0",
+        "trainer.warm_start_steps=5",
         "trainer.val_every=1",
         "trainer.val_size=4",
         "trainer.val_n=2",
