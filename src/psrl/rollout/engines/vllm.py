@@ -156,7 +156,7 @@ class VLLMEngine:
         await self.abort_all()
         if self.server is None and self._client is not None:
             try:  # hand an attached server back unpaused (a run may stop between pause and resume)
-                await self._post("/resume")
+                await self._unpause()
             except Exception:  # noqa: BLE001 -- best effort on the way out
                 pass
         if self._poller is not None:
@@ -382,6 +382,17 @@ class VLLMEngine:
     async def _label(self, version: int) -> None:
         """Name the server's weights ``version``: vLLM labels every output produced from now on with it."""
         await self._post("/update_weight_version", json={"new_version": str(int(version))})
+
+    async def _unpause(self, checks: int = 5, every_s: float = 0.2) -> None:
+        """Resume an attached server and see it stay resumed: a pause whose call was cancelled as the run stopped
+        can still reach the server after the resume (seen: UNPAUSED, then PAUSED_ALL, and the next user's requests
+        hung), so ``/is_paused`` is asked ``checks`` times, ``every_s`` apart, resuming again whenever it says so."""
+        await self._post("/resume")
+        for _ in range(checks):
+            await asyncio.sleep(every_s)
+            resp = await self._http.get(f"{self.url}/is_paused", timeout=10.0)
+            if resp.status_code != 200 or resp.json().get("is_paused", False):
+                await self._post("/resume")
 
     async def _post(
         self, path: str, *, params: dict | None = None, json: dict | None = None, timeout: float | None = None
