@@ -1,6 +1,8 @@
 """An agent task over the built-in character tokenizer (psrl's Hermes template) and a scripted model."""
 
+import asyncio
 import json
+import random
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ pytest.importorskip("starlette", reason="task.name=agent needs the agents extra:
 pytest.importorskip("uvicorn", reason="task.name=agent needs the agents extra: pip install -e '.[agents]'")
 
 from psrl.config import load_config
-from psrl.rollout.engines.base import NoCacheEngine
+from psrl.rollout.engines.base import NoCacheEngine, turns
 from psrl.tasks import get_task
 from psrl.types import Sampling
 from tests.agents.scripted import ScriptedModel
@@ -68,3 +70,20 @@ def make_task(tmp_path):
 def scripted_engine(task, script, version=0):
     model = ScriptedModel(task.tokenizer, script, version=version)
     return model, NoCacheEngine(model, sampling=Sampling(stop_ids=frozenset(task.stop_ids)))
+
+
+def play_scripted(task, script):
+    """One episode of ``task``'s agent on a model scripted to answer ``script`` turn by turn: the episode and its
+    reward (the task and the engine closed after)."""
+    _, engine = scripted_engine(task, script)
+
+    async def run():
+        try:
+            prompt = task.sample_prompt(random.Random(0))
+            ep = await task.run_episode(prompt, turns(engine), random.Random(0))
+            return ep, await task.reward(prompt, ep)
+        finally:
+            await task.close()
+            await engine.close()
+
+    return asyncio.run(run())

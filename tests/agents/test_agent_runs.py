@@ -1,15 +1,12 @@
 """``psrl train task.name=agent`` end to end on the built-in model, and the shipped example agent."""
 
-import asyncio
 import json
-import random
 
 from psrl.metrics import checked
-from psrl.rollout.engines.base import turns
 from psrl.runtime.recorder import read_jsonl
 from psrl.tasks import get_task
 from psrl.train_cli import main
-from tests.agents.conftest import agent_config, scripted_engine
+from tests.agents.conftest import agent_config, play_scripted
 
 RUN = [
     "model.n_layer=1",
@@ -60,17 +57,6 @@ def test_the_example_agent_calls_its_calculator_and_scores_the_answer(tmp_path):
     cfg = agent_config(tmp_path, "examples/agent_calculator/agent.py:agent", rows_=[row])
     task = get_task(cfg.task, seed=0, data=cfg.data)
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 12"}}\n</tool_call>'
-    _, engine = scripted_engine(task, [call, "It is 444."])
-
-    async def run():
-        try:
-            prompt = task.sample_prompt(random.Random(0))
-            ep = await task.run_episode(prompt, turns(engine), random.Random(0))
-            return ep, await task.reward(prompt, ep)
-        finally:
-            await task.close()
-            await engine.close()
-
-    ep, reward = asyncio.run(run())
+    ep, reward = play_scripted(task, [call, "It is 444."])
     assert reward["score"] == 1.0 and reward["good_calls"] == 1.0 and reward["tool_calls"] == 1.0
     assert "444" in task.tokenizer.decode(ep.response_ids)

@@ -1,14 +1,12 @@
 """An agent task's warm-start demonstrations are the trajectories the endpoint would capture."""
 
-import asyncio
 import random
 
 import pytest
 
 from psrl.errors import ConfigError
-from psrl.rollout.engines.base import turns
 from psrl.tasks import get_task
-from tests.agents.conftest import agent_config, scripted_engine
+from tests.agents.conftest import agent_config, play_scripted
 
 EXAMPLE = "examples/agent_calculator/agent.py"
 ROW = {"prompt": [{"role": "user", "content": "What is 37 * 12?"}], "reward_model": {"ground_truth": "444"}}
@@ -29,18 +27,7 @@ def test_a_demonstration_is_the_trajectory_its_turns_would_capture(tmp_path):
     task = example_task(tmp_path)
     [(prompt_ids, response_ids, mask)] = task.demonstrations(1, random.Random(0))
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 12"}}\n</tool_call>'
-    _, engine = scripted_engine(task, [call, "444"])
-
-    async def run():
-        try:
-            prompt = task.sample_prompt(random.Random(0))
-            ep = await task.run_episode(prompt, turns(engine), random.Random(0))
-            return ep, await task.reward(prompt, ep)
-        finally:
-            await task.close()
-            await engine.close()
-
-    ep, reward = asyncio.run(run())
+    ep, reward = play_scripted(task, [call, "444"])
     assert reward["score"] == 1.0 and reward["tool_calls"] == 1.0
     assert prompt_ids == ep.prompt_ids
     assert response_ids == ep.response_ids
