@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -92,17 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     if ns.one:
         print(json.dumps(one(ns.one[0], int(ns.one[1]), ns.layers)))
         return 0
+    import results as stored
+
     runs = []
     for world in (int(w) for w in ns.worlds.split(",")):
         for mode in ("full", "lora"):
             cmd = [sys.executable, __file__, "--one", mode, str(world)]
             if ns.layers is not None:
                 cmd += ["--layers", str(ns.layers)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                print(done.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"{mode} at {world} rank(s): exit {done.returncode}")
-            run = json.loads(done.stdout.strip().splitlines()[-1])
+            run = stored.child_run(cmd, f"{mode} at {world} rank(s)")
             print(f"  {run}", file=sys.stderr, flush=True)
             runs.append(run)
     ratios = {}
@@ -122,8 +119,6 @@ def main(argv: list[str] | None = None) -> int:
         "not_run": "vLLM engines (adapter loading on vLLM is not built on this branch)",
     }
     if ns.results is not None:
-        import results as stored
-
         stored.write(ns.results, summary)
     print(json.dumps(summary))
     return 0

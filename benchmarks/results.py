@@ -45,6 +45,16 @@ def write(path: Path, data: dict, command: str | None = None) -> Path:
     return path
 
 
+def child_run(cmd: list[str], what: str) -> dict:
+    """Run a benchmark's child process ``cmd`` and return the JSON of its last stdout line; a child that fails
+    shows the end of its stderr and stops the benchmark naming ``what`` ran."""
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(done.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"{what}: exit {done.returncode}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def read(name: str) -> dict:
     """``docs/results/<name>.json``."""
     return json.loads((RESULTS / f"{name}.json").read_text())

@@ -351,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(json.dumps(one(size, int(world), transport, ns.bucket_mb, ns.layers)))
         return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import results as stored
+
     engines = ns.engines.split(",")
     plan = []
     for size in ns.sizes.split(","):
@@ -367,11 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--layers", str(ns.layers)]
         if ns.vllm_python is not None:
             cmd += ["--vllm-python", ns.vllm_python]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            print(done.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"{size} at {world} rank(s), {transport}: exit {done.returncode}")
-        run = json.loads(done.stdout.strip().splitlines()[-1])
+        run = stored.child_run(cmd, f"{size} at {world} rank(s), {transport}")
         print(f"  {run}", file=sys.stderr, flush=True)
         runs.append(run)
 
@@ -420,9 +419,6 @@ def main(argv: list[str] | None = None) -> int:
         + ("" if vllm_head else "; vLLM engines (--engines)"),
     }
     if ns.results is not None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import results as stored
-
         stored.write(ns.results, summary)
     print(json.dumps(summary))
     return 0
