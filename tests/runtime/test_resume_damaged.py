@@ -22,6 +22,7 @@ from psrl.errors import RunError
 from psrl.rollout.fakes import FakeTrainer
 from psrl.runtime.checkpoint import load_checkpoint
 from psrl.runtime.recorder import read_jsonl
+from psrl.train.launch import RankFailure
 from tests.rollout.harness import config, run
 from tests.runtime.test_checkpoint_resume import SaveAt, build
 
@@ -168,3 +169,31 @@ def test_psrl_train_on_a_damaged_trainer_checkpoint_is_one_line(tmp_path, monkey
     assert err.startswith(f"psrl train: checkpoint {tmp_path / 'run' / 'checkpoint'}: cannot be read"), err
     assert "trainer.pt is" in err and "the manifest says" in err
     assert "\n" not in err
+
+
+class _RanksFail(FakeTrainer):
+    """A trainer whose restore fails the way ``how`` says: the rank died / did not start, or its load raised."""
+
+    def __init__(self, how: str):
+        super().__init__(train_time=0.5)
+        self.how = how
+
+    def load(self, directory):
+        raise RankFailure(0, "died (exit code -9)" if self.how == "died" else "failed", "bad shard")
+
+
+def test_a_rank_that_dies_during_resume_leaves_the_checkpoint_in_place(tmp_path):
+    """A trainer that cannot run is not a damaged checkpoint: the error is raised and nothing is renamed (a
+    failed Ray start once moved a good checkpoint aside as checkpoint.damaged and resumed from an older one)."""
+    d = tmp_path / "run"
+    shutil.copytree(TEMPLATE, d)
+    with pytest.raises(RankFailure, match="died"):
+        build(CFG, d, _RanksFail("died"))
+    assert (d / "checkpoint" / "coordinator.pkl").exists() and not (d / "checkpoint.damaged").exists()
+
+
+def test_a_rank_whose_load_raises_marks_the_checkpoint_damaged(tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(TEMPLATE, d)
+    with pytest.raises(RunError, match="cannot be restored"):
+        build(CFG, d, _RanksFail("failed"))

@@ -15,7 +15,8 @@ The newest checkpoint is ``checkpoint/``; the ``trainer.keep_checkpoints - 1`` b
 ``checkpoint.v<version>/``. Each ends with ``manifest.json`` (its version and every file's size),
 written last, so a partial copy is detected. A checkpoint that cannot be read or restored
 (truncated, overwritten, from an incompatible version) is never a traceback: :func:`resume` says
-so, moves it aside as ``<name>.damaged`` and uses the newest intact one before it; only when none is
+so, moves it aside as ``<name>.damaged`` and uses the newest intact one before it (a restore that fails
+because the trainer could not run -- a rank died or did not start -- moves nothing and is raised); only when none is
 intact does it raise :class:`~psrl.errors.RunError` naming the directory and what to do. A save that
 fails (a full disk) removes its partial ``checkpoint.tmp`` and raises :class:`CheckpointWriteError`;
 the previous checkpoint is untouched. ``events.jsonl`` is cut back to its checkpoint length like the
@@ -34,10 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from psrl.errors import RunError, describe
+from psrl.errors import PsrlError, RunError, describe
 from psrl.rollout.client.records import trajectory_record
 from psrl.runtime.recorder import RUN_FILES
 from psrl.staleness import Event, StalenessManager
+from psrl.train.launch import RankFailure
 from psrl.types import StepTrainer
 
 __all__ = ["save_checkpoint", "CheckpointSaver", "load_checkpoint", "restore_manager", "resume", "CheckpointWriteError"]
@@ -259,6 +261,8 @@ def resume(
             _cut(run_dir, offsets, recorder)  # before the manager reports the aborted trajectories into those files
             ck["manager"] = restore_manager(ck["staleness"], group_filter, recorder, on_event)
         except Exception as e:  # a damaged trainer.pt, or a state from another model / config
+            if not _blames_checkpoint(e):
+                raise  # the trainer could not run (a rank died, Ray failed): the checkpoint stays as it is
             damaged.append((path, e, "cannot be restored"))
             continue
         for bad, err, what in damaged:
@@ -275,6 +279,16 @@ def resume(
         raise RunError(f"checkpoint {path}", f"{what}: {describe(err)}", _FIX) from err
     _cut(run_dir, {**{name: 0 for name in RUN_FILES}, _EVENTS: 0}, recorder)  # no checkpoint: the run starts over
     return None
+
+
+def _blames_checkpoint(e: BaseException) -> bool:
+    """Whether a failed restore says the checkpoint is damaged: not when a rank died, went silent or could not
+    start, nor for psrl's own config / run errors or Ray's errors (a cluster that failed, not the files)."""
+    if isinstance(e, RankFailure):
+        return e.command_failed
+    if isinstance(e, PsrlError) or type(e).__module__.split(".")[0] == "ray":
+        return False
+    return True
 
 
 def _cut(run_dir: Path, offsets: dict[str, int], recorder: Any) -> None:

@@ -73,10 +73,12 @@ SILENT_BEATS = 3
 
 
 class RankFailure(RuntimeError):
-    """A trainer rank died, failed a command or did not answer in time; ``rank`` says which."""
+    """A trainer rank died, failed a command or did not answer in time; ``rank`` says which. ``command_failed``:
+    the rank ran the command and it raised (its input may be at fault), not a rank that died or went silent."""
 
     def __init__(self, rank: int, what: str, tail: str = ""):
         self.rank = rank
+        self.command_failed = what == "failed"
         super().__init__(f"trainer rank {rank} {what}" + (f"; its log ends:\n{tail}" if tail else ""))
 
 
