@@ -46,8 +46,8 @@ def test_the_driver_builds_weights_only_where_something_in_it_uses_them(extra, h
     """The run builder's rule, and the policy it builds by it: on ``meta`` (no parameter on a real device) exactly
     where the rule says the driver holds no weights."""
     cfg = _cfg(*extra)
-    task, policy = build_task_and_policy(cfg, lambda t: driver_holds_weights(cfg, t))
-    assert driver_holds_weights(cfg, task) is holds
+    task, policy = build_task_and_policy(cfg, lambda _task: driver_holds_weights(cfg))
+    assert driver_holds_weights(cfg) is holds
     assert policy.weightless is (not holds)
     assert all(p.is_meta for p in policy.model.parameters()) is (not holds)
 

@@ -58,6 +58,14 @@ def test_psrl_train_writes_a_complete_resumable_run_dir(tmp_path):
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
     trajs = read_jsonl(run_dir / "trajectories.jsonl")
     assert check_bound(trajs, 1) == 4 * 2 * 2
+
+    # trainer.resume=false starts over: the logs hold this run only, the earlier run is set aside whole
+    assert main(args + ["trainer.total_steps=2", "trainer.resume=false"]) == 0
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+    assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 1) == 2 * 2 * 2
+    (aside,) = (run_dir / "previous").iterdir()
+    assert [m["step"] for m in read_jsonl(aside / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert (aside / "checkpoint" / "trainer.pt").exists() and (run_dir / "checkpoint" / "trainer.pt").exists()
     assert len({t["uid"] for t in trajs}) == len(trajs)
 
 

@@ -279,7 +279,11 @@ class TrainerConfig:
         "activation memory grows with it and with the demonstrations' length).",
         ge=1,
     )
-    resume: bool = _f(True, "Continue from the newest checkpoint in run_dir if there is one.")
+    resume: bool = _f(
+        True,
+        "Continue from the newest checkpoint in run_dir if there is one; false starts over there (an earlier run's "
+        "logs and checkpoints are moved to run_dir/previous/<time>/).",
+    )
     checkpoint_every: int = _f(
         10, "Save a resumable checkpoint every this many steps.", ge=0, note="0 = only at the end and on Ctrl-C/SIGTERM"
     )

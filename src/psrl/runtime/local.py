@@ -29,7 +29,7 @@ from psrl.runtime.adaptive import Move, StalenessController
 from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.runtime.coordinator import Coordinator, TrainerWait, build_staleness_manager
 from psrl.runtime.engines import build_engines, object_versions, validation_engines
-from psrl.runtime.recorder import EventLog, RunRecorder
+from psrl.runtime.recorder import EventLog, RunRecorder, set_aside_previous_run
 from psrl.runtime.validate import ValidationEngines
 from psrl.runtime.watch import RunWatch
 from psrl.staleness import Event, StalenessManager
@@ -132,7 +132,7 @@ def build(
     made: Trainer | None = None  # the trainer built here: the warm start runs on it
     feed = object_versions(cfg)
     if task is None or trainer is None:
-        built, policy = build_task_and_policy(cfg, lambda t: weights is not None or driver_holds_weights(cfg, t))
+        built, policy = build_task_and_policy(cfg, lambda _task: weights is not None or driver_holds_weights(cfg))
         task = task if task is not None else built
         if trainer is None:
             trainer = made = _trainer(cfg, policy, recorder, feed)
@@ -146,7 +146,7 @@ def build(
         raise
 
 
-def driver_holds_weights(cfg: Config, task: Task) -> bool:
+def driver_holds_weights(cfg: Config) -> bool:
     """Whether the driver's policy is built with weights (issue #33, item 5). It is not when nothing in the driver
     uses them: the trainer's ranks are other processes (world size > 1) and build the model themselves from
     ``model.*`` (and run the supervised warm start on their shards: :mod:`psrl.train.warm`), and there is no LoRA
@@ -299,6 +299,8 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
     go to :func:`build` (a trainer or engines of the caller's, shared start ``weights``)."""
     torch.set_num_threads(1)
     run_dir = Path(run_dir)
+    if not cfg.trainer.resume and (aside := set_aside_previous_run(run_dir)) is not None:
+        log(f"trainer.resume=false: starting over in {run_dir}; the earlier run's logs and checkpoints -> {aside}")
     recorder = RunRecorder(run_dir)
     recorder.write_config(cfg)
     events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)  # the timeline of `psrl viz`

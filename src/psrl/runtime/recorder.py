@@ -20,7 +20,16 @@ from psrl.metrics import checked
 if TYPE_CHECKING:
     from psrl.runtime.adaptive import Move
 
-__all__ = ["RunRecorder", "EventLog", "BOUND_EVENT", "RUN_FILES", "default_run_dir", "read_jsonl", "jsonl_lines"]
+__all__ = [
+    "RunRecorder",
+    "set_aside_previous_run",
+    "EventLog",
+    "BOUND_EVENT",
+    "RUN_FILES",
+    "default_run_dir",
+    "read_jsonl",
+    "jsonl_lines",
+]
 
 RUN_FILES = ("metrics.jsonl", "trajectories.jsonl")
 """The JSONL files a :class:`RunRecorder` appends to (a checkpoint stores their lengths, a resume cuts them back)."""
@@ -37,6 +46,25 @@ def default_run_dir(root: str | Path = "runs") -> Path:
         path = Path(root) / f"{stamp}-{k}"
         k += 1
     return path
+
+
+def set_aside_previous_run(run_dir: str | Path) -> Path | None:
+    """Move an earlier run's logs (``metrics.jsonl``, ``trajectories.jsonl``, ``events.jsonl``) and checkpoints
+    (``checkpoint*``) into ``previous/<UTC time>/`` of ``run_dir`` so a run that starts over there
+    (``trainer.resume=false``) neither appends to them nor could later resume one of its checkpoints; returns
+    that directory, or None when there was nothing to move."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return None
+    names = [*RUN_FILES, "events.jsonl"]
+    old = [run_dir / n for n in names if (run_dir / n).exists()] + sorted(run_dir.glob("checkpoint*"))
+    if not old:
+        return None
+    aside = default_run_dir(run_dir / "previous")
+    aside.mkdir(parents=True)
+    for path in old:
+        path.rename(aside / path.name)
+    return aside
 
 
 class RunRecorder:
