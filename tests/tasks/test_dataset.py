@@ -364,3 +364,15 @@ def test_the_five_line_yaml_of_docs_data_md_runs(tmp_path, monkeypatch):
     ]
     assert main(["my_run.yaml", *small]) == 0
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val/accuracy" in r] == [2]
+
+
+def test_a_ray_engine_actor_builds_a_dataset_task(tmp_path):
+    """The engine actor's body (``EngineWorker``, run here without Ray) builds the task with the config's data
+    section: a dataset task without its rows failed to start in every engine actor."""
+    from psrl.config import config_to_dict
+    from psrl.runtime.ray_runtime import EngineWorker
+
+    f = write_jsonl(tmp_path / "train.jsonl", sums(4))
+    cfg = load_config(None, TINY + [f"data.train_files={f}"])
+    worker = EngineWorker(config_to_dict(cfg), seed=0)
+    assert worker.engine is not None

@@ -66,7 +66,7 @@ class EngineWorker:
 
         cfg = config_from_dict(cfg_data)
         tok = load_tokenizer(cfg.model)
-        task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok)
+        task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok, data=cfg.data)  # dataset / agent tasks
         policy = build_policy(cfg.model, task, seed=seed)
         self.local: Path | None = None
         """vLLM: this node's directory of the server's model and of the versions received."""
