@@ -90,7 +90,8 @@ class Counts:
 
 
 def trajectory_record(traj: Trajectory, status: str, consumed_version: int | None = None, **extra: object) -> dict:
-    """One ``trajectories.jsonl`` line for a :class:`psrl.types.Trajectory`."""
+    """One ``trajectories.jsonl`` line for a :class:`psrl.types.Trajectory`: ``response_ids`` are its last training
+    sequence's, ``earlier_response_ids`` (only when it has several: ``sequences`` > 1) the others', oldest first."""
     rec: dict[str, object] = {
         "uid": traj.uid,
         "group": traj.group,
@@ -103,7 +104,10 @@ def trajectory_record(traj: Trajectory, status: str, consumed_version: int | Non
         "gen_seconds": round(float(traj.gen_seconds), 6),
         "response_len": len(traj.response_ids),
         "response_ids": list(traj.response_ids),
+        "sequences": 1 + len(traj.earlier),
     }
+    if traj.earlier:
+        rec["earlier_response_ids"] = [list(s.response_ids) for s in traj.earlier]
     if consumed_version is not None:
         rec["consumed_version"] = int(consumed_version)
     rec.update(extra)
