@@ -117,6 +117,22 @@ def test_split_does_not_split_a_history_that_extends(make_task):
     assert ep.earlier == [] and ep.turns == 2 and 0 in ep.loss_mask
 
 
+def test_a_template_that_only_strips_reasoning_from_earlier_content_still_extends(tmp_path):
+    """The reasoning template with a plain generation prompt: recognised turns go back as their stored tokens
+    (reasoning included), so stripping ``<think>`` text from earlier assistant content rewrites nothing -- one
+    sequence, and under ``error`` no error; what splits above is the ``<think>`` the generation prompt opened."""
+    plain = tmp_path / "strip.jinja"
+    plain.write_text(Path(THINK).read_text().replace("assistant\\n<think>\\n", "assistant\\n"))
+    assert "<think>\\n' }}" not in plain.read_text()
+    row = {"prompt": [{"role": "user", "content": "Q?"}], "reward_model": {"ground_truth": "x"}}
+    cfg = agent_config(tmp_path, "follow_up_agent", f"task.chat_template={plain}", rows_=[row])
+    task = get_task(cfg.task, seed=0, data=cfg.data)
+    _, engine = scripted_engine(task, [f"r{k}</think>a{k}" for k in range(2)])
+    ep, _ = play_recording(task, engine)
+    assert ep.earlier == [] and ep.turns == 2
+    assert "r0</think>a0" in task.tokenizer.decode(ep.response_ids)  # the first turn's reasoning stays in context
+
+
 def test_the_trajectory_keeps_one_v_traj_and_its_oldest_token_leads_the_segment_versions(tmp_path):
     """One trajectory for the staleness protocol: ``V_traj`` is the first sequence's, ``segment_versions`` run over
     every sequence in order (so the audit's ``min(segment_versions) >= V_traj`` checks the oldest token), and each

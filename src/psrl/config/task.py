@@ -161,7 +161,8 @@ class TaskConfig:
     agent_history: str = _f(
         "error",
         "task.name=agent: what happens when a request's rendered prompt does not extend the tokens the trajectory "
-        "holds (a chat template that rewrites history, e.g. drops reasoning from earlier turns). error: the request "
+        "holds (history rewritten: a template whose generation prompt opens <think> but whose history drops it "
+        "with the reasoning, or an agent that edits earlier answers). error: the request "
         "fails (400 history_mismatch); split: the tokens so far close one training sequence and a new one starts "
         "from the rendered prompt (re-prefilled); the episode stays one trajectory, its sequences share its reward "
         "and advantage, and the trainer gets each as its own row.",
