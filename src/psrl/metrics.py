@@ -105,8 +105,9 @@ METRICS: tuple[Metric, ...] = (
     _m(
         "batch/sequences",
         "count",
-        "Training sequences in this step's batch: the trainer's rows. Equals batch/trajectories unless agent "
-        "episodes were split (task.agent_history=split), each into one sequence per rewritten history plus one.",
+        "Training sequences in this step's batch: the trainer's rows; only in a batch with an agent episode split "
+        "under task.agent_history=split (one sequence per rewritten history plus one), else it is "
+        "batch/trajectories.",
         _C,
     ),
     _m(

@@ -67,9 +67,10 @@ class Trajectory:
     """Force-completed with its partial output (proactive ``truncate``, or max length)."""
     gen_seconds: float = 0.0
     """Wall (or injected-clock) time from dispatch to completion."""
-    earlier: list[TokenSequence] = field(default_factory=list)
+    earlier: tuple[TokenSequence, ...] = ()
     """The training sequences the episode closed before its last one (the fields above), oldest first; empty
-    unless the history was rewritten under ``task.agent_history: split``."""
+    unless the history was rewritten under ``task.agent_history: split``. (A class-level default, so trajectories
+    pickled before this field existed -- a checkpoint's held groups -- read as one sequence.)"""
 
     @property
     def segment_versions(self) -> list[int]:
@@ -82,7 +83,7 @@ class Trajectory:
         trajectory with that sequence's tokens (same uid, group, ``V_traj``, reward), then this one's own."""
         if not self.earlier:
             return [self]
-        own = replace(self, earlier=[])
+        own = replace(self, earlier=())
         return [
             replace(
                 own,

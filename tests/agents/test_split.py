@@ -148,7 +148,7 @@ def test_the_trajectory_keeps_one_v_traj_and_its_oldest_token_leads_the_segment_
     rows = traj.rows()
     assert [r.prompt_ids for r in rows] == [s.prompt_ids for s in ep.earlier] + [ep.prompt_ids]
     assert [r.loss_mask for r in rows] == [s.loss_mask for s in ep.earlier] + [ep.loss_mask]
-    assert all((r.uid, r.group, r.v_traj, r.reward, r.earlier) == ("t", "g", 0, 0.5, []) for r in rows)
+    assert all((r.uid, r.group, r.v_traj, r.reward, r.earlier) == ("t", "g", 0, 0.5, ()) for r in rows)
     rec = trajectory_record(traj, "trained", consumed_version=1)
     assert rec["sequences"] == 3 and rec["earlier_response_ids"] == [s.response_ids for s in ep.earlier]
     assert rec["segment_versions"] == [0, 1, 2] and rec["response_ids"] == ep.response_ids

@@ -20,10 +20,10 @@ from psrl.types import TokenSequence, Trajectory
 
 def _split(t: Trajectory, donors: list[Trajectory]) -> Trajectory:
     """``t`` with ``donors``' tokens as its earlier sequences (same uid, reward and ``V_traj``)."""
-    t.earlier = [
+    t.earlier = tuple(
         TokenSequence(d.prompt_ids, d.response_ids, [-0.5] * len(d.response_ids), d.loss_mask, d.token_versions)
         for d in donors
-    ]
+    )
     return t
 
 
@@ -41,7 +41,7 @@ def test_rows_carry_their_trajectorys_advantage_and_the_group_counts_trajectorie
     assert row_adv == expected
     own = rows[1 + n_earlier]
     assert [r.response_ids for r in rows[1 : 2 + n_earlier]] == [d.response_ids for d in donors] + [own.response_ids]
-    assert all(r.uid == own.uid and r.earlier == [] for r in rows[1 : 2 + n_earlier])
+    assert all(r.uid == own.uid and r.earlier == () for r in rows[1 : 2 + n_earlier])
 
 
 def test_a_step_on_a_split_trajectory_trains_each_sequence_as_a_row():
@@ -76,3 +76,13 @@ def test_a_step_on_a_split_trajectory_trains_each_sequence_as_a_row():
     metrics = Trainer(policy, AlgorithmConfig(), TrainerConfig()).step(Batch(0, batch.groups, [], []))
     assert metrics["train/loss"] == pytest.approx(float(ref), abs=1e-5)
     assert metrics["train/adv_abs_mean"] == pytest.approx(sum(abs(a) for a in row_adv) / len(row_adv), rel=1e-5)
+
+
+def test_a_trajectory_pickled_before_sequences_existed_is_one_row():
+    """A checkpoint's held trajectories pickled without ``earlier`` (older runs) resume as one sequence each."""
+    import pickle
+
+    t = Trajectory("u", "g", 0, [1], [2, 3], [-1.0, -1.0], [1, 1])
+    del t.__dict__["earlier"]  # as an instance pickled before the field existed
+    old = pickle.loads(pickle.dumps(t))
+    assert old.rows() == [old] and old.segment_versions == []

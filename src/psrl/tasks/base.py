@@ -217,5 +217,5 @@ def episode_to_trajectory(
         instances=list(instances or []),
         truncated=bool(episode.truncated),
         gen_seconds=float(gen_seconds),
-        earlier=list(episode.earlier),
+        earlier=tuple(episode.earlier),
     )

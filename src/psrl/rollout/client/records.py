@@ -91,7 +91,8 @@ class Counts:
 
 def trajectory_record(traj: Trajectory, status: str, consumed_version: int | None = None, **extra: object) -> dict:
     """One ``trajectories.jsonl`` line for a :class:`psrl.types.Trajectory`: ``response_ids`` are its last training
-    sequence's, ``earlier_response_ids`` (only when it has several: ``sequences`` > 1) the others', oldest first."""
+    sequence's; one with several (split under ``task.agent_history: split``) also says how many (``sequences``)
+    and holds the others' in ``earlier_response_ids``, oldest first."""
     rec: dict[str, object] = {
         "uid": traj.uid,
         "group": traj.group,
@@ -104,9 +105,9 @@ def trajectory_record(traj: Trajectory, status: str, consumed_version: int | Non
         "gen_seconds": round(float(traj.gen_seconds), 6),
         "response_len": len(traj.response_ids),
         "response_ids": list(traj.response_ids),
-        "sequences": 1 + len(traj.earlier),
     }
     if traj.earlier:
+        rec["sequences"] = 1 + len(traj.earlier)
         rec["earlier_response_ids"] = [list(s.response_ids) for s in traj.earlier]
     if consumed_version is not None:
         rec["consumed_version"] = int(consumed_version)
