@@ -102,7 +102,20 @@ METRICS: tuple[Metric, ...] = (
         "reserves refusals stale_refusals completes occupies surplus filtered rejected aborts passive_aborts consumes",
     ),
     _m("batch/trajectories", "count", "Trajectories in this step's batch (B x N).", _C),
-    _m("batch/response_len_mean", "tokens", "Mean response length (model and tool tokens) in the batch.", _C),
+    _m(
+        "batch/sequences",
+        "count",
+        "Training sequences in this step's batch: the trainer's rows; only in a batch with an agent episode split "
+        "under task.agent_history=split (one sequence per rewritten history plus one), else it is "
+        "batch/trajectories.",
+        _C,
+    ),
+    _m(
+        "batch/response_len_mean",
+        "tokens",
+        "Mean response length (model and tool tokens, over all of a trajectory's sequences) in the batch.",
+        _C,
+    ),
     _m("batch/masked_frac", "fraction", "Fraction of response tokens masked out of the loss (tool output).", _C),
     _m("batch/truncated_frac", "fraction", "Fraction of the batch force-completed (truncate filter, max length).", _C),
     _m(

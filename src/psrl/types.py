@@ -11,7 +11,7 @@ cross Ray processes and land in ``trajectories.jsonl`` unchanged.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -21,8 +21,25 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class TokenSequence:
+    """One training sequence an episode closed before its last one: an agent episode whose chat template rewrote
+    the history it had sampled (``task.agent_history: split``) goes on from a freshly rendered prompt, and what it
+    held so far becomes one of these. Its fields mean what :class:`Trajectory`'s fields of the same names mean."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+
+
+@dataclass
 class Trajectory:
-    """One episode of one prompt, generated (possibly in segments) under versions >= ``v_traj``."""
+    """One episode of one prompt, generated (possibly in segments) under versions >= ``v_traj``.
+
+    Usually one training sequence (``prompt_ids`` then ``response_ids``). An agent episode whose history was
+    rewritten is several (:attr:`earlier`, then this one's own): still one trajectory for the staleness protocol
+    (one reservation, one ``V_traj``, one record), and one row per sequence for the trainer (:meth:`rows`)."""
 
     uid: str
     """Unique id of this trajectory."""
@@ -50,11 +67,34 @@ class Trajectory:
     """Force-completed with its partial output (proactive ``truncate``, or max length)."""
     gen_seconds: float = 0.0
     """Wall (or injected-clock) time from dispatch to completion."""
+    earlier: tuple[TokenSequence, ...] = ()
+    """The training sequences the episode closed before its last one (the fields above), oldest first; empty
+    unless the history was rewritten under ``task.agent_history: split``. (A class-level default, so trajectories
+    pickled before this field existed -- a checkpoint's held groups -- read as one sequence.)"""
 
     @property
     def segment_versions(self) -> list[int]:
-        """Versions of the consecutive generation segments (:func:`segment_versions` of ``token_versions``)."""
-        return segment_versions(self.token_versions)
+        """Versions of the consecutive generation segments (:func:`segment_versions` of ``token_versions``), over
+        every sequence in order: the first is the oldest token's version."""
+        return segment_versions([v for s in self.earlier for v in s.token_versions] + self.token_versions)
+
+    def rows(self) -> list[Trajectory]:
+        """One trajectory per training sequence, oldest first: each :attr:`earlier` sequence as a copy of this
+        trajectory with that sequence's tokens (same uid, group, ``V_traj``, reward), then this one's own."""
+        if not self.earlier:
+            return [self]
+        own = replace(self, earlier=())
+        return [
+            replace(
+                own,
+                prompt_ids=list(s.prompt_ids),
+                response_ids=list(s.response_ids),
+                logprobs=list(s.logprobs),
+                loss_mask=list(s.loss_mask),
+                token_versions=list(s.token_versions),
+            )
+            for s in self.earlier
+        ] + [own]
 
 
 def segment_versions(token_versions: list[int]) -> list[int]:

@@ -77,3 +77,16 @@ async def fails_on_marked_rows(client, row):
     if (row.get("extra_info") or {}).get("fail"):
         raise RuntimeError("agent bug on a marked row")
     return 1.0
+
+
+async def follow_up_agent(client, row):
+    """Asks, then follows up with a user turn, ``row["extra_info"]["turns"]`` turns in all (default 2), every
+    answer sent back unchanged; no tools, no reward (task.reward scores the last answer)."""
+    messages = list(row["prompt"])
+    for k in range((row.get("extra_info") or {}).get("turns", 2)):
+        if k:
+            messages.append({"role": "user", "content": "and again?"})
+        r = await client.chat.completions.create(model="psrl-policy", messages=messages, logprobs=True)
+        SEEN.append(r)
+        messages.append(r.choices[0].message.model_dump(exclude_none=True))
+    return None

@@ -158,6 +158,16 @@ class TaskConfig:
         "</tool_call> JSON (Hermes, Qwen); none: never.",
         choices=("hermes", "none"),
     )
+    agent_history: str = _f(
+        "error",
+        "task.name=agent: what happens when a request's rendered prompt does not extend the tokens the trajectory "
+        "holds (history rewritten: a template whose generation prompt opens <think> but whose history drops it "
+        "with the reasoning, or an agent that edits earlier answers). error: the request "
+        "fails (400 history_mismatch); split: the tokens so far close one training sequence and a new one starts "
+        "from the rendered prompt (re-prefilled); the episode stays one trajectory, its sequences share its reward "
+        "and advantage, and the trainer gets each as its own row.",
+        choices=("error", "split"),
+    )
     judge: JudgeConfig = _sub(JudgeConfig, "task.reward=judge: the OpenAI-compatible judge that scores answers.")
     tool_latency_median: float = _f(0.05, "Agentic task: median tool latency in seconds (lognormal).", ge=0)
     tool_latency_sigma: float = _f(1.0, "Agentic task: sigma of the lognormal tool latency (heavy tail).", ge=0)

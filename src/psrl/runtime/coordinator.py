@@ -370,21 +370,24 @@ def _natural(text: str) -> tuple:
 def batch_metrics(version: int, trajs: Sequence[Trajectory]) -> dict[str, float]:
     """What a consumed batch was: reward, accuracy, lengths, masked (tool) and truncated fractions (and the fraction
     that called a tool, for tasks whose reward counts ``tool_calls``), and the
-    measured lag ``version - V_traj`` (``staleness/*``)."""
+    measured lag ``version - V_traj`` (``staleness/*``). Lengths and the masked fraction count every training
+    sequence of a trajectory (``batch/sequences``, the trainer's rows: only when some trajectory was split)."""
     n = max(len(trajs), 1)
     rewards = [float(t.reward) for t in trajs]
     mean = sum(rewards) / n
-    tokens = sum(len(t.response_ids) for t in trajs)
+    rows = [r for t in trajs for r in t.rows()]
+    tokens = sum(len(r.response_ids) for r in rows)
     lag = [int(version) - int(t.v_traj) for t in trajs]
     calls = {"batch/tool_call_frac": sum(t.metrics.get("tool_calls", 0.0) > 0 for t in trajs) / n}
     return {
         **(calls if any("tool_calls" in t.metrics for t in trajs) else {}),
+        **({"batch/sequences": len(rows)} if len(rows) > len(trajs) else {}),
         "reward/mean": mean,
         "reward/std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
         "reward/acc": sum(float(t.metrics.get("acc", t.reward)) for t in trajs) / n,
         "batch/trajectories": len(trajs),
         "batch/response_len_mean": tokens / n,
-        "batch/masked_frac": 1.0 - sum(sum(t.loss_mask) for t in trajs) / max(tokens, 1),
+        "batch/masked_frac": 1.0 - sum(sum(r.loss_mask) for r in rows) / max(tokens, 1),
         "batch/truncated_frac": sum(bool(t.truncated) for t in trajs) / n,
         "staleness/mean": sum(lag) / n,
         "staleness/max": max(lag, default=0),

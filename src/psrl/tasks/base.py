@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from psrl.types import Trajectory
+from psrl.types import TokenSequence, Trajectory
 
 __all__ = [
     "RewardError",
@@ -86,7 +86,9 @@ class Episode:
     info: dict = field(default_factory=dict)
     prompt_ids: list[int] | None = None
     """The trajectory's prompt when the episode brought its own (an agent renders its first request itself);
-    None: the :class:`Prompt`'s ids."""
+    None: the :class:`Prompt`'s ids. After :meth:`split`, the prompt of the last sequence."""
+    earlier: list[TokenSequence] = field(default_factory=list)
+    """Training sequences closed by :meth:`split`, oldest first (:attr:`psrl.types.Trajectory.earlier`)."""
 
     def add_model(self, seg: Segment) -> None:
         """Append a model turn (trained on)."""
@@ -102,6 +104,16 @@ class Episode:
         self.logprobs += [0.0] * len(ids)
         self.loss_mask += [0] * len(ids)
         self.token_versions += [-1] * len(ids)
+
+    def split(self, prompt_ids: list[int]) -> None:
+        """Close the sequence so far -- ``prompt_ids`` (its prompt) and the response held -- into :attr:`earlier`,
+        and start an empty one: the context was rewritten, so the next tokens no longer extend these. A sequence
+        without a sampled token is dropped (it has nothing to train). Turn and tool-call counts go on."""
+        if any(self.loss_mask):
+            self.earlier.append(
+                TokenSequence(list(prompt_ids), self.response_ids, self.logprobs, self.loss_mask, self.token_versions)
+            )
+        self.response_ids, self.logprobs, self.loss_mask, self.token_versions = [], [], [], []
 
 
 class Task(abc.ABC):
@@ -205,4 +217,5 @@ def episode_to_trajectory(
         instances=list(instances or []),
         truncated=bool(episode.truncated),
         gen_seconds=float(gen_seconds),
+        earlier=tuple(episode.earlier),
     )

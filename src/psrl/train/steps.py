@@ -36,15 +36,24 @@ __all__ = [
 
 
 def batch_advantages(batch: Any, algo_cfg: AlgorithmConfig, who: str) -> tuple[list, list[float]]:
-    """The batch's trajectories, group after group (empty groups left out), and each one's advantage from
-    ``algorithm.adv_estimator`` within its group; ``who`` names the caller when the batch is empty."""
+    """The rows the trainer trains on, group after group (empty groups left out), and each one's advantage.
+
+    The advantage is ``algorithm.adv_estimator``'s over the group's trajectories (a trajectory counts once
+    however many sequences it has); a row is one training sequence (:meth:`psrl.types.Trajectory.rows`: one per
+    trajectory, or several for an agent episode split under ``task.agent_history: split``), and every row of a
+    trajectory gets that trajectory's advantage. ``who`` names the caller when the batch is empty."""
     groups = [list(g) for g in batch.groups if len(g) > 0]
     trajs = [t for g in groups for t in g]
     if not trajs:
         raise ValueError(f"{who}: the batch holds no trajectories")
     estimate = ADV_ESTIMATORS[algo_cfg.adv_estimator]
-    advs = estimate([[t.reward for t in g] for g in groups], norm_by_std=algo_cfg.norm_adv_by_std)
-    return trajs, [float(a) for g in advs for a in g]
+    advs = [
+        float(a)
+        for g in estimate([[t.reward for t in g] for g in groups], norm_by_std=algo_cfg.norm_adv_by_std)
+        for a in g
+    ]
+    rows = [(row, a) for t, a in zip(trajs, advs) for row in t.rows()]
+    return [r for r, _ in rows], [a for _, a in rows]
 
 
 def rng_state(rng: random.Random, sampler: torch.Generator) -> dict[str, Any]:

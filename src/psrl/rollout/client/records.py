@@ -90,7 +90,9 @@ class Counts:
 
 
 def trajectory_record(traj: Trajectory, status: str, consumed_version: int | None = None, **extra: object) -> dict:
-    """One ``trajectories.jsonl`` line for a :class:`psrl.types.Trajectory`."""
+    """One ``trajectories.jsonl`` line for a :class:`psrl.types.Trajectory`: ``response_ids`` are its last training
+    sequence's; one with several (split under ``task.agent_history: split``) also says how many (``sequences``)
+    and holds the others' in ``earlier_response_ids``, oldest first."""
     rec: dict[str, object] = {
         "uid": traj.uid,
         "group": traj.group,
@@ -104,6 +106,9 @@ def trajectory_record(traj: Trajectory, status: str, consumed_version: int | Non
         "response_len": len(traj.response_ids),
         "response_ids": list(traj.response_ids),
     }
+    if traj.earlier:
+        rec["sequences"] = 1 + len(traj.earlier)
+        rec["earlier_response_ids"] = [list(s.response_ids) for s in traj.earlier]
     if consumed_version is not None:
         rec["consumed_version"] = int(consumed_version)
     rec.update(extra)

@@ -16,7 +16,9 @@ interruption that caused it.
 
 The session also keeps a running copy of the response (model tokens, tool tokens inferred from
 the growing context, and the tokens of the request in flight), so the proactive ``truncate``
-filter can force-complete a trajectory with its partial output after cancelling the episode.
+filter can force-complete a trajectory with its partial output after cancelling the episode. A context that
+does not extend what it holds (an agent's rewritten history, ``task.agent_history: split``) starts a new training
+sequence there, as the episode's own capture does.
 """
 
 from __future__ import annotations
@@ -121,9 +123,9 @@ class Session:
             extra = list(context[len(known) :])
         elif not self._ep.response_ids:  # the first turn brings its own prompt (an agent renders its own request)
             self._prompt, extra = list(context), []
-        else:  # the task rewrote its context: keep what it shows, all as context
-            self._ep = Episode()
-            extra = list(context[len(self._prompt) :])
+        else:  # the task rewrote its context (task.agent_history: split): a new sequence starts from it
+            self._ep.split(self._prompt)
+            self._prompt, extra = list(context), []
         if extra:
             self._ep.add_tool(extra)
 
@@ -137,6 +139,7 @@ class Session:
             truncated=True,
             turns=self._ep.turns,
             prompt_ids=None if self._prompt == self._given else list(self._prompt),
+            earlier=list(self._ep.earlier),
         )
         req = self._req
         if req is not None and req.tokens:

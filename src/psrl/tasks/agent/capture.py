@@ -7,8 +7,12 @@ a marker in place of each recognised turn, the text between markers is tokenised
 the markers' places (the stop token the model sampled stands for the end-of-turn text the template writes after
 it). The result must extend what the trajectory holds so far -- prompt, sampled turns and the context between
 them --, and only what it adds is appended, with loss mask 0 and version -1 (tool results, user turns). A
-template that rewrites history (drops reasoning, reformats calls) breaks that extension: the request fails with
-:class:`HistoryMismatch`, never a silent mismatch between what was sampled and what is trained.
+template that rewrites history breaks that extension (one whose generation prompt opens ``<think>`` but whose
+history drops it with the reasoning, or that reformats calls). ``task.agent_history`` says what then happens,
+never a silent mismatch between what was sampled and what is trained: ``error`` fails the request with
+:class:`HistoryMismatch`; ``split`` closes the tokens held so far as one training sequence and starts the next
+from the request's rendered context (:meth:`psrl.tasks.base.Episode.split`), so every sequence is exactly what an
+engine request was given and sampled. The episode stays one trajectory (one ``V_traj``, one reward).
 
 The first request's context is the trajectory's prompt (the agent may add a system turn and tools to the row's
 messages). Each sampled token keeps its behaviour log-prob and the version of the weights that produced it.
@@ -100,6 +104,9 @@ class Conversation:
     turns: list[SampledTurn] = field(default_factory=list)
     closed: str | None = None
     """Why the trajectory takes no more requests (it finished, or was truncated); None while open."""
+    history: str = "error"
+    """``task.agent_history``: what a request whose context does not extend the stored tokens does (``error`` or
+    ``split``)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: asyncio.Task | None = None
 
@@ -155,11 +162,16 @@ class Conversation:
         return [] if self.prompt_ids is None else self.prompt_ids + self.episode.response_ids
 
     def _extend(self, ids: list[int]) -> None:
-        """Take ``ids`` as the next context: the prompt on the first turn, else it must extend the stored tokens."""
+        """Take ``ids`` as the next context: the prompt on the first turn, else it must extend the stored tokens
+        (or, with ``history: split``, it is the prompt of a new sequence)."""
         if self.prompt_ids is None:
             self.prompt_ids = list(ids)
             return
         stored = self.stored()
+        if ids[: len(stored)] != stored and self.history == "split":
+            self.episode.split(self.prompt_ids)
+            self.prompt_ids = list(ids)
+            return
         if ids[: len(stored)] != stored:
             at = next((i for i, (a, b) in enumerate(zip(ids, stored)) if a != b), min(len(ids), len(stored)))
             raise HistoryMismatch(
@@ -167,7 +179,8 @@ class Conversation:
                 f"sampled so far (they differ from token {at}: "
                 f"{self.tokenizer.decode(stored[at : at + 12])!r} stored, "
                 f"{self.tokenizer.decode(ids[at : at + 12])!r} sent). Send every assistant message back unchanged "
-                "(content and tool_calls), and use a chat template that does not rewrite earlier turns"
+                "(content and tool_calls), and use a chat template that does not rewrite earlier turns, or set "
+                "task.agent_history=split to train such an episode as several sequences"
             )
         if len(ids) > len(stored):
             self.episode.add_tool(ids[len(stored) :])

@@ -79,7 +79,7 @@ class ChatTemplate:
             raise ConfigError(
                 "task.chat_template", "the tokenizer has no chat template", "use task.chat_template=hermes or auto"
             )
-        if choice == "hermes" or not own:
+        if choice == "hermes" or (not own and choice in TEMPLATES):  # a path is used whatever the tokenizer has
             self._own = self._env.from_string(HERMES)
             self.name = "hermes"
         elif choice in ("auto", "tokenizer"):

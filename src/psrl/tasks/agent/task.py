@@ -94,6 +94,7 @@ class AgentTask(DatasetTask):
             parser=self.cfg.tool_parser,
             uid=uid,
             turn_tokens=self.turn_tokens,
+            history=self.cfg.agent_history,
         )
 
     async def run_episode(self, prompt: Prompt, generate: GenerateFn, rng: random.Random) -> Episode:
