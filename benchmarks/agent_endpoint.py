@@ -5,15 +5,16 @@ user says "Go on." between turns). Through the endpoint each turn is an ``openai
 trajectory's URL (HTTP on loopback, template rendering, recognition of the earlier turns, the prefix check);
 directly, the same contexts are built as token ids and sent to the engine's own token-in/token-out ``generate``.
 Both phases use the same seeds and send the same contexts, so they sample the same tokens (the JSON has each
-round's count: equal up to the engine's batch-dependent numerics, which may flip a sampled token), and the work differs only in
-the endpoint's own path.
+round's count: equal up to the engine's batch-dependent numerics, which may flip a sampled token), and the work
+differs only in the endpoint's own path.
 
 Both phases run on one engine, after one unmeasured warm-up round each, in ``--pairs`` pairs of back-to-back
 rounds whose order alternates (direct first, then endpoint first, ...). Each round reports sampled tokens per
-second of its wall time, the requests and prompt tokens it sent, the mean number of requests in flight, how late
-the event loop woke a 50 ms timer (a loop blocked by the endpoint's Python shows there) and, on vLLM, the server's
-counters over the round (its prefix cache is emptied before each round, so no round reuses another's prefixes).
-``endpoint_over_direct`` is the median of the pairs' ratios (1.0: the endpoint costs nothing).
+second of its wall time, this process's CPU time, the requests and prompt tokens it sent, the mean number of
+requests in flight, how late the event loop woke a 50 ms timer (a loop blocked by the endpoint's Python shows
+there) and, on vLLM, the server's counters over the round (its prefix cache is emptied before each round, so no
+round reuses another's prefixes). ``endpoint_over_direct`` is the median of the pairs' ratios (1.0: the endpoint
+costs nothing).
 
     python benchmarks/agent_endpoint.py [--engines vllm hf] [--model smollm2|builtin] [--agents 64] [--turns 3]
         [--tokens 64] [--pairs 4] [--results docs/results/agent_endpoint.json]
@@ -211,10 +212,10 @@ async def _round(name: str, task, counted: Counted, server: Server | None, promp
     counted.requests = counted.prompt_tokens = counted.tokens = 0
     samples: dict[str, list[float]] = {"lag_s": [], "in_flight": []}
     watch = asyncio.get_running_loop().create_task(_watch(counted, samples))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         tokens = await PHASES[name](task, counted, prompts, args.turns, args.tokens)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     finally:
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
@@ -224,6 +225,7 @@ async def _round(name: str, task, counted: Counted, server: Server | None, promp
     out = {
         "tokens_per_s": round(tokens / wall, 2),
         "seconds": round(wall, 2),
+        "driver_cpu_s": round(cpu, 3),
         "tokens": tokens,
         "requests": counted.requests,
         "prompt_tokens": counted.prompt_tokens,
@@ -304,11 +306,22 @@ def _median(xs: list[float]) -> float:
 
 def _figures(pairs: list[dict]) -> dict:
     """The headline is the median of the per-pair ratios (each pair's two rounds ran back to back, so a load that
-    drifts over the run moves both); each phase's median rate beside it, and every round."""
+    drifts over the run moves both); each phase's median rate beside it, and every round. The endpoint's CPU per
+    turn is the driver process's CPU time of an endpoint round less its direct round's, per request (the agents'
+    ``openai`` SDK included), the median over pairs."""
     return {
         "direct_tokens_per_s": round(_median([p["direct"]["tokens_per_s"] for p in pairs]), 2),
         "endpoint_tokens_per_s": round(_median([p["endpoint"]["tokens_per_s"] for p in pairs]), 2),
         "endpoint_over_direct": round(_median([p["ratio"] for p in pairs]), 3),
+        "endpoint_cpu_ms_per_turn": round(
+            _median(
+                [
+                    1000 * (p["endpoint"]["driver_cpu_s"] - p["direct"]["driver_cpu_s"]) / p["endpoint"]["requests"]
+                    for p in pairs
+                ]
+            ),
+            2,
+        ),
         "rounds": {k: [p[k]["tokens_per_s"] for p in pairs] for k in ("endpoint", "direct")},
         "pairs": pairs,
     }

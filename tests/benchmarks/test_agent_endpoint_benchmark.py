@@ -20,7 +20,7 @@ def test_the_benchmark_measures_both_paths_and_ends_with_the_ratio():
     )
     assert out["direct_tokens_per_s"] > 0 and out["endpoint_tokens_per_s"] > 0
     assert out["engine"] == "hf" and out["hf_endpoint_over_direct"] == out["endpoint_over_direct"]
-    assert out["pairs"] == 2
+    assert out["pairs"] == 2 and isinstance(out["endpoint_cpu_ms_per_turn"], float)
 
 
 class ContextEngine:
