@@ -127,20 +127,23 @@ def learning_arms(name: str, arms: list[tuple[str, int]]) -> str:
 
 def _agent_endpoint(name: str) -> str:
     r = stored.read(name)
-    engines = r.get("engines") or {r["engine"]: r}
     parts = []
-    for engine, f in engines.items():
-        lo = min(min(v) for v in f["rounds"].values())
-        hi = max(max(v) for v in f["rounds"].values())
-        paired = ", ".join(f"{e / d:.2f}" for e, d in zip(f["rounds"]["endpoint"], f["rounds"]["direct"]))
+    for engine, f in r["engines"].items():
+        pairs = f["pairs"]
+        rates = [p[k]["tokens_per_s"] for p in pairs for k in ("direct", "endpoint")]
+        ratios = ", ".join(f"{p['ratio']:.2f}" for p in pairs)
+        same = all(p["direct"]["tokens"] == p["endpoint"]["tokens"] for p in pairs)
         parts.append(
             f"on `{engine}` the endpoint gave {f['endpoint_tokens_per_s']:.2f} sampled tokens/s against "
-            f"{f['direct_tokens_per_s']:.2f} directly, `endpoint_over_direct` {f['endpoint_over_direct']:.3f} "
-            f"(single rounds {lo:.1f} to {hi:.1f} tokens/s; round by round {paired})"
+            f"{f['direct_tokens_per_s']:.2f} directly (medians), `endpoint_over_direct` "
+            f"{f['endpoint_over_direct']:.3f} (the median of the pairs' ratios {ratios}; single rounds "
+            f"{min(rates):.1f} to {max(rates):.1f} tokens/s; both rounds of "
+            f"{'every pair' if same else 'not every pair'} sampled the same number of tokens); the endpoint's path "
+            f"cost the driver {f['endpoint_cpu_ms_per_turn']:.1f} ms of CPU per turn, the agents' `openai` SDK included"
         )
     return (
         f"with {r['model']}, {r['agents']} agents at once x {r['turns']} turns x at most {r['tokens']} tokens, "
-        f"median of {r['repeats']} rounds each: {'; '.join(parts)} (`{r['command']}`, {r['measured']})"
+        f"{r['pairs']} pairs of rounds: {'; '.join(parts)} (`{r['command']}`, {r['measured']})"
     )
 
 
