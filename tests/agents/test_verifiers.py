@@ -47,6 +47,32 @@ def test_the_example_environment_calls_its_tool_and_its_rubric_scores(tmp_path):
     assert sum(ep.loss_mask) == len(call) + len(f"It is {row['answer']}.") + 2  # both turns and their eos
 
 
+def test_the_example_demonstration_is_the_trajectory_the_environment_would_capture():
+    """The example's demonstration(row) (the environment's own prompt and tool, a calculator call, its result),
+    tokenised for the warm start, equals what the endpoint captures when the model samples those turns inside
+    the environment's rollout: verifiers' requests render exactly as the demonstration does."""
+    cfg = load_config(
+        None,
+        [
+            "task.name=verifiers",
+            f"task.verifiers={EXAMPLE}",
+            f"task.demonstration={EXAMPLE.replace('load_environment', 'demonstration')}",
+            *CONTEXT,
+            "data.max_response_length=96",
+        ],
+    )
+    task = get_task(cfg.task, seed=0, data=cfg.data)
+    [(prompt_ids, response_ids, mask)] = task.demonstrations(1, random.Random(0))
+    text = task.tokenizer.decode(prompt_ids + response_ids)
+    row = next(r.raw for r in task.rows if r.raw["question"] in text)
+    task.order = [task.rows.index(next(r for r in task.rows if r.raw is row))] + task.order
+    expression = re.search(r"\d+ \* \d+", row["question"]).group(0)
+    call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+    ep, reward = play_scripted(task, [call, row["answer"]])
+    assert reward["score"] == pytest.approx(1.2)
+    assert (prompt_ids, response_ids, mask) == (ep.prompt_ids, ep.response_ids, ep.loss_mask)
+
+
 def test_a_verifiers_environment_trains_20_steps_within_the_bound_scored_by_its_rubric(tmp_path):
     """``psrl train`` on the example environment (plus a reward function of the reply's length) with the built-in
     model: 20 steps, every trained trajectory within the bound, and each reward is the rubric's weighted sum
