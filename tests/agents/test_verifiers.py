@@ -17,6 +17,7 @@ from psrl.rollout.client.rewards import RewardTimeout, TaskReward
 from psrl.rollout.engines.base import turns
 from psrl.runtime.recorder import read_jsonl
 from psrl.tasks import get_task
+from psrl.tasks.base import Episode
 from psrl.train_cli import main
 from tests.agents import vf_envs
 from tests.agents.conftest import play_scripted, scripted_engine
@@ -71,6 +72,18 @@ def test_the_example_demonstration_is_the_trajectory_the_environment_would_captu
     ep, reward = play_scripted(task, [call, row["answer"]])
     assert reward["score"] == pytest.approx(1.2)
     assert (prompt_ids, response_ids, mask) == (ep.prompt_ids, ep.response_ids, ep.loss_mask)
+
+
+def test_a_truncated_trajectory_without_a_finished_rollout_is_scored_as_an_empty_answer():
+    """The proactive filter's truncate completes a trajectory whose rollout never finished (no state for the
+    rubric): task.reward scores an empty answer, as for an agent, instead of failing the trajectory."""
+    cfg = load_config(None, ["task.name=verifiers", f"task.verifiers={EXAMPLE}", "task.reward=exact", *CONTEXT])
+    task = get_task(cfg.task, seed=0, data=cfg.data)
+    prompt = task.sample_prompt(random.Random(0))
+    partial = Episode(truncated=True)
+    partial.info["partial"] = True
+    reward = asyncio.run(task.reward(prompt, partial))
+    assert reward["score"] == 0.0 and reward["tool_calls"] == 0.0
 
 
 def test_a_verifiers_environment_trains_20_steps_within_the_bound_scored_by_its_rubric(tmp_path):

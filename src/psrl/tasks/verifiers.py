@@ -124,8 +124,11 @@ class VerifiersTask(AgentTask):
 
     async def reward(self, prompt: Prompt, episode: Episode) -> dict[str, float]:
         """The rubric's reward of the rollout (its metrics as extra keys), scored on :class:`RubricLoop`; with
-        ``tool_calls``, the number of tool calls parsed from the model's turns."""
-        state = episode.info["agent_reward"]
+        ``tool_calls``, the number of tool calls parsed from the model's turns. A trajectory the proactive filter
+        truncated has no finished rollout to score: ``task.reward`` scores it as an empty answer, as for an agent."""
+        state = episode.info.get("agent_reward")
+        if state is None:
+            return await super().reward(prompt, episode)
         await self.rubric_loop.run(self.env.rubric.score_rollout(state))
         out = {**{k: v for k, v in (state.get("metrics") or {}).items()}, "score": state["reward"]}
         metrics = self.reward_fn.as_metrics(out, f" on {prompt.info.get('where', prompt.uid)}", self.cfg.verifiers)
