@@ -91,8 +91,9 @@ class TaskConfig:
     name: str = _f(
         "tool_arith",
         "Built-in task name (arith, tool_arith), dataset (rows of data.train_files), agent (task.agent plays "
-        "each row through an OpenAI-compatible endpoint; docs/agents.md) or module:Class.",
-        note="arith | tool_arith | dataset | agent (psrl.tasks.TASKS) | module:Class, resolved at load",
+        "each row through an OpenAI-compatible endpoint; docs/agents.md), verifiers (a verifiers environment, "
+        "task.verifiers, through the same endpoint) or module:Class.",
+        note="arith | tool_arith | dataset | agent | verifiers (psrl.tasks.TASKS) | module:Class, resolved at load",
     )
     kwargs: dict = _f(
         {},
@@ -138,6 +139,14 @@ class TaskConfig:
         "whole conversation for a row ({messages, tools}, as the agent sends it) whose assistant turns the "
         "supervised warm start (trainer.warm_start_steps) teaches, rendered as the endpoint renders requests.",
         note="module:function | file.py:function (needed for an agent task's warm start)",
+    )
+    verifiers: str = _f(
+        "",
+        "task.name=verifiers: a function returning a verifiers.Environment of verifiers' classic stack (0.3.1: "
+        "vf.ToolEnv, vf.MultiTurnEnv; docs/agents.md), as module:function or path/to/file.py:function. Its dataset "
+        "gives the rows (eval_dataset the validation rows), its rollout plays each through the agent endpoint, and "
+        "its rubric is the reward.",
+        note="module:function | file.py:function (needed when task.name is verifiers)",
     )
     agent_timeout: float = _f(
         300.0,
@@ -200,6 +209,21 @@ class TaskConfig:
                 f"task.name is agent but task.agent={self.agent!r} names no function",
                 "set task.agent=module:function or path/to/file.py:function",
             )
+        if self.name == "verifiers":
+            require(
+                ":" in self.verifiers and self.verifiers.rsplit(":", 1)[1].isidentifier(),
+                "task.verifiers",
+                f"task.name is verifiers but task.verifiers={self.verifiers!r} names no function",
+                "set task.verifiers=module:function or path/to/file.py:function",
+            )
+            import importlib.util
+
+            require(
+                importlib.util.find_spec("verifiers") is not None,
+                "task.name",
+                "task.name is verifiers but the verifiers package is not installed",
+                "pip install -e '.[agents,verifiers]' (verifiers 0.3.1)",
+            )
         if self.demonstration:
             require(
                 ":" in self.demonstration and self.demonstration.rsplit(":", 1)[1].isidentifier(),
@@ -253,6 +277,14 @@ class DataConfig:
     def check(self, task_name: str, val_every: int, model: ModelConfig) -> None:
         """A dataset task (``task_name``) needs training rows, validation rows when ``val_every`` > 0 (from
         ``trainer.val_every``), and a built-in ``model`` long enough for a prompt and its answer."""
+        if task_name == "verifiers":
+            require(
+                not self.train_files and not self.val_files,
+                "data.train_files" if self.train_files else "data.val_files",
+                "task.name is verifiers: its rows are the environment's dataset and eval_dataset, not data files",
+                "remove data.train_files and data.val_files",
+            )
+            return
         if task_name not in ("dataset", "agent"):
             return
         require(

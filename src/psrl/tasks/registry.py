@@ -1,5 +1,5 @@
 """Tasks by name: the built-ins (``arith``, ``tool_arith``), ``dataset`` (your files), ``agent`` (your agent over
-your files) or any ``module:Class``."""
+your files), ``verifiers`` (a verifiers environment) or any ``module:Class``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ TASKS: dict[str, str] = {
     "tool_arith": "psrl.tasks.tool_arith:ToolArithTask",
     "dataset": "psrl.tasks.dataset:DatasetTask",
     "agent": "psrl.tasks.agent.task:AgentTask",
+    "verifiers": "psrl.tasks.verifiers:VerifiersTask",
 }
 
 

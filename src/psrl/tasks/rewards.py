@@ -87,7 +87,8 @@ def load_function(spec: str, key: str = "task.reward") -> Callable[..., Any]:
         else:
             module = importlib.import_module(mod_name)
         fn = getattr(module, fn_name)
-    except (ImportError, AttributeError, FileNotFoundError, SyntaxError) as e:
+    except (ImportError, AttributeError, FileNotFoundError, SyntaxError, ValueError, TypeError) as e:
+        # ValueError / TypeError: an empty or relative module name (":f", ".mod:f")
         raise ConfigError(key, f"cannot load {spec!r}: {e}", "give module:function or file.py:function") from e
     if not callable(fn):
         raise ConfigError(key, f"{spec!r} is not callable", "name a function")

@@ -47,13 +47,7 @@ class AgentTask(DatasetTask):
 
     def __init__(self, task_cfg, seed: int = 0, tokenizer=None, data=None):
         super().__init__(task_cfg, seed=seed, tokenizer=tokenizer, data=data)
-        if not task_cfg.agent:
-            raise ConfigError("task.agent", "task.name is agent but no agent is named", "set task.agent=file.py:agent")
-        self.agent = load_function(task_cfg.agent, key="task.agent")
-        if not asyncio.iscoroutinefunction(self.agent):
-            raise ConfigError(
-                "task.agent", f"{task_cfg.agent} is not an async function", "write it as async def agent(client, row)"
-            )
+        self.agent = self.load_agent(task_cfg)
         self.template = ChatTemplate(self.tokenizer, task_cfg.chat_template)
         self.demonstration = (
             load_function(task_cfg.demonstration, key="task.demonstration") if task_cfg.demonstration else None
@@ -61,6 +55,18 @@ class AgentTask(DatasetTask):
         self.endpoint: Endpoint | None = None
         self._http: Any = None
         self._ids = itertools.count()
+
+    def load_agent(self, task_cfg) -> Any:
+        """The async ``agent(client, row)`` each trajectory runs: ``task.agent`` (a subclass may supply its own,
+        as :class:`psrl.tasks.verifiers.VerifiersTask` does)."""
+        if not task_cfg.agent:
+            raise ConfigError("task.agent", "task.name is agent but no agent is named", "set task.agent=file.py:agent")
+        agent = load_function(task_cfg.agent, key="task.agent")
+        if not asyncio.iscoroutinefunction(agent):
+            raise ConfigError(
+                "task.agent", f"{task_cfg.agent} is not an async function", "write it as async def agent(client, row)"
+            )
+        return agent
 
     async def start_endpoint(self) -> Endpoint:
         """The endpoint of the running event loop (started on first use; a new loop gets a new one)."""
