@@ -12,6 +12,10 @@ of the first and the last quarter of the steps, and whether the last is higher; 
 ``{"seeds", "reward_first_quarter", "reward_last_quarter", "rose", "tool_call_frac_step1", "violations"}``
 (means over seeds; ``rose`` counts the seeds whose last quarter beat their first).
 
+Seeds already stored in ``--results`` by a run of the same settings (model, steps, overrides, warm start) are
+kept, not run again: the seeds can run one invocation at a time (on a shared machine, each seed's run is one
+bounded job), and the stored command names every seed the file holds.
+
     PYTHONPATH=src python benchmarks/agent_learning.py --seeds 0 1 2 --steps 24 \
         --results docs/results/agent_learning.json [key=value ...]
 """
@@ -81,6 +85,7 @@ def warm(cfg, path: Path) -> tuple[dict, dict]:
         "lr": cfg.trainer.warm_start_lr,
         "loss_first": round(losses[0], 4) if losses else None,
         "loss_last": round(losses[-1], 4) if losses else None,
+        "losses": [round(x, 4) for x in losses],
         "seconds": round(time.perf_counter() - t0, 1),
     }
     print(*said, info, flush=True)
@@ -109,6 +114,33 @@ def one_seed(seed: int, steps: int, overrides: list[str], out: Path, weights: di
     }
 
 
+def stored_runs(path: Path, settings: dict) -> dict[int, dict]:
+    """The runs, by seed, that ``path`` holds from a run of exactly ``settings`` (none if it holds another's)."""
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    if any(old.get(k) != v for k, v in settings.items()):
+        return {}
+    return {r["seed"]: r for r in old["runs"]}
+
+
+def seeds_argv(argv: list[str], seeds: list[int]) -> list[str]:
+    """``argv`` with its ``--seeds`` list replaced by ``seeds`` (the command that makes the whole stored file)."""
+    if "--seeds" not in argv:
+        argv = [argv[0], "--seeds", *map(str, seeds), *argv[1:]]
+    out, skip = [], False
+    for a in argv:
+        if a == "--seeds":
+            out += ["--seeds", *map(str, seeds)]
+            skip = True
+        elif skip and a.lstrip("-").isdigit() and not a.startswith("--"):
+            continue
+        else:
+            skip = False
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -121,8 +153,15 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     over = list(args.overrides)
     weights, warm_info = warm(config(0, args.steps, over, args.model), Path(args.out) / "warm.pt")
+    settings = {"config": str(CONFIG.relative_to(stored.ROOT)), "model": args.model, "overrides": over}
+    settings |= {"steps": args.steps, "warm_start": warm_info}
+    kept = stored_runs(Path(args.results), settings) if args.results else {}
     runs: list[dict] = []
     for seed in args.seeds:
+        if seed in kept:
+            runs.append(kept.pop(seed))
+            print(f"seed {seed}: kept from {args.results} (same settings)", flush=True)
+            continue
         r = one_seed(seed, args.steps, over, Path(args.out), weights, args.model)
         runs.append(r)
         verdict = "rose" if r["reward_last_quarter"] > r["reward_first_quarter"] else "did not rise"
@@ -133,9 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
             flush=True,
         )
         if args.results:  # after every seed: a long run that is stopped keeps the seeds it finished
-            record = {"config": str(CONFIG.relative_to(stored.ROOT)), "model": args.model, "overrides": over}
-            record |= {"steps": args.steps, "warm_start": warm_info, "runs": runs}
-            stored.write(Path(args.results), record)
+            held = sorted([*runs, *kept.values()], key=lambda x: x["seed"])
+            command = stored.command_line(seeds_argv(sys.argv, [x["seed"] for x in held]))
+            stored.write(Path(args.results), settings | {"runs": held}, command=command)
     summary = {
         "seeds": len(runs),
         "reward_first_quarter": round(statistics.fmean(r["reward_first_quarter"] for r in runs), 4),
