@@ -60,3 +60,21 @@ def test_the_example_agent_calls_its_calculator_and_scores_the_answer(tmp_path):
     ep, reward = play_scripted(task, [call, "It is 444."])
     assert reward["score"] == 1.0 and reward["good_calls"] == 1.0 and reward["tool_calls"] == 1.0
     assert "444" in task.tokenizer.decode(ep.response_ids)
+
+
+def test_psrl_train_closes_the_agent_endpoint_on_its_own_loop(tmp_path):
+    """The run's end stops the task's endpoint and HTTP pool before the loop closes: a second run in the same
+    process (the learning benchmark's seeds) met the first run's pool, closed on a dead loop."""
+    import asyncio
+
+    from psrl.config import load_config
+    from psrl.runtime.local import train
+
+    rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2"}}]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["task.name=agent", "task.agent=tests.agents.agent_fns:fails_on_marked_rows", f"data.train_files={data}"]
+    cfg = load_config(None, RUN + args + ["trainer.total_steps=1"])
+    task = get_task(cfg.task, seed=0, data=cfg.data)
+    asyncio.run(train(cfg, tmp_path / "run", log=lambda _: None, task=task))
+    assert task.endpoint is None and task._http is None

@@ -344,6 +344,8 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
             _close(validator)
             events.close()
             recorder.close()
+            with contextlib.suppress(Exception):
+                await coord.agents.task.close()
             if terminated() and isinstance(exc, asyncio.CancelledError):
                 raise Terminated("SIGTERM") from None
             raise
@@ -354,6 +356,7 @@ async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = p
     _close(validator)
     events.close()
     recorder.close()
+    await coord.agents.task.close()  # on this loop: a later run in the process (benchmarks) gets no stale pool
     if rows:
         w = min(10, len(rows))  # window means: a single step's reward of a batch of 32 wanders by +-0.2
         first = sum(r["reward/mean"] for r in rows[:w]) / w

@@ -168,6 +168,10 @@ class Task(abc.ABC):
     def load_state_dict(self, state: dict) -> None:  # noqa: B027 -- an optional hook: stateless tasks keep nothing
         """Restore :meth:`state_dict`."""
 
+    async def close(self) -> None:  # noqa: B027 -- an optional hook: most tasks open nothing
+        """Release what the task opened on the run's event loop (the agent endpoint and its HTTP pool), at the
+        run's end, before that loop closes."""
+
     @abc.abstractmethod
     def demonstrations(self, n: int, rng: random.Random) -> list[Demo]:
         """``n`` scripted (prompt_ids, response_ids, loss_mask) demos for a short supervised warm start."""
