@@ -28,19 +28,29 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import sys
+import threading
 from typing import Any
 
-__all__ = ["return_freed_memory", "release_freed"]
+__all__ = ["return_freed_memory", "release_freed", "FreedPages", "held_free"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 
+watcher: FreedPages | None = None
+"""The process's :class:`FreedPages`, started by :func:`return_freed_memory`."""
+
 MMAP_THRESHOLD = 8 << 20
 """Blocks of this size or more are mmapped (given back to the kernel when freed); smaller ones are reused from the
 heap. The default job's churn is blocks of 1-4 MiB (~25 GB a step, ``strace`` of its ``munmap`` calls): those stay
 in the heap; SmolLM2's larger activations do not."""
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks")]
+    _fields_ += [(name, ctypes.c_size_t) for name in ("fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
 @functools.cache
@@ -54,6 +64,7 @@ def _libc() -> Any:
         libc.mallopt.restype = ctypes.c_int
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.malloc_trim.restype = ctypes.c_int
+        libc.mallinfo2.restype = _Mallinfo2
     except (OSError, AttributeError):
         return None
     return libc
@@ -66,7 +77,11 @@ def return_freed_memory(arenas: int = 2, mmap_threshold: int = MMAP_THRESHOLD) -
     if libc is None:
         return False
     settings = ((_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, 2 * mmap_threshold), (_M_ARENA_MAX, arenas))
-    return all([bool(libc.mallopt(key, int(value))) for key, value in settings])
+    took = all([bool(libc.mallopt(key, int(value))) for key, value in settings])
+    global watcher
+    if watcher is None:
+        watcher = FreedPages()
+    return took
 
 
 def release_freed() -> bool:
@@ -74,3 +89,62 @@ def release_freed() -> bool:
     True when glibc returned some memory."""
     libc = _libc()
     return libc is not None and bool(libc.malloc_trim(0))
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def held_free() -> int | None:
+    """This process's anonymous resident bytes not in a live ``malloc`` block (in use in an arena, or mmapped):
+    freed heap pages still resident, plus a slowly varying rest (Python's own arenas, thread stacks). None off
+    glibc."""
+    libc = _libc()
+    if libc is None:
+        return None
+    with open("/proc/self/statm", "rb") as f:
+        _, resident, shared = f.read().split()[:3]
+    info = libc.mallinfo2()
+    return (int(resident) - int(shared)) * _PAGE - info.uordblks - info.hblkhd
+
+
+class FreedPages:
+    """Keeps the freed heap pages a process holds under ``limit`` bytes above what it held after its last trim.
+
+    :meth:`check` reads :func:`held_free` and calls :func:`release_freed` when it rose past that; a side thread
+    (``every_s`` seconds apart; None: no thread, the caller checks) runs it. A trainer's activations then need no
+    ``mmap`` each (an ``mmap`` / ``munmap`` pair whose pages the kernel zeroes again at every use) for a step's
+    peak to stay near its live bytes, and a job whose heap churn stays under ``limit`` is never trimmed.
+    :attr:`trims` counts the trims; :meth:`stop` ends the thread."""
+
+    def __init__(self, limit: int = 64 << 20, every_s: float | None = 0.01):
+        self.limit, self.trims = limit, 0
+        self.floor = held_free()
+        """:func:`held_free` after the last trim, or its lowest since (Python's own memory may shrink too)."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if every_s is not None and self.floor is not None:
+            self._thread = threading.Thread(target=self._watch, args=(every_s,), name="psrl-freed-pages", daemon=True)
+            self._thread.start()
+
+    def check(self) -> bool:
+        """Trim when the freed pages held rose more than ``limit`` above :attr:`floor`; True when it trimmed."""
+        held = held_free()
+        if held is None or self.floor is None:
+            return False
+        trimmed = held > self.floor + self.limit
+        if trimmed:
+            release_freed()
+            self.trims += 1
+            held = held_free()
+            assert held is not None
+        self.floor = held if trimmed else min(self.floor, held)
+        return trimmed
+
+    def _watch(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.check()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
