@@ -11,16 +11,19 @@ A fixed 1 MiB mmap threshold kept that run at 6-8 GB, but it made every tensor o
 spent a quarter of its wall time in the kernel for it (issue #33, item 6). So instead:
 
 * :func:`return_freed_memory` (once, at start): a fixed mmap threshold of :data:`MMAP_THRESHOLD` (8 MiB: no longer
-  rising to 32 MiB; the heap's top trimmed past twice that) and at most 2 malloc arenas (threads share them instead
-  of each fragmenting its own);
+  rising to 32 MiB; the heap's top trimmed past twice that), at most 2 malloc arenas (threads share them instead
+  of each fragmenting its own), and the process's :class:`FreedPages` watcher;
 * :func:`release_freed`: ``malloc_trim(0)``, which gives the kernel back every whole free page of every arena --
   not only the top of the heap -- so what one phase freed does not stay resident under the next. A rank
-  (:class:`~psrl.train.worker.RankWorker`) calls it after its pre-update log-prob forwards (the training forward,
-  where a step peaks, then starts from a trimmed heap) and after every training step; at world size > 1 the driver
-  (:class:`~psrl.train.Trainer`) after every step too.
+  (:class:`~psrl.train.worker.RankWorker`) calls it after its pre-update log-prob forwards and after every
+  training step; at world size > 1 the driver (:class:`~psrl.train.Trainer`) after every step too;
+* :class:`FreedPages`: within a step, the training forward's activations of 1-8 MiB (kept for the backward,
+  between temporaries freed) fragment the heap -- SmolLM2 peaked ~0.45 GB above the 1 MiB threshold's peak
+  before this watcher. It trims whenever the freed pages held rise 64 MiB above the last trim's: a step's peak
+  stays at the threshold's, and a job whose churn stays under that (the default job's) is never trimmed.
 
 ``benchmarks/heap_cost.py`` measures it against no setting and the 1 MiB threshold (``docs/results/heap_cost_*``).
-Elsewhere than glibc both do nothing.
+Elsewhere than glibc all of it does nothing.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def return_freed_memory(arenas: int = 2, mmap_threshold: int = MMAP_THRESHOLD) -
     settings = ((_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, 2 * mmap_threshold), (_M_ARENA_MAX, arenas))
     took = all([bool(libc.mallopt(key, int(value))) for key, value in settings])
     global watcher
-    if watcher is None:
+    if watcher is None or watcher.pid != os.getpid():  # a forked child has the global but not the thread
         watcher = FreedPages()
     return took
 
@@ -117,7 +120,7 @@ class FreedPages:
     :attr:`trims` counts the trims; :meth:`stop` ends the thread."""
 
     def __init__(self, limit: int = 64 << 20, every_s: float | None = 0.01):
-        self.limit, self.trims = limit, 0
+        self.limit, self.trims, self.pid = limit, 0, os.getpid()
         self.floor = held_free()
         """:func:`held_free` after the last trim, or its lowest since (Python's own memory may shrink too)."""
         self._stop = threading.Event()
