@@ -97,6 +97,13 @@ def release_freed() -> bool:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+def _anon() -> int:
+    """This process's anonymous resident bytes (``/proc/self/statm``: resident less file-backed and shared)."""
+    with open("/proc/self/statm", "rb") as f:
+        _, resident, shared = f.read().split()[:3]
+    return (int(resident) - int(shared)) * _PAGE
+
+
 def held_free() -> int | None:
     """This process's anonymous resident bytes not in a live ``malloc`` block (in use in an arena, or mmapped):
     freed heap pages still resident, plus a slowly varying rest (Python's own arenas, thread stacks). None off
@@ -104,25 +111,27 @@ def held_free() -> int | None:
     libc = _libc()
     if libc is None:
         return None
-    with open("/proc/self/statm", "rb") as f:
-        _, resident, shared = f.read().split()[:3]
     info = libc.mallinfo2()
-    return (int(resident) - int(shared)) * _PAGE - info.uordblks - info.hblkhd
+    return _anon() - info.uordblks - info.hblkhd
 
 
 class FreedPages:
-    """Keeps the freed heap pages a process holds under ``limit`` bytes above what it held after its last trim.
+    """Keeps freed heap pages from raising the process's peak: trims when its resident memory reaches a new high
+    while the freed pages it holds are ``limit`` bytes above what it held after its last trim.
 
-    :meth:`check` reads :func:`held_free` and calls :func:`release_freed` when it rose past that; a side thread
-    (``every_s`` seconds apart; None: no thread, the caller checks) runs it. A trainer's activations then need no
-    ``mmap`` each (an ``mmap`` / ``munmap`` pair whose pages the kernel zeroes again at every use) for a step's
-    peak to stay near its live bytes, and a job whose heap churn stays under ``limit`` is never trimmed.
-    :attr:`trims` counts the trims; :meth:`stop` ends the thread."""
+    :meth:`check` does it once; a side thread (``every_s`` seconds apart; None: no thread, the caller checks) runs
+    it. A trainer's activations then need no ``mmap`` each (an ``mmap`` / ``munmap`` pair whose pages the kernel
+    zeroes again at every use) for a step's peak to stay near its live bytes. Below the peak it holds what it
+    freed: a job that churns under its own earlier high (the default job's steps, after the first) is not trimmed,
+    since each trim's pages are faulted in again when the heap reuses them. :attr:`trims` counts the trims;
+    :meth:`stop` ends the thread."""
 
     def __init__(self, limit: int = 64 << 20, every_s: float | None = 0.01):
         self.limit, self.trims, self.pid = limit, 0, os.getpid()
         self.floor = held_free()
         """:func:`held_free` after the last trim, or its lowest since (Python's own memory may shrink too)."""
+        self.high = _anon()
+        """The highest anonymous resident memory seen (bytes)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if every_s is not None and self.floor is not None:
@@ -130,11 +139,13 @@ class FreedPages:
             self._thread.start()
 
     def check(self) -> bool:
-        """Trim when the freed pages held rose more than ``limit`` above :attr:`floor`; True when it trimmed."""
-        held = held_free()
+        """Trim when resident memory is at a new high and the freed pages held rose more than ``limit`` above
+        :attr:`floor`; True when it trimmed."""
+        anon, held = _anon(), held_free()
         if held is None or self.floor is None:
             return False
-        trimmed = held > self.floor + self.limit
+        trimmed = anon > self.high and held > self.floor + self.limit
+        self.high = max(self.high, anon)
         if trimmed:
             release_freed()
             self.trims += 1
