@@ -19,8 +19,10 @@ spent a quarter of its wall time in the kernel for it (issue #33, item 6). So in
   training step; at world size > 1 the driver (:class:`~psrl.train.Trainer`) after every step too;
 * :class:`FreedPages`: within a step, the training forward's activations of 1-8 MiB (kept for the backward,
   between temporaries freed) fragment the heap -- SmolLM2 peaked ~0.45 GB above the 1 MiB threshold's peak
-  before this watcher. It trims whenever the freed pages held rise 64 MiB above the last trim's: a step's peak
-  stays at the threshold's, and a job whose churn stays under that (the default job's) is never trimmed.
+  before this watcher. It trims when resident memory reaches a new high while the freed pages held are 64 MiB
+  above the last trim's: freed pages cannot raise the peak, and below it they stay for the heap to reuse
+  (trimming them whenever 64 MiB were held cost the default job 1.25x its wall time: 580 trims in 5 steps, each
+  trim's pages faulted in again).
 
 ``benchmarks/heap_cost.py`` measures it against no setting and the 1 MiB threshold (``docs/results/heap_cost_*``).
 Elsewhere than glibc all of it does nothing.
