@@ -21,8 +21,8 @@ spent a quarter of its wall time in the kernel for it (issue #33, item 6). So in
   between temporaries freed) fragment the heap -- SmolLM2 peaked ~0.45 GB above the 1 MiB threshold's peak
   before this watcher. It trims when resident memory reaches a new high while the freed pages held are 64 MiB
   above the last trim's: freed pages cannot raise the peak, and below it they stay for the heap to reuse
-  (trimming them whenever 64 MiB were held cost the default job 1.25x its wall time: 580 trims in 5 steps, each
-  trim's pages faulted in again).
+  (trimming whenever 64 MiB were held made the default job trim about a hundred times a step, each trim's pages
+  faulted in again: as slow as the 1 MiB threshold).
 
 ``benchmarks/heap_cost.py`` measures it against no setting and the 1 MiB threshold (``docs/results/heap_cost_*``).
 Elsewhere than glibc all of it does nothing.
