@@ -21,7 +21,8 @@ log-prob forwards, the training step or a version's hand-over ran, or several at
     PYTHONPATH=src python benchmarks/heap_cost.py [--jobs default smollm2] [--runs 3] [--steps 25]
         [--smollm2-steps 10] [--smollm2-runs 2] [--results docs/results/heap_cost.json]
 
-The last line is one JSON object: ``default_wall_psrl_over_none`` (acceptance: <= 1.03),
+The last line is one JSON object: ``default_wall_psrl_over_none`` (acceptance: <= 1.03; beside it
+``default_cpu_psrl_over_none``, user + system seconds, which the machine's load moves less),
 ``default_wall_threshold_over_none`` and ``smollm2_peak_psrl_over_threshold`` (acceptance: <= 1).
 """
 
@@ -115,6 +116,13 @@ def phase_peaks(out: Path) -> None:
 
 def child(setting: str, args: list[str]) -> int:
     _apply(setting)
+    if os.environ.get("PSRL_HEAP_TRIMS"):  # how often psrl's watcher trimmed (psrl.heap.FreedPages)
+        import atexit
+
+        import psrl.heap as heap
+
+        out = Path(os.environ["PSRL_HEAP_TRIMS"])
+        atexit.register(lambda: out.write_text(str(heap.watcher.trims if heap.watcher is not None else 0)))
     if os.environ.get("PSRL_HEAP_PHASES"):
         phase_peaks(Path(os.environ["PSRL_HEAP_PHASES"]))
     from psrl.train_cli import main
@@ -126,7 +134,8 @@ def run(setting: str, args: list[str], phases: Path | None = None) -> dict:
     """One ``psrl train ARGS`` under ``setting``: its wall, user and system seconds and peak RSS (bytes); with
     ``phases`` (a file for the child) also its peak RSS per phase (``phase_peak_bytes``, :func:`phase_peaks`)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", setting, "--", *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+    trims = Path(tempfile.mkstemp(prefix="psrl-heap-trims-")[1])
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "PSRL_HEAP_TRIMS": str(trims)}
     if phases is not None:
         env["PSRL_HEAP_PHASES"] = str(phases)
     t0 = time.perf_counter()
@@ -139,7 +148,10 @@ def run(setting: str, args: list[str], phases: Path | None = None) -> dict:
     if proc.returncode != 0:
         sys.exit(f"psrl train failed ({proc.returncode}) under {setting}: {' '.join(args)}\n{err.decode()[-3000:]}")
     out: dict = {"wall_s": wall, "user_s": usage.ru_utime, "sys_s": usage.ru_stime}
+    out["cpu_s"] = usage.ru_utime + usage.ru_stime
     out["peak_rss_bytes"] = usage.ru_maxrss * 1024
+    out["trims"] = int(trims.read_text() or 0)
+    trims.unlink()
     print(f"{setting:9s} {json.dumps({k: round(v, 2) for k, v in out.items()})}", file=sys.stderr, flush=True)
     if phases is not None and phases.exists():
         out["phase_peak_bytes"] = json.loads(phases.read_text())
@@ -198,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in ("psrl", "threshold"):
                 if s in runs and "none" in runs:
                     summary[f"default_wall_{s}_over_none"] = paired(runs, s, "none", "wall_s")
+                    summary[f"default_cpu_{s}_over_none"] = paired(runs, s, "none", "cpu_s")
             for s in ns.settings:
                 for key in ("wall_s", "sys_s", "peak_rss_bytes"):
                     summary[f"default_{key}_{s}"] = statistics.median(x[key] for x in runs[s])

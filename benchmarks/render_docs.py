@@ -208,12 +208,15 @@ def heap_cost() -> str:
             "CPU s": lambda x: x["user_s"] + x["sys_s"],
             "system s": lambda x: x["sys_s"],
             "peak RSS GB": lambda x: x["peak_rss_bytes"] / 1e9,
+            "trims": lambda x: x.get("trims", float("nan")),  # psrl's watcher's (psrl.heap.FreedPages)
         }
         ratios = ("wall s", "CPU s") if job == "default" else ("peak RSS GB",)
         for setting, label in HEAP_SETTINGS.items():
             each, ref = runs.get(setting, []), runs.get(over, []) if setting != over else []
             cells = [
                 " / ".join(f"{f(x):.{1 if name == 'system s' else 2 if 'GB' in name else 0}f}" for x in each)
+                if name != "trims" or setting == "psrl"
+                else ""
                 for name, f in figures.items()
             ]
             cells += [" / ".join(f"{figures[n](a) / figures[n](b):.2f}" for a, b in zip(each, ref)) for n in ratios]
@@ -227,6 +230,11 @@ def heap_cost() -> str:
             f"\n`{r['command']}` ({r['measured']}, commit {r['commit']}; run by run):\n"
             + _table(header + (["peak while", "log-prob forwards' peak GB"] if job == "smollm2" else []), rows)
         )
+        medians = [(k, r["summary"].get(f"default_{k}_psrl_over_none")) for k in ("wall", "cpu")]
+        if job == "default" and all(v is not None for _, v in medians):
+            out.append(
+                f"\nMedian of the pairs' ratios, psrl / none: {', '.join(f'{k} {v:.3f}' for k, v in medians)}.\n"
+            )
     return "".join(out)
 
 
