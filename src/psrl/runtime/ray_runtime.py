@@ -209,9 +209,13 @@ class RayEngine:
         """New engine actors this instance got (:meth:`rejoin`)."""
 
     async def _within(self, ref: Any, bound: float, what: str, key: str) -> Any:
-        """``await ref``, or :class:`EngineStuck` after ``bound`` seconds (``key`` sets it)."""
+        """``await ref``, or :class:`EngineStuck` after ``bound`` seconds (``key`` sets it). Not ``asyncio.wait_for``:
+        on Python 3.11 a cancel that comes while the reply is arriving returns the reply and drops the cancel, and a
+        rollout instance stopped during a weight load (its pause, load or resume answered just then) kept waiting
+        for work that never came, so the run hung after its last step, the engine actors alive."""
         try:
-            return await asyncio.wait_for(ref, bound)
+            async with asyncio.timeout(bound):
+                return await ref
         except TimeoutError:
             raise EngineStuck(self.name, f"no answer to {what} within {bound:g} s", f"raise {key}") from None
         except Exception as exc:
