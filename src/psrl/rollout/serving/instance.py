@@ -264,7 +264,10 @@ class RolloutInstance:
         if not self.ready.is_set():
             await self.load_initial()
         rejoin = getattr(self.engine, "rejoin", None)
+        this = asyncio.current_task()
         while True:
+            if this is not None and this.cancelling():  # stop() asked, and an engine call dropped the cancel
+                raise asyncio.CancelledError()
             if self.dead and rejoin is not None:
                 rejoin = rejoin if await self._rejoin(rejoin) else None
                 continue
