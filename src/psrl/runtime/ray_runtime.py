@@ -296,10 +296,10 @@ class RayEngine:
         while (node := seats.free(self.index, await asyncio.to_thread(seats.alive))) is None:
             await asyncio.sleep(seats.every_s)
         was = seats.nodes[self.index]
+        self.rejoins += 1  # an attempt, whatever becomes of it
+        self.version = -1
         ray.kill(self.actor)
         self.actor = seats.take(self.index, node)
-        self.rejoins += 1
-        self.version = -1
         self.name = f"rollout instance {self.index} on node {node[:12]}"
         return (
             f"on node {node[:12]} with a new engine actor (attempt {self.rejoins}/{seats.attempts}; "

@@ -395,10 +395,11 @@ class RolloutInstance:
     async def _rejoin(self, rejoin: Callable[[], Awaitable[str | None]]) -> bool:
         """Dead: wait for the engine's ``rejoin`` (a new engine elsewhere), start it, load the newest version and
         serve again; False once the engine says no more (then it stays dead)."""
-        where = await rejoin()
-        if where is None:
-            return False
+        where: str | None = "with a new engine"
         try:
+            where = await rejoin()
+            if where is None:
+                return False
             await self.engine.start()
             latest = self.weights.latest_version()
             if latest is not None:
