@@ -154,7 +154,14 @@ METRICS: tuple[Metric, ...] = (
         "Engine restarts after failures, run so far (at most rollout.max_restarts each).",
         _E,
     ),
-    _m("engine/dead", "count", "Rollout instances given up on (restarted rollout.max_restarts times).", _E),
+    _m("engine/dead", "count", "Rollout instances given up on now (restarted rollout.max_restarts times).", _E),
+    _m(
+        "engine/rejoins",
+        "count",
+        "Times a rollout instance given up on served again with a new engine (Ray: a new engine actor on a rollout "
+        "node with room, runtime.ray_rejoin_attempts), run so far.",
+        _E,
+    ),
     _m("engine/tokens_per_s", "1/s", "Generated tokens per second summed over the engines' recent windows.", _E),
     _m("engine/running", "count", "Requests generating in the engines now, summed.", _E),
     _m("engine/queued", "count", "Requests accepted but waiting, summed over instances and engines.", _E),

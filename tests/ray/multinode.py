@@ -7,8 +7,10 @@ the head (a rollout node, where the driver runs), a trainer node (2 CPUs: the 2 
 node. Every Ray worker process of the job gets :func:`audit_opens` as its setup hook: it records each file it
 opens under the run directory, so the test can say that no engine actor read ``run_dir``.
 
-MODE: ``run`` (10 steps), ``vllm`` (the same with vLLM engines), ``rollout-loss`` (the second rollout node removed after step 3), ``trainer-loss`` (the
-trainer's node removed after step 3; the error is printed), ``resume`` (a rebuilt cluster, the same command).
+MODE: ``run`` (10 steps), ``vllm`` (the same with vLLM engines), ``rollout-loss`` (the second rollout node removed
+after step 3), ``rollout-back`` (the same, then, once its instance is dead, a new node with the rollout label added:
+the instance rejoins there; 40 steps), ``trainer-loss`` (the trainer's node removed after step 3; the error is printed),
+``resume`` (a rebuilt cluster, the same command).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import re
 import sys
 import threading
 import traceback
@@ -115,22 +118,46 @@ def actors() -> list[dict]:
 
 
 class RemoveAt:
-    """``psrl train``'s log: prints each line and removes ``node`` from ``cluster`` once step ``step`` is done."""
+    """``psrl train``'s log: prints each line and removes ``node`` from ``cluster`` once step ``step`` is done;
+    ``back``: once an instance is dead after that, adds a node with the rollout label (the lost node back: Ray gives
+    it a new id), from this thread (Ray starts nodes from the main thread only; the run waits meanwhile)."""
 
-    def __init__(self, cluster, node, step: int):  # noqa: ANN001
-        self.cluster, self.node, self.step, self.done = cluster, node, step, False
+    def __init__(self, cluster, node, step: int, back: bool = False):  # noqa: ANN001
+        self.cluster, self.node, self.step, self.done, self.back = cluster, node, step, False, back
+        self.added: list = []
 
     def __call__(self, line: str) -> None:
         print(line, flush=True)
         if self.node is not None and not self.done and line.startswith(f"step {self.step:3d}/"):
             self.done = True
             self.cluster.remove_node(self.node, allow_graceful=False)
+        if self.done and self.back and not self.added and re.match(r"rollout instance \d+ is dead ", line):
+            self.added.append(self.cluster.add_node(num_cpus=1, labels={LABEL: "rollout"}, object_store_memory=80 * MB))
+            print(f"node {self.added[0].node_id[:12]} added with {LABEL}=rollout", flush=True)
+
+
+def steps(mode: str) -> int:
+    """The run's steps: 10; ``rollout-back`` 40, at a slower pace (:data:`BACK`)."""
+    return 40 if mode == "rollout-back" else 10
+
+
+BACK = ["runtime.ray_rejoin_every_s=0.5", "task.tool_latency_median=0.3"]
+"""``rollout-back``: its instance has to be dead, see the node back, start a new engine actor (a Ray worker
+process, torch, the policy: ~5-10 s on this box) and serve again before the run ends. At 0.2 s a step (a tool
+latency of 0.01 s) 30 steps were too few once in two runs; slower tools pace the steps at ~1 s."""
 
 
 def psrl_args(address: str, run_dir: Path, mode: str) -> list[str]:
     """The ``psrl train`` overrides of every mode: 2 rank actors on the trainer pool, 2 instances on the rollout
-    pool, 10 steps (``vllm``: vLLM engines; ``PSRL_VLLM_PYTHON`` names the vLLM environment)."""
-    args = [*TINY, *([] if mode == "vllm" else SHAPE), f"trainer.run_dir={run_dir}", "trainer.total_steps=10"]
+    pool, :func:`steps` steps (``vllm``: vLLM engines; ``PSRL_VLLM_PYTHON`` names the vLLM environment)."""
+    args = [
+        *TINY,
+        *([] if mode == "vllm" else SHAPE),
+        f"trainer.run_dir={run_dir}",
+        f"trainer.total_steps={steps(mode)}",
+    ]
+    if mode == "rollout-back":
+        args += BACK
     args += ["runtime.backend=ray"]
     args += [f"runtime.ray_address={address}", f"runtime.ray_pool_label={LABEL}"]
     args += ["psrl.deployment.train_ngpus_per_node=2", "psrl.deployment.n_rollout_instances=2"]
@@ -155,6 +182,7 @@ def train(address: str, mode: str, run_dir: Path, log: Callable[[str], None]) ->
         rows = run(load_config(None, psrl_args(address, run_dir, mode)), run_dir, log)
         result["steps"] = [r["step"] for r in rows]
         result["dead_engines"] = max(r.get("engine/dead", 0.0) for r in rows)
+        result["rejoins"] = rows[-1].get("engine/rejoins", 0.0)
         result["sync_s"] = {r.get("weights/synced_version"): r["time/sync_s"] for r in rows if "time/sync_s" in r}
     except Exception as exc:  # noqa: BLE001 -- the test checks the one line
         result["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -221,8 +249,10 @@ def main(mode: str, run_dir: Path, audit_dir: Path) -> None:
     logs = Path(cluster.head_node.get_logs_dir_path())
     guard = hang_guard(float(os.environ.get("PSRL_HANG_S", "3600")), mode, logs, cluster)
     nodes = {"head": cluster.head_node.node_id, "trainer": trainer_node.node_id, "rollout": rollout_node.node_id}
-    remove = {"rollout-loss": rollout_node, "trainer-loss": trainer_node}.get(mode)
-    result = {**train(cluster.address, mode, run_dir, RemoveAt(cluster, remove, 3)), "nodes": nodes}
+    remove = {"rollout-loss": rollout_node, "rollout-back": rollout_node, "trainer-loss": trainer_node}.get(mode)
+    log = RemoveAt(cluster, remove, 3, back=mode == "rollout-back")
+    result = {**train(cluster.address, mode, run_dir, log), "nodes": nodes}
+    result["nodes"].update([("back", n.node_id) for n in log.added])
     if "error" in result:
         result["logs"] = log_digest(logs)
     ray.shutdown()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(mode: str, run_dir: Path, audit: Path, timeout: float = 420, module: str = "tests.ray.multinode") -> dict:
     """``tests/ray/multinode.py MODE`` (or ``module``, which takes no mode) in a loopback-only namespace; its
-    RESULT line."""
+    RESULT line. Its whole output is kept as ``MODE.out`` beside ``run_dir``."""
     pytest.importorskip("ray")
     audit.mkdir(exist_ok=True)
     cmd = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", sys.executable, "-m", module]
@@ -46,6 +47,7 @@ def _run(mode: str, run_dir: Path, audit: Path, timeout: float = 420, module: st
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"}
     env["PSRL_HANG_S"] = str(timeout - 60)  # multinode.hang_guard: stacks and logs before this timeout strikes
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    (run_dir.parent / f"{mode}.out").write_text(out.stdout + out.stderr)  # in full: a failure shows only its tail
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, out.stdout[-3000:] + out.stderr[-5000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
@@ -58,14 +60,14 @@ def _opened(audit: Path, pids: set[int]) -> list[str]:
     return [line for p in audit.iterdir() if int(p.name) in pids for line in p.read_text().splitlines()]
 
 
-def _check_placement_and_reads(result: dict, audit: Path) -> None:
-    """Ranks on the trainer node, one engine actor on each rollout node; no engine actor opened a run_dir file
+def _check_placement_and_reads(result: dict, audit: Path, rollout: tuple[str, ...] = ("head", "rollout")) -> None:
+    """Ranks on the trainer node, one engine actor on each ``rollout`` node; no engine actor opened a run_dir file
     (while the ranks did: the hook works); nothing alive, no placement group left."""
     nodes = result["nodes"]
     ranks = [a for a in result["actors"] if a["cls"] == "RankActor"]
     engines = [a for a in result["actors"] if a["cls"] == "EngineWorker"]
     assert len(ranks) == 2 and {a["node"] for a in ranks} == {nodes["trainer"]}, ranks
-    assert sorted(a["node"] for a in engines) == sorted([nodes["head"], nodes["rollout"]]), engines
+    assert sorted(a["node"] for a in engines) == sorted(nodes[k] for k in rollout), engines
     assert _opened(audit, {a["pid"] for a in engines}) == []
     assert any("/weights/" in f for f in _opened(audit, {a["pid"] for a in ranks}))
     assert {a["state"] for a in result["actors"]} == {"DEAD"}, result["actors"]
@@ -92,6 +94,28 @@ def test_losing_a_rollout_node_finishes_on_the_other_instance(tmp_path):
     assert result["dead_engines"] == 1
     assert check_bound(read_jsonl(run_dir / "trajectories.jsonl"), 1) == 10 * 2 * 2
     _check_placement_and_reads(result, audit)
+
+
+@pytest.mark.timeout(600)
+def test_an_instance_rejoins_when_its_lost_node_comes_back(tmp_path):
+    """The second rollout node removed after step 3; once its instance is dead, a node with the same label joins
+    (Ray gives it a new id): the instance gets a new engine actor there (one line naming it and the node), loads a
+    later version through the object store and serves again -- trajectories reserved at or after that version ran
+    on it and were trained. 40 steps, audit clean, no engine actor read run_dir, nothing left behind."""
+    run_dir, audit = tmp_path / "run", tmp_path / "audit"
+    result = _run("rollout-back", run_dir, audit)
+    assert result.get("steps") == list(range(1, 41)), (result.get("error"), result["stdout"][-3000:])
+    back = result["nodes"]["back"]
+    assert result["dead_engines"] == 1 and result["rejoins"] == 1, result["stdout"][-3000:]
+    said = re.findall(r"rollout instance (\d) rejoined on node (\w+) .*, holding version (\d+)", result["stdout"])
+    assert len(said) == 1 and said[0][1] == back[:12], result["stdout"][-3000:]
+    index, version = int(said[0][0]), int(said[0][2])
+    assert version > 3  # the node went after step 3: what it loads on rejoining is newer
+    trajectories = read_jsonl(run_dir / "trajectories.jsonl")
+    assert check_bound(trajectories, 1) == 40 * 2 * 2
+    served = [r for r in trajectories if r["status"] == "trained" and index in r["instances"]]
+    assert any(r["v_traj"] >= version for r in served)  # only the new actor held a version that new
+    _check_placement_and_reads(result, audit, rollout=("head", "rollout", "back"))
 
 
 @pytest.mark.timeout(900)

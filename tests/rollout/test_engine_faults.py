@@ -6,6 +6,7 @@ is re-run elsewhere (``engine/failed_requests``); the engine is restarted up to
 and the others carry the run; with no instance left the run stops with a message naming the key.
 """
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,41 @@ def test_the_run_stops_with_a_message_when_no_instance_is_left():
     assert "STOPPED: rollout.max_restarts: every rollout instance is dead" in out.stdout, (
         out.stdout + out.stderr[-2000:]
     )
+
+
+class DroppingEngine(FlakyEngine):
+    """A fake engine whose ``resume`` drops a cancel that comes while it waits (as ``asyncio.wait_for`` on Python
+    3.11 does when the reply arrives with the cancel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.resuming = asyncio.Event()
+
+    async def resume(self):
+        self.resuming.set()
+        try:
+            await asyncio.sleep(1.0)
+        except asyncio.CancelledError:
+            pass
+        await super().resume()
+
+
+def test_stop_ends_the_instance_even_where_an_engine_call_dropped_the_cancel():
+    """The run stops an instance during a weight load whose resume swallows the cancel: the loop still ends (it
+    checks that a cancel was asked), so ``stop`` returns instead of waiting for the loop forever."""
+
+    async def main():
+        store = ParameterStore(keep=2)
+        engine = DroppingEngine()
+        store.publish(0, {"v": 0})
+        inst = RolloutInstance(0, engine, store, GreedySync(), log=lambda _: None)
+        inst.start()
+        await inst.ready.wait()
+        store.publish(1, {"v": 1})
+        inst.wake()
+        await engine.resuming.wait()  # mid-load
+        stopped = asyncio.ensure_future(inst.stop())
+        done, _ = await asyncio.wait([stopped], timeout=60.0)  # virtual seconds
+        return stopped in done
+
+    assert run_virtual(main())

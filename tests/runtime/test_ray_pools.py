@@ -60,10 +60,40 @@ def test_an_impossible_placement_is_one_error_naming_the_keys_and_the_pools(monk
     assert "ray start --labels=psrl-pool=trainer" in err.value.fix
 
 
-def test_without_a_pool_label_nothing_is_checked_or_pinned(monkeypatch):
+def test_without_a_pool_label_nothing_is_checked(monkeypatch):
     _cluster(monkeypatch, [])  # not even a node: the label is what asks for pools
     ray_placement.check_pools(load_config(None, ["runtime.backend=ray"]))
-    assert ray_placement.rollout_strategies(None, 3) == [None, None, None]
+
+
+def _seats(nodes: list[str]) -> tuple[ray_placement.RolloutSeats, list[tuple[int, str]]]:
+    made: list[tuple[int, str]] = []
+    return ray_placement.RolloutSeats(
+        "psrl-pool", nodes, lambda i, n: made.append((i, n)) or f"actor{i}@{n}", 3, 1.0
+    ), made
+
+
+def test_an_instance_rejoins_only_on_a_rollout_node_with_room():
+    """Two instances on two rollout nodes (a share of one each): instance 1's node lost, the other node full, so no
+    room until a node comes back (a new id); then the new actor goes there, and instance 0 finds no room at all."""
+    seats, made = _seats(["head", "lost"])
+    assert seats.share == 1
+    assert seats.free(1, ["head"]) is None  # instance 0 holds the head: no room
+    assert seats.free(1, ["back", "head"]) == "back"
+    assert seats.take(1, "back") == "actor1@back" and made == [(1, "back")] and seats.nodes == ["head", "back"]
+    assert seats.free(0, ["back", "head"]) == "head"  # its own seat does not count against it
+    assert seats.free(0, ["back"]) is None  # instance 1 holds the node back
+
+
+def test_a_node_holds_as_many_instances_as_at_start():
+    """Four instances on two nodes (two each): a node that comes back takes both of the lost node's instances, the
+    second only while the first has not filled it."""
+    seats, _ = _seats(["a", "b", "a", "b"])
+    assert seats.share == 2
+    assert seats.free(1, ["a", "c"]) == "c"
+    seats.take(1, "c")
+    assert seats.free(3, ["a", "c"]) == "c"
+    seats.take(3, "c")
+    assert seats.free(0, ["c"]) is None and seats.free(0, ["a"]) == "a"
 
 
 @pytest.mark.parametrize("value", ["a/", "-pool", "pool-", "a b", "x" * 64])

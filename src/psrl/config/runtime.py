@@ -39,6 +39,20 @@ class RuntimeConfig:
         note="a Ray node label key, e.g. psrl-pool; only with runtime.backend=ray",
     )
 
+    ray_rejoin_every_s: float = _f(
+        10.0,
+        "backend=ray with runtime.ray_pool_label: how often a rollout instance given up on (its engine actor gone "
+        "with its node, or failed) looks for a rollout node with room -- its node back, or another -- to rejoin on "
+        "with a new engine actor (docs/scaling.md).",
+        gt=0,
+    )
+    ray_rejoin_attempts: int = _f(
+        3,
+        "backend=ray with runtime.ray_pool_label: the most new engine actors a rollout instance given up on gets "
+        "over the run, each started where runtime.ray_rejoin_every_s finds room (0: it never rejoins).",
+        ge=0,
+    )
+
     def check(self) -> None:
         require(
             self.ray_address is None or self.backend == "ray",

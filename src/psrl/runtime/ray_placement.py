@@ -8,10 +8,18 @@ pools: ranks are packed wherever they fit and engine actors go where Ray puts th
 shape (``train_nnodes x train_ngpus_per_node`` ranks, ``n_rollout_instances``); :func:`check_pools` compares it
 with the cluster as it is at start and makes an impossible placement one :class:`~psrl.errors.ConfigError` naming
 the keys and what the cluster has.
+
+A rollout node that comes back is used again (:class:`RolloutSeats`): at start a rollout node holds at most
+``ceil(n_rollout_instances / n)`` instances (its *share*); an instance whose engine actor is gone (with its node,
+or failed) may rejoin on an alive rollout node that holds fewer than that many other instances -- the node back
+(Ray gives it a new node id), or another with room -- with a new engine actor there.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from psrl.errors import ConfigError
@@ -19,7 +27,7 @@ from psrl.errors import ConfigError
 if TYPE_CHECKING:
     from psrl.config import Config
 
-__all__ = ["TRAINER", "ROLLOUT", "pool_nodes", "check_pools", "rollout_strategies", "describe"]
+__all__ = ["TRAINER", "ROLLOUT", "pool_nodes", "check_pools", "rollout_nodes", "pinned", "describe", "RolloutSeats"]
 
 TRAINER = "trainer"
 ROLLOUT = "rollout"
@@ -79,16 +87,54 @@ def check_pools(cfg: Config) -> None:
         )
 
 
-def rollout_strategies(label: str | None, n: int) -> list[Any]:
-    """One scheduling strategy per rollout instance: pinned to a rollout node in turn (``None`` each without a
-    label: Ray's default)."""
-    if label is None:
-        return [None] * n
+def pinned(node: str) -> Any:
+    """The scheduling strategy that puts an actor on ``node`` and nowhere else."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    return NodeAffinitySchedulingStrategy(node, soft=False)
+
+
+def rollout_nodes(label: str, n: int) -> list[str]:
+    """The node id of each of ``n`` rollout instances at start: the alive rollout nodes in turn."""
     nodes = pool_nodes(label).get(ROLLOUT, [])
     if not nodes:
         raise ConfigError(
             "runtime.ray_pool_label", f"no alive node labelled {label}={ROLLOUT}", "label the rollout nodes"
         )
-    return [NodeAffinitySchedulingStrategy(nodes[i % len(nodes)]["NodeID"], soft=False) for i in range(n)]
+    return [nodes[i % len(nodes)]["NodeID"] for i in range(n)]
+
+
+class RolloutSeats:
+    """Which rollout node holds each instance's engine actor, and where an instance whose actor is gone may put a
+    new one (see the module docstring). One per run, shared by its Ray engines
+    (:class:`~psrl.runtime.ray_runtime.RayEngine`), used from their event loop only: :meth:`free` and :meth:`take` run with no ``await`` between them, so two
+    instances never take the last room of a node.
+
+    Args:
+        label: ``runtime.ray_pool_label``.
+        nodes: the node id of each instance's actor at start.
+        spawn: ``spawn(index, node)`` makes instance ``index``'s engine actor on ``node``.
+        attempts: new actors an instance may get over the run (``runtime.ray_rejoin_attempts``).
+        every_s: how often an instance that wants one looks for room (``runtime.ray_rejoin_every_s``).
+    """
+
+    def __init__(self, label: str, nodes: list[str], spawn: Callable[[int, str], Any], attempts: int, every_s: float):
+        self.label, self.nodes, self.spawn = label, list(nodes), spawn
+        self.attempts, self.every_s = int(attempts), float(every_s)
+        self.share = math.ceil(len(self.nodes) / max(1, len(set(self.nodes))))
+        """The most instances a rollout node holds (as at start)."""
+
+    def alive(self) -> list[str]:
+        """The alive rollout nodes' ids, sorted (a GCS call: run it off the event loop)."""
+        return [n["NodeID"] for n in pool_nodes(self.label).get(ROLLOUT, [])]
+
+    def free(self, index: int, alive: list[str]) -> str | None:
+        """The first of the ``alive`` rollout nodes that holds fewer than :attr:`share` instances besides
+        ``index``, or None."""
+        held = Counter(node for i, node in enumerate(self.nodes) if i != index)
+        return next((node for node in alive if held[node] < self.share), None)
+
+    def take(self, index: int, node: str) -> Any:
+        """Instance ``index``'s new engine actor, on ``node``."""
+        self.nodes[index] = node
+        return self.spawn(index, node)

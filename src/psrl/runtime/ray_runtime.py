@@ -22,6 +22,12 @@ twice that. A bound passed is an :class:`EngineStuck` naming the instance, its n
 start it stops the run, later the instance recovers as from any engine fault (a vLLM engine actor restarts its
 server, :class:`RestartingRayEngine`; an ``hf`` one, which cannot restart, is given up on, as locally).
 
+An instance given up on (its actor gone with its rollout node, or failed past its restarts) *rejoins* where
+``runtime.ray_pool_label`` gives pools: :meth:`RayEngine.rejoin` looks every ``runtime.ray_rejoin_every_s`` for a
+rollout node with room (:class:`~psrl.runtime.ray_placement.RolloutSeats`: the node back, or another), puts a new
+engine actor there, and the instance starts it and loads the newest version through the object store, as at
+start; at most ``runtime.ray_rejoin_attempts`` new actors per instance.
+
 Select it with ``runtime.backend=ray`` (``pip install -e '.[ray]'``). ``runtime.ray_address`` joins an
 existing cluster; by default a local one is started with the dashboard off.
 """
@@ -33,11 +39,14 @@ import itertools
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psrl.errors import PsrlError, RunError
 from psrl.runtime.ray_weights import ObjectVersions
 from psrl.types import EngineLoad, GenRequest, WeightSource
+
+if TYPE_CHECKING:
+    from psrl.runtime.ray_placement import RolloutSeats
 
 __all__ = ["EngineStuck", "EngineWorker", "RayEngine", "RestartingRayEngine", "build_ray_engines", "ensure_ray"]
 
@@ -170,6 +179,8 @@ class RayEngine:
         start_s: bound on the actor's creation and its engine's start.
         call_s: bound on a control call (a weight load: twice this).
         start_key: the key that sets the engine's own start-up bound (named when ``start_s`` is passed).
+        seats: where the run's engine actors are (:meth:`rejoin`); None: the instance never rejoins.
+        index: this instance's index among the seats.
     """
 
     def __init__(
@@ -182,6 +193,8 @@ class RayEngine:
         start_s: float = 600.0,
         call_s: float = 300.0,
         start_key: str = "rollout.request_timeout_s",
+        seats: RolloutSeats | None = None,
+        index: int = 0,
     ):
         self.actor = actor
         self.feed = feed
@@ -191,11 +204,18 @@ class RayEngine:
         self.tokens = 0
         self._ids = itertools.count()
         self._running: dict[str, GenRequest] = {}
+        self.seats, self.index = seats, int(index)
+        self.rejoins = 0
+        """New engine actors this instance got (:meth:`rejoin`)."""
 
     async def _within(self, ref: Any, bound: float, what: str, key: str) -> Any:
-        """``await ref``, or :class:`EngineStuck` after ``bound`` seconds (``key`` sets it)."""
+        """``await ref``, or :class:`EngineStuck` after ``bound`` seconds (``key`` sets it). Not ``asyncio.wait_for``:
+        on Python 3.11 a cancel that comes while the reply is arriving returns the reply and drops the cancel, and a
+        rollout instance stopped during a weight load (its pause, load or resume answered just then) kept waiting
+        for work that never came, so the run hung after its last step, the engine actors alive."""
         try:
-            return await asyncio.wait_for(ref, bound)
+            async with asyncio.timeout(bound):
+                return await ref
         except TimeoutError:
             raise EngineStuck(self.name, f"no answer to {what} within {bound:g} s", f"raise {key}") from None
         except Exception as exc:
@@ -264,6 +284,28 @@ class RayEngine:
     def load(self) -> EngineLoad:
         return EngineLoad(running=len(self._running), queued=0, tokens_per_s=0.0)
 
+    async def rejoin(self) -> str | None:
+        """Once a rollout node has room (looked for every ``seats.every_s``), a new engine actor there, which this
+        engine then drives (to be started and loaded; the old actor is killed: gone with its node, or failed);
+        returns where, and which attempt. None without seats or with their attempts spent: no new actor."""
+        import ray
+
+        seats = self.seats
+        if seats is None or self.rejoins >= seats.attempts:
+            return None
+        while (node := seats.free(self.index, await asyncio.to_thread(seats.alive))) is None:
+            await asyncio.sleep(seats.every_s)
+        was = seats.nodes[self.index]
+        self.rejoins += 1  # an attempt, whatever becomes of it
+        self.version = -1
+        ray.kill(self.actor)
+        self.actor = seats.take(self.index, node)
+        self.name = f"rollout instance {self.index} on node {node[:12]}"
+        return (
+            f"on node {node[:12]} with a new engine actor (attempt {self.rejoins}/{seats.attempts}; "
+            f"the last one was on node {was[:12]})"
+        )
+
     async def close(self) -> None:
         """Ask the actor to stop its engine (a vLLM server stops with its actor anyway), then end it."""
         import ray
@@ -302,12 +344,13 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 def build_ray_engines(
     cfg: Any, n: int, seed: int, feed: ObjectVersions, policy: Any = None, task: Any = None, run_dir: Any = None
 ) -> list[RayEngine]:
-    """``n`` engine actors (sampling seeds ``seed + 1 + i``), placed by ``runtime.ray_pool_label``
-    (:func:`~psrl.runtime.ray_placement.rollout_strategies`); the instances load each version from ``feed``, the
+    """``n`` engine actors (sampling seeds ``seed + 1 + i``), placed by ``runtime.ray_pool_label`` (instance ``i``
+    on the ``i mod k``-th of the ``k`` rollout nodes, its seat in :class:`~psrl.runtime.ray_placement.RolloutSeats`,
+    from which it may rejoin; without the label where Ray puts them, no rejoin); the instances load each version from ``feed``, the
     refs of the buckets the trainer's ranks put into the object store."""
     import ray
     from psrl.config import config_to_dict
-    from psrl.runtime.ray_placement import check_pools, rollout_strategies
+    from psrl.runtime.ray_placement import RolloutSeats, check_pools, pinned, rollout_nodes
 
     ensure_ray(cfg.runtime.ray_address)
     check_pools(cfg)
@@ -321,10 +364,16 @@ def build_ray_engines(
         bounds.update(
             start_s=r.vllm.startup_timeout_s + r.request_timeout_s, start_key="rollout.vllm.startup_timeout_s"
         )
-    engines: list[RayEngine] = []
-    for i, where in enumerate(rollout_strategies(cfg.runtime.ray_pool_label, n)):
-        opts = {"scheduling_strategy": where} if where is not None else {}
-        node = getattr(where, "node_id", None)
-        name = f"rollout instance {i}" + (f" on node {node[:12]}" if node else "")
-        engines.append(kind(remote_cls.options(**opts).remote(data, seed + 1 + i), feed, name=name, **bounds))
-    return engines
+    label, rt = cfg.runtime.ray_pool_label, cfg.runtime
+    if label is None:  # no pools: Ray places the actors, and an instance given up on stays so
+        named = [(f"rollout instance {i}", remote_cls.remote(data, seed + 1 + i)) for i in range(n)]
+        return [kind(actor, feed, name=name, **bounds) for name, actor in named]
+
+    def spawn(i: int, node: str) -> Any:
+        return remote_cls.options(scheduling_strategy=pinned(node)).remote(data, seed + 1 + i)
+
+    seats = RolloutSeats(label, rollout_nodes(label, n), spawn, rt.ray_rejoin_attempts, rt.ray_rejoin_every_s)
+    return [
+        kind(spawn(i, node), feed, name=f"rollout instance {i} on node {node[:12]}", seats=seats, index=i, **bounds)
+        for i, node in enumerate(seats.nodes)
+    ]

@@ -29,13 +29,15 @@ Faults: a request the engine fails (``finish == "error"``: the engine died or st
 within ``rollout.request_timeout_s``) is handed back like a migrated one -- same ``V_traj``, the
 tokens the engine returned kept -- and its session re-runs the rest elsewhere. The instance then
 restarts its engine (up to ``rollout.max_restarts`` times) or, past that, marks itself ``dead``:
-the router stops choosing it, and the run stops only when no instance is left.
+the router stops choosing it, and the run stops only when no instance is left. A dead instance whose engine can
+``rejoin`` (a Ray engine actor's instance: a new actor on a rollout node with room) waits for that, starts it, loads
+the newest version and serves again (one line per attempt).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +142,8 @@ class RolloutInstance:
         self.failed = 0
         """Requests the engine failed, handed back to be re-run elsewhere."""
         self.restarts = 0
+        self.rejoins = 0
+        """Times it served again after it was dead (its engine's ``rejoin``)."""
 
     # ------------------------------------------------------------------ reading
 
@@ -259,7 +263,14 @@ class RolloutInstance:
         """Admit, sync, recover; forever (until cancelled). Decoding happens in the engine."""
         if not self.ready.is_set():
             await self.load_initial()
+        rejoin = getattr(self.engine, "rejoin", None)
+        this = asyncio.current_task()
         while True:
+            if this is not None and this.cancelling():  # stop() asked, and an engine call dropped the cancel
+                raise asyncio.CancelledError()
+            if self.dead and rejoin is not None:
+                rejoin = rejoin if await self._rejoin(rejoin) else None
+                continue
             if self._failed is not None:
                 await self._recover()
                 continue
@@ -380,6 +391,29 @@ class RolloutInstance:
         finally:
             self.syncing = False
         self.on_version(self)
+
+    async def _rejoin(self, rejoin: Callable[[], Awaitable[str | None]]) -> bool:
+        """Dead: wait for the engine's ``rejoin`` (a new engine elsewhere), start it, load the newest version and
+        serve again; False once the engine says no more (then it stays dead)."""
+        where: str | None = "with a new engine"
+        try:
+            where = await rejoin()
+            if where is None:
+                return False
+            await self.engine.start()
+            latest = self.weights.latest_version()
+            if latest is not None:
+                await self.engine.update_weights(latest, self.weights)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- the new engine failed too: the next attempt, if any
+            self.log(f"rollout instance {self.index} could not rejoin {where}: {type(exc).__name__}: {exc}")
+            return True
+        self.dead = False
+        self.rejoins += 1
+        self.log(f"rollout instance {self.index} rejoined {where}, holding version {self.version}")
+        self.on_version(self)
+        return True
 
     async def _recover(self) -> None:
         """The engine failed: hand back everything in it, restart it (or give up on this instance)."""

@@ -190,6 +190,7 @@ class InstancePool:
         out["engine/failed_requests"] = float(sum(i.failed for i in self.instances))
         out["engine/restarts"] = float(sum(i.restarts for i in self.instances))
         out["engine/dead"] = float(sum(i.dead for i in self.instances))
+        out["engine/rejoins"] = float(sum(i.rejoins for i in self.instances))
         loads = [i.load() for i in self.instances]
         out["engine/tokens_per_s"] = float(sum(ld.tokens_per_s for ld in loads))
         out["engine/running"] = float(sum(ld.running for ld in loads))
