@@ -311,7 +311,8 @@ class RayEngine:
         import ray
 
         try:
-            await asyncio.wait_for(self.actor.close.remote(), CLOSE_S)
+            async with asyncio.timeout(CLOSE_S):
+                await self.actor.close.remote()
         except (TimeoutError, ray.exceptions.RayError):
             pass  # gone already, or stuck: killed below
         ray.kill(self.actor)

@@ -60,7 +60,8 @@ class JudgeReward:
         for _ in range(1 + int(self.cfg.retries)):
             try:
                 async with self._semaphore():
-                    text = await asyncio.wait_for(self._ask(body), self.cfg.timeout)
+                    async with asyncio.timeout(self.cfg.timeout):
+                        text = await self._ask(body)
             except TimeoutError:
                 last = f"no reply within task.judge.timeout={self.cfg.timeout:g}s"
                 continue

@@ -178,13 +178,12 @@ class RewardFn:
         }
         at = f" on {where}" if where else ""
         try:
-            if inspect.iscoroutinefunction(self.fn):
-                out = await asyncio.wait_for(self.fn(**kw), self.timeout)
-            else:
-                call = functools.partial(self.fn, **kw)
-                out = await asyncio.wait_for(
-                    asyncio.get_running_loop().run_in_executor(self.executor, call), self.timeout
-                )
+            async with asyncio.timeout(self.timeout):  # not wait_for: 3.11's can drop a cancel
+                if inspect.iscoroutinefunction(self.fn):
+                    out = await self.fn(**kw)
+                else:
+                    call = functools.partial(self.fn, **kw)
+                    out = await asyncio.get_running_loop().run_in_executor(self.executor, call)
         except TimeoutError:
             raise RewardError(
                 f"reward {self.name} timed out after {self.timeout:g}s{at} "

@@ -63,7 +63,8 @@ class TaskReward:
         if self.timeout is None:
             return await awaitable
         try:
-            return await asyncio.wait_for(awaitable, self.timeout)
+            async with asyncio.timeout(self.timeout):  # not wait_for: 3.11's can drop a cancel
+                return await awaitable
         except TimeoutError:
             raise RewardTimeout(f"no reward within task.reward_timeout={self.timeout:g}s") from None
 

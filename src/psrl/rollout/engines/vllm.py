@@ -223,7 +223,8 @@ class VLLMEngine:
         try:
             out = await self._post("/abort_requests", json={"request_ids": [sid]}, timeout=bound)
             if isinstance(out, dict) and out.get("aborted"):
-                await asyncio.wait_for(asyncio.shield(task), bound)
+                async with asyncio.timeout(bound):
+                    await asyncio.shield(task)
         except asyncio.CancelledError:
             task.cancel()
             raise

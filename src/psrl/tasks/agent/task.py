@@ -116,7 +116,8 @@ class AgentTask(DatasetTask):
         )
         row = copy.deepcopy(prompt.info.get("row") or {})
         try:
-            out = await asyncio.wait_for(self.agent(client, row), self.cfg.agent_timeout)
+            async with asyncio.timeout(self.cfg.agent_timeout):  # not wait_for: 3.11's can drop a cancel
+                out = await self.agent(client, row)
         except TimeoutError:
             raise AgentError(
                 f"agent {self.cfg.agent} did not return within task.agent_timeout={self.cfg.agent_timeout:g}s "
