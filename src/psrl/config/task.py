@@ -32,7 +32,14 @@ class JudgeConfig:
     url: str = _f(
         "",
         "task.reward=judge: base URL of an OpenAI-compatible server that grades (http://host:port/v1).",
-        note="a URL (needed when task.reward is judge)",
+        note="a URL (task.reward=judge needs it or task.judge.path)",
+    )
+    path: str = _f(
+        "",
+        "task.reward=judge: a Hugging Face model directory psrl serves as the judge itself: a vLLM server of the "
+        "run's own (rollout.vllm.python's environment, rollout.vllm.kv_cache_gb), frozen weights, started before "
+        "the run and stopped with it, on loopback; instead of task.judge.url.",
+        note="a model directory (instead of task.judge.url)",
     )
     model: str = _f("judge", "task.reward=judge: the model name the judge server serves.", note="a model name")
     api_key: str = _f("EMPTY", "task.reward=judge: the bearer token sent to the judge.", note="a string")
@@ -59,12 +66,26 @@ class JudgeConfig:
         ``task.reward_timeout`` (so a hanging judge fails the call, visibly, before the reward's own timeout)."""
         import re
 
-        require(
-            self.url.startswith(("http://", "https://")),
-            "task.judge.url",
-            f"task.reward is judge but task.judge.url={self.url!r} is not an http(s) URL",
-            "set task.judge.url=http://host:port/v1",
-        )
+        if self.path:
+            require(
+                not self.url,
+                "task.judge.path",
+                f"task.judge.path={self.path!r} and task.judge.url={self.url!r} both name a judge",
+                "keep one: task.judge.path (psrl serves it) or task.judge.url (a server of yours)",
+            )
+            require(
+                (Path(self.path) / "config.json").is_file(),
+                "task.judge.path",
+                f"{self.path!r} is not a Hugging Face model directory (no config.json)",
+                "give a directory that transformers' from_pretrained loads",
+            )
+        else:
+            require(
+                self.url.startswith(("http://", "https://")),
+                "task.judge.url",
+                f"task.reward is judge but task.judge.url={self.url!r} is not an http(s) URL",
+                "set task.judge.url=http://host:port/v1, or task.judge.path=MODEL_DIR for a judge psrl serves",
+            )
         try:
             self.prompt.format(question="", answer="", ground_truth="", data_source="")
         except (KeyError, IndexError, ValueError, AttributeError) as e:

@@ -29,6 +29,7 @@ from psrl.runtime.adaptive import Move, StalenessController
 from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resume
 from psrl.runtime.coordinator import Coordinator, TrainerWait, build_staleness_manager
 from psrl.runtime.engines import build_engines, object_versions, validation_engines
+from psrl.runtime.judge_server import judge_server
 from psrl.runtime.recorder import EventLog, RunRecorder, set_aside_previous_run
 from psrl.runtime.validate import ValidationEngines
 from psrl.runtime.watch import RunWatch
@@ -297,8 +298,12 @@ def publish_first_version(cfg: Config, trainer: StepTrainer) -> WeightSource:
 async def train(cfg: Config, run_dir: str | Path, log: Callable[[str], None] = print, **parts: Any) -> list[dict]:
     """Run ``psrl train`` for ``cfg`` into ``run_dir``; returns the metrics rows of this invocation. ``parts``
     go to :func:`build` (a trainer or engines of the caller's, shared start ``weights``)."""
+    async with judge_server(cfg, Path(run_dir), log):  # task.judge.path: a judge psrl serves, for the whole run
+        return await _train(cfg, Path(run_dir), log, **parts)
+
+
+async def _train(cfg: Config, run_dir: Path, log: Callable[[str], None], **parts: Any) -> list[dict]:
     torch.set_num_threads(1)
-    run_dir = Path(run_dir)
     if not cfg.trainer.resume and (aside := set_aside_previous_run(run_dir)) is not None:
         log(f"trainer.resume=false: starting over in {run_dir}; the earlier run's logs and checkpoints -> {aside}")
     recorder = RunRecorder(run_dir)

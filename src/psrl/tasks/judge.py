@@ -19,20 +19,25 @@ from typing import Any
 
 from psrl.tasks.base import RewardError
 
-__all__ = ["JudgeReward"]
+__all__ = ["JudgeReward", "SERVED"]
+
+
+SERVED: dict[str, str] = {}
+"""``task.judge.path`` -> the base URL of the judge server psrl started for it (:mod:`psrl.runtime.judge_server`)."""
 
 
 class JudgeReward:
-    """An async verl-style ``compute_score`` that asks the judge of ``task.judge`` (``cfg``)."""
+    """An async verl-style ``compute_score`` that asks the judge of ``task.judge`` (``cfg``): at ``task.judge.url``,
+    or the server psrl serves ``task.judge.path`` from (its URL known once the run has started it)."""
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        self.url = cfg.url.rstrip("/") + "/chat/completions"
         self.rule = re.compile(cfg.parse)
         self._gate: asyncio.Semaphore | None = None
         self._http: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.requests = 0
+        self.url = ""
 
     def _semaphore(self) -> asyncio.Semaphore:
         """The gate of ``task.judge.concurrency`` and one HTTP client (its TLS setup is slow: made once, outside
@@ -41,6 +46,10 @@ class JudgeReward:
 
         loop = asyncio.get_running_loop()
         if self._gate is None or self._loop is not loop:
+            base = self.cfg.url or SERVED.get(self.cfg.path)
+            if not base:
+                raise RewardError(f"task.judge.path={self.cfg.path}: no judge server was started for it")
+            self.url = base.rstrip("/") + "/chat/completions"
             self._gate, self._loop = asyncio.Semaphore(int(self.cfg.concurrency)), loop
             self._http = httpx.AsyncClient(timeout=None, headers={"authorization": f"Bearer {self.cfg.api_key}"})
         return self._gate
