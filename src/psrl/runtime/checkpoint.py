@@ -37,7 +37,7 @@ from typing import Any
 
 from psrl.errors import PsrlError, RunError, describe
 from psrl.rollout.client.records import trajectory_record
-from psrl.runtime.recorder import RUN_FILES
+from psrl.runtime.recorder import EVENTS_FILE, RUN_FILES
 from psrl.staleness import Event, StalenessManager
 from psrl.train.launch import RankFailure
 from psrl.types import StepTrainer
@@ -46,7 +46,7 @@ __all__ = ["save_checkpoint", "CheckpointSaver", "load_checkpoint", "restore_man
 
 _STATE = "coordinator.pkl"
 _MANIFEST = "manifest.json"
-_EVENTS = "events.jsonl"
+_EVENTS = EVENTS_FILE
 _KEPT = re.compile(r"^checkpoint\.v(\d+)$")
 _KEYS = ("version", "staleness", "agents", "offsets")
 _FIX = (

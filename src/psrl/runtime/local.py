@@ -30,7 +30,7 @@ from psrl.runtime.checkpoint import CheckpointSaver, CheckpointWriteError, resum
 from psrl.runtime.coordinator import Coordinator, TrainerWait, build_staleness_manager
 from psrl.runtime.engines import build_engines, object_versions, validation_engines
 from psrl.runtime.judge_server import judge_server
-from psrl.runtime.recorder import EventLog, RunRecorder, set_aside_previous_run
+from psrl.runtime.recorder import EVENTS_FILE, EventLog, RunRecorder, set_aside_previous_run
 from psrl.runtime.validate import ValidationEngines
 from psrl.runtime.watch import RunWatch
 from psrl.staleness import Event, StalenessManager
@@ -308,7 +308,7 @@ async def _train(cfg: Config, run_dir: Path, log: Callable[[str], None], **parts
         log(f"trainer.resume=false: starting over in {run_dir}; the earlier run's logs and checkpoints -> {aside}")
     recorder = RunRecorder(run_dir)
     recorder.write_config(cfg)
-    events = EventLog(run_dir / "events.jsonl", clock=asyncio.get_running_loop().time)  # the timeline of `psrl viz`
+    events = EventLog(run_dir / EVENTS_FILE, clock=asyncio.get_running_loop().time)  # the timeline of `psrl viz`
     try:
         coord = build(cfg, recorder, log, on_event=events, on_bound=events.bound, **parts)
     except BaseException:

@@ -26,12 +26,15 @@ __all__ = [
     "EventLog",
     "BOUND_EVENT",
     "RUN_FILES",
+    "EVENTS_FILE",
     "default_run_dir",
     "read_jsonl",
     "jsonl_lines",
 ]
 
 RUN_FILES = ("metrics.jsonl", "trajectories.jsonl")
+EVENTS_FILE = "events.jsonl"
+"""The :class:`EventLog` of a run (the timeline of ``psrl viz``); a checkpoint stores its length too."""
 """The JSONL files a :class:`RunRecorder` appends to (a checkpoint stores their lengths, a resume cuts them back)."""
 
 
@@ -56,7 +59,7 @@ def set_aside_previous_run(run_dir: str | Path) -> Path | None:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return None
-    names = [*RUN_FILES, "events.jsonl"]
+    names = [*RUN_FILES, EVENTS_FILE]
     old = [run_dir / n for n in names if (run_dir / n).exists()] + sorted(run_dir.glob("checkpoint*"))
     if not old:
         return None
