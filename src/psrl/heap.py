@@ -106,15 +106,15 @@ def _anon() -> int:
     return (int(resident) - int(shared)) * _PAGE
 
 
-def held_free() -> int | None:
-    """This process's anonymous resident bytes not in a live ``malloc`` block (in use in an arena, or mmapped):
-    freed heap pages still resident, plus a slowly varying rest (Python's own arenas, thread stacks). None off
-    glibc."""
+def held_free(anon: int | None = None) -> int | None:
+    """This process's anonymous resident bytes (``anon``, read now if None) not in a live ``malloc`` block (in use
+    in an arena, or mmapped): freed heap pages still resident, plus a slowly varying rest (Python's own arenas,
+    thread stacks). None off glibc."""
     libc = _libc()
     if libc is None:
         return None
     info = libc.mallinfo2()
-    return _anon() - info.uordblks - info.hblkhd
+    return (_anon() if anon is None else anon) - info.uordblks - info.hblkhd
 
 
 class FreedPages:
@@ -143,7 +143,8 @@ class FreedPages:
     def check(self) -> bool:
         """Trim when resident memory is at a new high and the freed pages held rose more than ``limit`` above
         :attr:`floor`; True when it trimmed."""
-        anon, held = _anon(), held_free()
+        anon = _anon()
+        held = held_free(anon)  # one read of /proc/self/statm per check: the watcher checks 100 times a second
         if held is None or self.floor is None:
             return False
         trimmed = anon > self.high and held > self.floor + self.limit
