@@ -142,16 +142,18 @@ class EngineWorker:
         from the ranks' nodes, each checked against its writer's digest); returns the version the engine then
         holds."""
         from psrl.runtime.ray_weights import receive, write_local
-        from psrl.weights import FileVersions, ParameterStore
+        from psrl.weights import FileVersions, ParameterStore, tied_names, with_tied
 
         received = await receive(digest, buckets)
         store: FileVersions | ParameterStore
         if self.local is not None:  # vLLM reads a directory: this node's own
             store = FileVersions(self.local / "weights")
             await asyncio.to_thread(write_local, store.root, int(version), received)
-        else:
+        else:  # a tied tensor came once (psrl.weights.format.untie): the model's aliases of it are put back
+            state = {k: v for b in received for k, v in b.items()}
+            tied = {a: c for a, c in tied_names(self.engine.policy.model.state_dict()).items() if a not in state}
             store = ParameterStore(keep=1)
-            store.publish(int(version), {k: v for b in received for k, v in b.items()})
+            store.publish(int(version), with_tied(state, tied))
         del received
         await self.engine.update_weights(int(version), store)
         return self.engine.version

@@ -51,7 +51,7 @@ from psrl.train.steps import (
 from psrl.train.transfer import CollectivePublisher
 from psrl.train.warm import Demos
 from psrl.train.worker import RankWorker, StepInput, WorkerSpec, step_input
-from psrl.weights import FileVersions, ParameterStore, read_manifest
+from psrl.weights import FileVersions, ParameterStore, read_manifest, state_bytes
 from psrl.weights.adapter import MergedAdapter, adapter_meta, peft_files
 from psrl.weights.receivers import CollectiveVersions, Receiver, SentVersions
 
@@ -302,7 +302,7 @@ class Trainer:
         elif isinstance(self.out, ParameterStore):
             state = self._call("export", (self.bucket_mb, dtype))[0]
             self.out.publish(int(version), state)
-            nbytes = sum(t.numel() * t.element_size() for t in state.values())
+            nbytes = state_bytes(state)  # a tied tensor once
         else:
             assert isinstance(self.out, FileVersions | SentVersions)  # SentVersions: the first version, as files
             root = str(self.out.root)

@@ -64,6 +64,8 @@ class CollectivePublisher:
         self._store: Any = None
         """The group's rendezvous store, served from here while the group lives."""
         self._buckets: tuple[BucketLayout, ...] | None = None
+        self._tied: dict[str, str] = {}
+        """The model's tied names (sent once, under the canonical name): the manifest's ``tied``."""
 
     def publish(self, call: Call, version: int, dtype: torch.dtype) -> int:
         """Send ``version`` from the ranks (``call``: every rank's reply to a command) to every receiver; the bytes
@@ -83,7 +85,7 @@ class CollectivePublisher:
             raise
         finally:
             results = [wait() for wait in got]
-        manifest = sent_manifest(version, [rec for part in sent for rec in part])
+        manifest = sent_manifest(version, [rec for part in sent for rec in part], self._tied)
         try:
             for r, digests in zip(self.receivers, results):
                 if isinstance(digests, BaseException):
@@ -112,7 +114,8 @@ class CollectivePublisher:
             if isinstance(exc, BaseException):
                 self.leave(call)
                 raise TransferFailed(f"{r.name}: could not join the transfer group: {exc}") from exc
-        return tuple(call("transfer_layout", (self.bucket_mb, dtype))[0])
+        buckets, self._tied = call("transfer_layout", (self.bucket_mb, dtype))[0]
+        return tuple(buckets)
 
     def leave(self, call: Call | None) -> None:
         """Leave the group, here and, with ``call``, on the ranks (a later version makes a new one); None: the ranks

@@ -74,6 +74,7 @@ from psrl.train.warm import Demos, warm_start_shards
 from psrl.weights import MB, export_state, publish_model
 from psrl.weights.adapter import adapter_meta, published_names
 from psrl.weights.collective import BucketLayout, GroupAddress, TransferGroup, layout, send_version
+from psrl.weights.format import tied_names
 
 __all__ = ["WorkerSpec", "StepInput", "RankWorker", "step_input", "memory_status", "COMMANDS"]
 
@@ -374,9 +375,10 @@ class RankWorker:
         self.leave_transfer()
         self.transfer = TransferGroup(address, self.rank)
 
-    def transfer_layout(self, bucket_mb: float, dtype: torch.dtype) -> tuple[BucketLayout, ...]:
-        """The buckets a version is sent in (names, shapes, dtypes): what a receiver allocates before they come."""
-        return layout(self.model, int(bucket_mb * MB), dtype)
+    def transfer_layout(self, bucket_mb: float, dtype: torch.dtype) -> tuple[tuple[BucketLayout, ...], dict[str, str]]:
+        """The buckets a version is sent in (names, shapes, dtypes: what a receiver allocates before they come) and
+        the tied names not sent (:func:`~psrl.weights.format.tied_names`: what the manifest records)."""
+        return layout(self.model, int(bucket_mb * MB), dtype), tied_names(self.model.state_dict())
 
     def send(self, bucket_mb: float, dtype: torch.dtype, receivers: list[int]) -> list[tuple[int, int, int, str]]:
         """Send the weights, bucket by bucket, to the transfer group's ``receivers``: every rank sends its rows of

@@ -18,8 +18,12 @@ from psrl.weights.format import (
     read_buckets,
     read_manifest,
     read_version,
+    state_bytes,
+    tied_names,
+    untie,
     version_digest,
     versions,
+    with_tied,
 )
 from psrl.weights.publish import MB, export_state, iter_buckets, publish_model, state_digest
 from psrl.weights.store import FileVersions, ParameterStore, VersionDirectories
@@ -37,8 +41,12 @@ __all__ = [
     "read_buckets",
     "read_manifest",
     "read_version",
+    "state_bytes",
+    "tied_names",
+    "untie",
     "version_digest",
     "versions",
+    "with_tied",
     "export_state",
     "iter_buckets",
     "publish_model",

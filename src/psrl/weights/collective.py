@@ -41,7 +41,7 @@ from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 from torch.distributed.tensor import DTensor, Shard
 
-from psrl.weights.format import VersionDamaged, bucket_digest, plan_buckets, version_digest
+from psrl.weights.format import VersionDamaged, bucket_digest, plan_buckets, untie, version_digest
 from psrl.weights.publish import MB
 
 __all__ = [
@@ -172,8 +172,9 @@ def layout(
     model: nn.Module, bucket_bytes: int = 256 * MB, dtype: torch.dtype | None = None
 ) -> tuple[BucketLayout, ...]:
     """The buckets :func:`~psrl.weights.publish.iter_buckets` makes of ``model`` (its full shapes, under FSDP too)
-    at ``bucket_bytes``, with floating tensors cast to ``dtype``: no tensor is gathered or copied."""
-    state = model.state_dict()
+    at ``bucket_bytes``, with floating tensors cast to ``dtype``, each tied tensor once (under its first name:
+    :func:`~psrl.weights.format.untie`): no tensor is gathered or copied."""
+    state, _ = untie(model.state_dict())
     cast = {n: dtype if dtype is not None and t.is_floating_point() else t.dtype for n, t in state.items()}
     buckets = plan_buckets([(n, t.numel() * cast[n].itemsize) for n, t in state.items()], bucket_bytes)
     return tuple(
@@ -340,11 +341,13 @@ def receive_version(
         yield b, views, "+".join(bucket_digest(part) for part in regions)
 
 
-def sent_manifest(version: int, sent: Sequence[tuple[int, int, int, str]]) -> dict:
+def sent_manifest(
+    version: int, sent: Sequence[tuple[int, int, int, str]], tied: Mapping[str, str] | None = None
+) -> dict:
     """The manifest of a version sent by the ranks (every rank's :func:`send_version` records, gathered): the same
     ``version``, ``digest``, ``bytes`` and per-bucket ``bytes`` and ``digest`` as a published directory's (a
     bucket's digest: its senders' parts' digests in rank order, joined with ``+``; one sender: the digest files
-    would carry)."""
+    would carry), and ``tied`` (the model's :func:`~psrl.weights.format.tied_names`, not sent) when any."""
     parts: dict[int, list[tuple[int, int, str]]] = {}
     for b, rank, nbytes, digest in sorted(sent):
         parts.setdefault(b, []).append((rank, nbytes, digest))
@@ -357,6 +360,7 @@ def sent_manifest(version: int, sent: Sequence[tuple[int, int, int, str]]) -> di
         "digest": version_digest(digests),
         "bytes": sum(sizes),
         "buckets": [{"bytes": n, "digest": d} for n, d in zip(sizes, digests)],
+        **({"tied": dict(tied)} if tied else {}),
     }
 
 

@@ -8,7 +8,12 @@ that is a bucket of its own). On disk, ``ROOT/v{N}`` is a symbolic link to the d
   read it as it is);
 * ``model.safetensors.index.json`` -- Hugging Face's index (``weight_map``: tensor -> file);
 * ``psrl_manifest.json`` -- written last: version, the version's digest, and per bucket its file, tensors, bytes
-  and digest.
+  and digest; ``tied`` (``{alias: canonical}``) when the model has tied tensors.
+
+**Tied tensors** (a tied embedding and head: one parameter under two names, both in ``state_dict``) are published
+once: :func:`tied_names` says which names are aliases of an earlier one, every writer and sender skips them
+(:func:`untie`), and every reader that builds a whole state puts each back as the very same tensor as its canonical
+name (:func:`with_tied`). Hugging Face's ``from_pretrained`` and vLLM tie such a model's head themselves.
 
 The digest of a bucket is a CRC-32 (``zlib.crc32``, ``crc32:xxxxxxxx``) over its tensors' names, dtypes, shapes
 and bytes (:func:`bucket_digest`): it catches a damaged or half-copied file and a transfer that went wrong, at
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch.distributed.tensor import DTensor
 
 __all__ = [
     "INDEX",
@@ -41,6 +47,10 @@ __all__ = [
     "BucketInfo",
     "bucket_file",
     "plan_buckets",
+    "tied_names",
+    "untie",
+    "with_tied",
+    "state_bytes",
     "bucket_digest",
     "version_digest",
     "write_bucket",
@@ -93,6 +103,59 @@ def plan_buckets(sizes: Sequence[tuple[str, int]], bucket_bytes: int) -> list[li
         out[-1].append(name)
         used += nbytes
     return out
+
+
+def tied_names(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """``{alias: canonical}`` of a state (a ``state_dict``, in its order): a tensor that is the same tensor as an
+    earlier name's, or views the same memory the same way (storage, offset, shape, strides, dtype: ``state_dict``
+    detaches every tensor, so a tied parameter comes as two tensor objects), is an alias of that earlier name.
+    Under FSDP2 the two names are two ``DTensor`` objects over one local shard: compared by that shard and the
+    global shape and placements, so every rank finds the same aliases (an empty local shard included: the storage
+    itself is compared, not its address). A tensor with no elements is never an alias."""
+    seen: dict[object, str] = {}
+    out: dict[str, str] = {}
+    for name, t in state.items():
+        if t.numel() == 0:
+            continue
+        keys = (("id", id(t)), _memory(t))
+        canonical = next((seen[k] for k in keys if k in seen), None)
+        if canonical is not None:
+            out[name] = canonical
+            continue
+        for k in keys:
+            seen[k] = name
+    return out
+
+
+def _memory(t: torch.Tensor) -> tuple:
+    """What identifies the memory a tensor views, and how (its local shard's, for a ``DTensor``)."""
+    local, whole = (
+        (t.to_local(), (tuple(t.shape), tuple(map(str, t.placements)))) if isinstance(t, DTensor) else (t, ())
+    )
+    storage = local.untyped_storage()._cdata  # the storage itself (two tensors over one storage share it)
+    return ("memory", storage, local.storage_offset(), tuple(local.shape), local.stride(), local.dtype, whole)
+
+
+def untie(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``(state without its aliases, {alias: canonical})`` (:func:`tied_names`): what a version publishes."""
+    tied = tied_names(state)
+    return {n: t for n, t in state.items() if n not in tied}, tied
+
+
+def with_tied(state: dict[str, torch.Tensor], tied: Mapping[str, str]) -> dict[str, torch.Tensor]:
+    """``state`` with each alias of ``tied`` put back as the very tensor of its canonical name (no copy: loading it
+    into a model whose names are tied writes one parameter); ``state`` itself, updated."""
+    for alias, canonical in tied.items():
+        if canonical not in state:
+            raise VersionDamaged(f"{alias} is tied to {canonical}, which the version does not hold")
+        state[alias] = state[canonical]
+    return state
+
+
+def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
+    """The bytes of a state's tensors, each tied tensor once (``weights/bytes`` of a version held in memory)."""
+    tied = tied_names(state)
+    return sum(t.numel() * t.element_size() for n, t in state.items() if n not in tied)
 
 
 def bucket_digest(tensors: Mapping[str, torch.Tensor], like: str | None = None) -> str:
@@ -209,14 +272,15 @@ def check_version(directory: str | Path) -> int:
 
 
 def read_version(directory: str | Path) -> tuple[int, dict[str, torch.Tensor]]:
-    """``(version, state)`` of a published directory, every bucket checked (:func:`read_buckets`)."""
+    """``(version, state)`` of a published directory, every bucket checked (:func:`read_buckets`), tied names put
+    back (:func:`with_tied`)."""
     manifest = read_manifest(directory)
     if version_digest([b["digest"] for b in manifest["buckets"]]) != manifest["digest"]:
         raise VersionDamaged(f"{directory}: the buckets' digests do not make the manifest's version digest")
     state: dict[str, torch.Tensor] = {}
     for _, tensors in read_buckets(directory):
         state.update(tensors)
-    return int(manifest["version"]), state
+    return int(manifest["version"]), with_tied(state, manifest.get("tied", {}))
 
 
 def versions(root: str | Path) -> list[int]:

@@ -10,6 +10,10 @@ bucket (plus the one tensor being gathered) beyond its shard.
 :class:`~psrl.weights.format.BucketInfo` and finishes the version (:func:`~psrl.weights.format.finish_version`:
 index, manifest, atomic link). :func:`export_state` is world size 1's in-memory twin (the ``hf`` engines of the
 driver's own process load from it).
+
+A tied tensor (:func:`~psrl.weights.format.tied_names`) is published once, under its first name; the manifest's
+``tied`` names the aliases, and :func:`export_state`'s state has them as the very same tensors. An adapter
+version (``select``) publishes exactly the tensors it selects.
 """
 
 from __future__ import annotations
@@ -23,7 +27,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from psrl.weights.format import BucketInfo, bucket_digest, finish_version, plan_buckets, version_digest, write_bucket
+from psrl.weights.format import (
+    BucketInfo,
+    bucket_digest,
+    finish_version,
+    plan_buckets,
+    tied_names,
+    untie,
+    version_digest,
+    with_tied,
+    write_bucket,
+)
 
 __all__ = ["iter_buckets", "publish_model", "export_state", "state_digest", "MB"]
 
@@ -45,10 +59,13 @@ def iter_buckets(
     """``(index, count, tensors)`` per bucket, ``tensors`` (CPU, cast to ``dtype`` where floating) on the rank that
     owns the bucket and None on the others. Every rank must run the whole iteration (the gathers are collectives).
     ``select``: publish only these tensors of the state, each as ``(published name, factor)`` (a LoRA adapter's:
-    :func:`psrl.weights.adapter.published_names`); None: every tensor as it is named."""
+    :func:`psrl.weights.adapter.published_names`); None: every tensor as it is named, each tied tensor once
+    (:func:`~psrl.weights.format.untie`)."""
     state = model.state_dict()
     if select is not None:
         state = {n: t for n, t in state.items() if n in select}
+    else:
+        state, _ = untie(state)
     sizes = [(n, t.numel() * _cast(t, dtype).itemsize) for n, t in state.items()]
     buckets = plan_buckets(sizes, bucket_bytes)
     for b, names in enumerate(buckets):
@@ -117,8 +134,12 @@ def publish_model(
     """Write ``model`` (sharded over ``world`` ranks, or whole at world 1) as ``root/v{version}``: each rank its own
     buckets, rank 0 the index, manifest and link after gathering the others' bucket records. Every rank calls it;
     on return the version exists. Returns ``{"version", "bytes", "digest", "path"}``. ``select``: as
-    :func:`iter_buckets`; ``meta``: more manifest fields (:func:`~psrl.weights.format.finish_version`)."""
+    :func:`iter_buckets`; ``meta``: more manifest fields (:func:`~psrl.weights.format.finish_version`), and
+    ``tied`` when the model has tied tensors."""
     root = Path(root)
+    tied = tied_names(model.state_dict()) if select is None else {}
+    if tied:
+        meta = {**(meta or {}), "tied": tied}
     tmp = root / f"v{int(version)}.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # a crashed writer's leftovers
@@ -154,17 +175,20 @@ def export_state(
     select: Mapping[str, tuple[str, float]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """World size 1 in memory: the model's tensors (CPU copies, in ``dtype``; ``select`` as :func:`iter_buckets`),
-    bucket by bucket as :func:`publish_model` takes them. No digest: nothing crosses a process
-    (:func:`state_digest` computes the one :func:`publish_model` would write, when a caller wants it)."""
+    bucket by bucket as :func:`publish_model` takes them, each tied tensor copied once (its aliases: the same
+    tensor). No digest: nothing crosses a process (:func:`state_digest` computes the one :func:`publish_model`
+    would write, when a caller wants it)."""
     state: dict[str, torch.Tensor] = {}
     for _, _, tensors in iter_buckets(model, 0, 1, int(bucket_mb * MB), dtype, select):
         assert tensors is not None
         state.update(tensors)
-    return state
+    return with_tied(state, tied_names(model.state_dict()) if select is None else {})
 
 
 def state_digest(state: Mapping[str, torch.Tensor], bucket_mb: float = 256) -> str:
-    """The version digest :func:`publish_model` writes for these tensors, in this order, at ``bucket_mb``."""
+    """The version digest :func:`publish_model` writes for these tensors, in this order, at ``bucket_mb`` (each tied
+    tensor once, as published)."""
+    state, _ = untie(state)
     sizes = [(n, t.numel() * t.element_size()) for n, t in state.items()]
     buckets = plan_buckets(sizes, int(bucket_mb * MB))
     return version_digest([bucket_digest({n: state[n] for n in names}) for names in buckets])

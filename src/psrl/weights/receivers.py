@@ -27,6 +27,7 @@ from psrl.weights.collective import (
     check_received,
     receive_version,
 )
+from psrl.weights.format import with_tied
 from psrl.weights.store import FileVersions, ParameterStore
 
 __all__ = ["Receiver", "CollectiveVersions", "SentVersions"]
@@ -98,7 +99,7 @@ class CollectiveVersions:
         if staged is None or staged[0] != int(version):
             raise KeyError(f"{self.name}: version {version} is not staged")
         check_received(self.name, version, staged[2], manifest)
-        self._held.publish(int(version), staged[1])
+        self._held.publish(int(version), with_tied(staged[1], manifest.get("tied", {})))  # aliases: not sent
 
     def close(self) -> None:
         with self._lock:

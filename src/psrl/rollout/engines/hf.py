@@ -40,7 +40,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from psrl.models.policy import Policy, left_pad, sample
 from psrl.rollout.engines.base import BatchingEngine, row_uniforms
 from psrl.types import GenRequest, Sampling, WeightState
-from psrl.weights import check_version, read_buckets, read_manifest
+from psrl.weights import check_version, read_buckets, read_manifest, tied_names, with_tied
 from psrl.weights.adapter import MergedAdapter, is_adapter
 
 __all__ = ["HFEngine", "KV_MODES"]
@@ -101,7 +101,8 @@ class HFEngine(BatchingEngine):
 
     async def _load_directory(self, directory: Path, version: int) -> None:
         """A published directory, bucket by bucket: every bucket checked first (a damaged version leaves the old
-        weights), then each loaded into the model as it is read, so at most one bucket is held beside the model."""
+        weights), then each loaded into the model as it is read, so at most one bucket is held beside the model. A
+        tied tensor comes once (the manifest's ``tied``): loading its canonical name loads the model's alias."""
         await asyncio.to_thread(self._stream, directory, version)
         if self.kv_after_update == "recompute":
             self._drop_all()
@@ -110,12 +111,13 @@ class HFEngine(BatchingEngine):
         model = self.policy.model
         manifest = read_manifest(directory)
         names = {n for b in manifest["buckets"] for n in b["names"]}
+        tied: dict[str, str] = manifest.get("tied", {})
         if manifest.get("kind") == "lora":
             self._lora().check(names)
-        elif names != set(model.state_dict()):
+        elif names | set(tied) != set(model.state_dict()):
             have = set(model.state_dict())
             raise ValueError(
-                f"{directory}: its tensors are not the engine's model's (missing {sorted(have - names)[:3]}, "
+                f"{directory}: its tensors are not the engine's model's (missing {sorted(have - names - set(tied))[:3]}, "
                 f"unknown {sorted(names - have)[:3]})"
             )
         got = check_version(directory)
@@ -126,8 +128,11 @@ class HFEngine(BatchingEngine):
             self._lora().load_buckets(buckets, names)
         else:
             self._adapter = None
+            own = tied_names(model.state_dict())  # loading the canonical name loads these aliases too
+            untied = {a: c for a, c in tied.items() if own.get(a) != c}  # the version's ties this model lacks
             for tensors in buckets:
-                model.load_state_dict(tensors, strict=False)
+                more = {a: c for a, c in untied.items() if c in tensors}
+                model.load_state_dict(with_tied(tensors, more), strict=False)
         self.policy.version = int(version)
 
     def _lora(self) -> MergedAdapter:
