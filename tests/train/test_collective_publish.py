@@ -39,7 +39,8 @@ def _engine(policy) -> HFEngine:
 def test_a_collective_version_is_the_trainers_and_the_engine_scores_as_the_trainer():
     """World size 1: after a step, the version the receiver holds equals the in-memory export bit for bit (same
     digest, same ``weights/bytes``), and an engine that loaded it generates tokens whose log-probs are the trainer
-    policy's to 1e-5."""
+    policy's to 1e-5. The built-in model ties its head to the embedding: the head is not sent (``weights/bytes``
+    counts the embedding once) and the receiver holds it as the embedding's very tensor."""
     task, policy = _setup()
     tr = _trainer(policy)
     engine = _engine(policy)
@@ -52,7 +53,10 @@ def test_a_collective_version_is_the_trainers_and_the_engine_scores_as_the_train
         expected = {k: v.detach() for k, v in policy.model.state_dict().items()}
         assert version == 1 and list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in got)
         assert state_digest(got, BUCKET_MB) == state_digest(expected, BUCKET_MB)
-        assert m["weights/bytes"] == sum(t.numel() * t.element_size() for t in expected.values())
+        assert got["lm_head.weight"] is got["transformer.wte.weight"]
+        assert m["weights/bytes"] == sum(t.numel() * t.element_size() for t in expected.values()) - (
+            expected["lm_head.weight"].numel() * 4
+        )
 
         async def generate() -> list[GenRequest]:
             await engine.update_weights(1, tr.out)

@@ -235,7 +235,7 @@ def test_publish_from_two_ranks_is_the_gathered_state_bit_for_bit(two_ranks, tmp
     """``publish`` at 2 ranks in small buckets (issue #33, item 3): ``v{N}`` appears whole (no ``.tmp`` left), the
     buckets are spread over both ranks, every bucket's digest holds, the tensors equal the gathered state exactly,
     and the files and digest equal the in-process worker's publication of the same weights, byte for byte (the
-    bf16 cast included); only the newest ``keep`` versions stay."""
+    bf16 cast included); only the newest ``keep`` versions stay. The tied head is published once, at both sizes."""
     from psrl.weights import read_manifest, read_version, versions
 
     torch.set_num_threads(1)
@@ -254,6 +254,10 @@ def test_publish_from_two_ranks_is_the_gathered_state_bit_for_bit(two_ranks, tmp
     assert version == 2 and published.keys() == gathered.keys()
     assert all(torch.equal(published[k], gathered[k]) for k in gathered)
     assert read_manifest(tmp_path / "w1" / "v2")["digest"] == read_manifest(tmp_path / "w2" / "v2")["digest"]
+    tied = read_manifest(tmp_path / "w2" / "v2")  # FSDP2: both ranks find the tied head (its one local shard)
+    assert tied["tied"] == {"lm_head.weight": "transformer.wte.weight"} == read_manifest(tmp_path / "w1" / "v2")["tied"]
+    assert "lm_head.weight" not in [n for b in tied["buckets"] for n in b["names"]]
+    assert published["lm_head.weight"] is published["transformer.wte.weight"]
     for f in files:
         assert (tmp_path / "w1" / "v2" / f).read_bytes() == (tmp_path / "w2" / "v2" / f).read_bytes()
     two_ranks.call("publish", (3, str(tmp_path / "b2"), 2, bucket_mb, torch.bfloat16))

@@ -13,8 +13,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file
 
 from psrl.weights import (
+    INDEX,
     MANIFEST,
     FileVersions,
     VersionDamaged,
@@ -25,8 +27,10 @@ from psrl.weights import (
     read_manifest,
     read_version,
     state_digest,
+    tied_names,
     version_digest,
     versions,
+    write_model_directory,
 )
 
 
@@ -143,3 +147,89 @@ def test_a_version_written_with_sha256_digests_still_reads_and_is_still_checked(
     victim.write_bytes(bytes(data))
     with pytest.raises(VersionDamaged, match="damaged"):
         read_version(tmp_path / "v1")
+
+
+def _llama(tied: bool, seed: int = 0) -> torch.nn.Module:
+    """A tiny Llama, its head tied to its embedding or not (``tie_word_embeddings``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied, pad_token_id=0,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(cfg).eval()
+
+
+HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def test_tied_names_are_the_tensors_that_share_memory_with_an_earlier_name():
+    """The tied head is an alias of the embedding (``state_dict`` gives two tensor objects over one storage); an
+    untied model has none; a copy, a view of other shape or offset, and an empty tensor are never aliases; the
+    same tensor object under two names is."""
+    assert tied_names(_llama(True).state_dict()) == {HEAD: EMBED}
+    assert tied_names(_llama(False).state_dict()) == {}
+    w = torch.arange(12.0).reshape(3, 4)
+    empty = torch.empty(0)
+    state = {"w": w, "copy": w.clone(), "flat": w.view(12), "rows": w[1:], "same": w.view(3, 4), "again": w}
+    state.update({"e1": empty, "e2": empty})
+    assert tied_names(state) == {"same": "w", "again": "w"}
+
+
+def test_a_tied_version_holds_the_tensor_once_and_reads_back_whole(tmp_path):
+    """Tied: the files and the manifest's bytes hold the embedding once, the manifest names the alias, and
+    ``read_version`` (and the in-memory export) give every ``state_dict`` name, the head the embedding's very
+    tensor, with the files' digest. Untied: both, no ``tied``."""
+    tied, untied = _llama(True), _llama(False)
+    publish_model(tied, tmp_path / "t", 1, bucket_mb=0.001)
+    publish_model(untied, tmp_path / "u", 1, bucket_mb=0.001)
+    m_t, m_u = read_manifest(tmp_path / "t" / "v1"), read_manifest(tmp_path / "u" / "v1")
+    in_files = [n for p in sorted((tmp_path / "t" / "v1").glob("*.safetensors")) for n in load_file(str(p))]
+    assert HEAD not in in_files and EMBED in in_files and m_t["tied"] == {HEAD: EMBED} and "tied" not in m_u
+    index = json.loads((tmp_path / "t" / "v1" / INDEX).read_text())
+    assert HEAD not in index["weight_map"] and len(index["weight_map"]) == m_t["tensors"]
+    nbytes = sum(t.numel() * t.element_size() for t in tied.state_dict().values())
+    assert m_t["bytes"] == nbytes - tied.state_dict()[HEAD].numel() * 4 and m_u["bytes"] == nbytes
+    assert HEAD in [n for b in m_u["buckets"] for n in b["names"]]
+    _, got = read_version(tmp_path / "t" / "v1")
+    assert got.keys() == tied.state_dict().keys() and got[HEAD] is got[EMBED]
+    assert all(torch.equal(got[k], v) for k, v in tied.state_dict().items())
+    exported = export_state(tied, bucket_mb=0.001)
+    assert exported.keys() == got.keys() and exported[HEAD] is exported[EMBED]
+    assert state_digest(exported, bucket_mb=0.001) == m_t["digest"]
+
+
+def test_a_tied_final_directory_loads_with_from_pretrained_and_gives_the_same_logits(tmp_path):
+    """``final/`` of a tied version (no head in its files or index): ``from_pretrained`` ties the head itself and
+    the logits equal the model's."""
+    from transformers import AutoModelForCausalLM
+
+    model = _llama(True, seed=3)
+    publish_model(model, tmp_path / "w", 2, bucket_mb=0.001)
+    tok = type("Tok", (), {"save_pretrained": lambda self, d: None})()
+    out = write_model_directory(tmp_path / "w" / "v2", tmp_path / "final", model, tok)
+    loaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = torch.tensor([[1, 5, 7, 2, 9]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+
+
+def test_an_hf_engine_streams_a_tied_version_into_a_tied_and_an_untied_model(tmp_path):
+    """The engine checks names + tied against its model's and loads the embedding once: a tied model's head
+    follows it, and a model that does not tie them gets the embedding in its head too."""
+    from psrl.models import Policy
+    from psrl.rollout.engines.hf import HFEngine
+
+    source = _llama(True, seed=4)
+    publish_model(source, tmp_path, 1, bucket_mb=0.001)
+    tok = type("Tok", (), {"pad_id": 0})()
+    untied = _llama(True, seed=5)
+    untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
+    for model in (_llama(True, seed=5), untied):
+        engine = HFEngine(Policy(model, tok))
+        asyncio.run(engine.update_weights(1, FileVersions(tmp_path)))
+        assert engine.version == 1
+        assert all(torch.equal(v, source.state_dict()[k]) for k, v in model.state_dict().items())
