@@ -10,8 +10,9 @@ group`` does), so neither the ranks' group nor a vLLM server's is touched. The d
 
 **A version.** Its :func:`layout` (per bucket: names, shapes, dtypes, and how many ranks each tensor's rows are
 split over -- the same on every rank, from the model's ``state_dict`` and ``weights.bucket_mb``, as :func:`~psrl.weights.publish.iter_buckets` cuts it) reaches the receivers before the
-transfer, through the control path (the driver asks rank 0 once). Every rank sends its own rows of each FSDP-sharded
-tensor straight from its shard, point to point to every receiver -- no gather to an owner, no copy in the shard's
+transfer, through the control path (the driver asks rank 0 once, with the model's tied names: a tied tensor is
+sent once, and the manifest's ``tied`` lets a receiver put its alias back). Every rank sends its own rows of each
+FSDP-sharded tensor straight from its shard, point to point to every receiver -- no gather to an owner, no copy in the shard's
 dtype -- and the bucket's owner (rank ``b % W``) any tensor that is not split, gathered (:func:`bucket_parts`;
 tensor ``i`` of the version has tag ``i`` from each sender, :func:`first_tags`); each rank computes its part's
 digest while the bytes travel (:func:`send_version`). Each receiver receives the parts side by side into one buffer
