@@ -19,7 +19,7 @@ import torch
 from psrl.rollout.engines.vllm import VLLMEngine
 from psrl.rollout.engines.vllm_server import VLLMServer
 from psrl.types import GenRequest, Sampling
-from psrl.weights import MB
+from psrl.weights import MB, tied_names
 from psrl.weights.collective import (
     GroupAddress,
     TransferGroup,
@@ -104,7 +104,8 @@ def test_a_version_sent_to_vllm_loads_only_whole_and_checked(tiny, tmp_path):
         await engine.start()
         try:
             digests, sent = await _send(engine, new.model, 1)
-            manifest = sent_manifest(1, sent)
+            manifest = sent_manifest(1, sent, tied_names(new.model.state_dict()))  # as the trainer's publisher
+            assert manifest["tied"] == {"lm_head.weight": "transformer.wte.weight"}  # the head is not sent
             check_received("vllm", 1, digests, manifest)
             store.commit(1, manifest)
             assert await _logprob_gap(engine, policy, prompt) < 1e-4  # staged, not loaded: the old weights serve

@@ -72,11 +72,14 @@ class EngineWorker:
         from psrl.models import build_policy, load_tokenizer
         from psrl.rollout.build import sampling_of
         from psrl.tasks import get_task
+        from psrl.weights import tied_names
 
         cfg = config_from_dict(cfg_data)
         tok = load_tokenizer(cfg.model)
         task = get_task(cfg.task, seed=cfg.trainer.seed, tokenizer=tok, data=cfg.data)  # dataset / agent tasks
         policy = build_policy(cfg.model, task, seed=seed)
+        self.tied = tied_names(policy.model.state_dict())
+        """The model's tied names: a version's buckets hold each tied tensor once (:func:`psrl.weights.untie`)."""
         self.local: Path | None = None
         """vLLM: this node's directory of the server's model and of the versions received."""
         self.engine: Any
@@ -142,18 +145,17 @@ class EngineWorker:
         from the ranks' nodes, each checked against its writer's digest); returns the version the engine then
         holds."""
         from psrl.runtime.ray_weights import receive, write_local
-        from psrl.weights import FileVersions, ParameterStore, tied_names, with_tied
+        from psrl.weights import FileVersions, ParameterStore, with_tied
 
         received = await receive(digest, buckets)
         store: FileVersions | ParameterStore
         if self.local is not None:  # vLLM reads a directory: this node's own
             store = FileVersions(self.local / "weights")
-            await asyncio.to_thread(write_local, store.root, int(version), received)
-        else:  # a tied tensor came once (psrl.weights.format.untie): the model's aliases of it are put back
+            await asyncio.to_thread(write_local, store.root, int(version), received, 2, self.tied)
+        else:  # a tied tensor came once: put back under its aliases
             state = {k: v for b in received for k, v in b.items()}
-            tied = {a: c for a, c in tied_names(self.engine.policy.model.state_dict()).items() if a not in state}
             store = ParameterStore(keep=1)
-            store.publish(int(version), with_tied(state, tied))
+            store.publish(int(version), with_tied(state, {a: c for a, c in self.tied.items() if a not in state}))
         del received
         await self.engine.update_weights(int(version), store)
         return self.engine.version

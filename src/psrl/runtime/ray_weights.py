@@ -66,12 +66,16 @@ async def receive(digest: str, buckets: list[Bucket]) -> list[dict[str, torch.Te
     return out
 
 
-def write_local(root: Path, version: int, buckets: list[dict[str, torch.Tensor]], keep: int = 2) -> Path:
+def write_local(
+    root: Path, version: int, buckets: list[dict[str, torch.Tensor]], keep: int = 2, tied: dict | None = None
+) -> Path:
     """The received ``buckets`` as the published version ``root/v{version}`` on this node (Hugging Face's sharded
-    layout, what a vLLM server's ``reload_weights`` reads): a directory of the engine's own, not ``run_dir``."""
+    layout, what a vLLM server's ``reload_weights`` reads): a directory of the engine's own, not ``run_dir``.
+    ``tied``: the model's tied names (:func:`~psrl.weights.format.tied_names`; the buckets hold each tied tensor
+    once), recorded in the manifest."""
     tmp = root / f"v{int(version)}.tmp"
     infos = [write_bucket(tmp, i, len(buckets), tensors) for i, tensors in enumerate(buckets)]
-    return finish_version(tmp, root, int(version), infos, keep)
+    return finish_version(tmp, root, int(version), infos, keep, {"tied": tied} if tied else None)
 
 
 class ObjectVersions:

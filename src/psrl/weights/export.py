@@ -11,15 +11,23 @@ otherwise. The directory appears whole (written beside it, then renamed).
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+from safetensors.torch import save_file
+
 from psrl.weights.format import INDEX, read_manifest
 
-__all__ = ["write_model_directory", "VERSION_FILE"]
+__all__ = ["write_model_directory", "VERSION_FILE", "untied_directory", "TIED_FILE"]
+
+TIED_FILE = "model-tied.safetensors"
+"""In :func:`untied_directory`: each tied alias of the version, as a tensor of its own."""
 
 VERSION_FILE = "psrl_version.txt"
 """The version a model directory holds (``final/``), one line."""
@@ -59,3 +67,28 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:  # another filesystem, or links not allowed
         shutil.copyfile(src, dst)
+
+
+def untied_directory(version_dir: str | Path) -> Path | None:
+    """For a reader that loads a tied alias only under its own name from files (vLLM's ``reload_weights`` on CPU
+    repacks a tied head's weight only when the head is loaded): None when the version ``version_dir`` has no
+    ``tied`` names; else a new temporary directory (the caller removes it) with the version's files linked, each
+    alias's tensor (read from its canonical name's file) in :data:`TIED_FILE`, and an index naming every tensor.
+    The version's own files hold each tied tensor once (:func:`~psrl.weights.format.tied_names`)."""
+    src = Path(version_dir).resolve()
+    manifest = read_manifest(src)
+    tied: dict[str, str] = manifest.get("tied") or {}
+    if not tied:
+        return None
+    where = {n: b["file"] for b in manifest["buckets"] for n in b["names"]}
+    aliases = {}
+    for alias, canonical in tied.items():
+        with safe_open(str(src / where[canonical]), framework="pt") as f:
+            aliases[alias] = f.get_tensor(canonical)
+    out = Path(tempfile.mkdtemp(prefix=f".untied-{src.name}-", dir=src.parent))
+    for name in sorted(set(where.values())):
+        os.symlink(src / name, out / name)
+    save_file(aliases, str(out / TIED_FILE))
+    weight_map = {**where, **dict.fromkeys(aliases, TIED_FILE)}
+    (out / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    return out

@@ -7,8 +7,8 @@ server gets psrl's ``src`` on its ``PYTHONPATH``), so the digests are computed b
 * ``psrl_join(address, rank)`` -- join the run's transfer group (:class:`~psrl.weights.collective.TransferGroup`);
 * ``psrl_receive(version, buckets, world)`` -- receive a version from the trainer's ranks into buffers of its
   own, apart from the model (the engine keeps serving the weights it has): returns the buckets' digests;
-* ``psrl_load(version, digest)`` -- between ``/pause`` and ``/resume``: check the staged version against the
-  writer's version digest, then load it with the model runner's ``reload_weights(weights_iterator=...)`` (what
+* ``psrl_load(version, digest, tied)`` -- between ``/pause`` and ``/resume``: check the staged version against the
+  writer's version digest, then load it (each ``tied`` alias too, as its canonical name's tensor) with the model runner's ``reload_weights(weights_iterator=...)`` (what
   ``reload_weights`` of a directory does, from memory: Hugging Face names in) and drop it; a version that is not
   staged or differs raises, and the weights stay as they were;
 * ``psrl_loaded()`` -- ``(version, digest)`` of the weights loaded last; ``psrl_leave()`` -- leave the group.
@@ -71,7 +71,7 @@ class WeightReceiver:
             staged.popitem(last=False)
         return digests
 
-    def psrl_load(self, version: int, digest: str) -> str:
+    def psrl_load(self, version: int, digest: str, tied: dict | None = None) -> str:
         st = self._psrl_state()
         staged: OrderedDict = st["staged"]
         if int(version) not in staged:
@@ -79,7 +79,9 @@ class WeightReceiver:
         tensors, digests = staged[int(version)]
         if version_digest(digests) != digest:
             raise VersionDamaged(f"vLLM worker: version {version} differs from what its writer sent")
-        self.model_runner.reload_weights(weights_iterator=iter(tensors))  # vLLM's in-place reload, from memory
+        held = dict(tensors)  # a tied alias was sent once: vLLM loads it under its own name too (CPU repacks a head)
+        aliases = [(alias, held[canonical]) for alias, canonical in (tied or {}).items()]
+        self.model_runner.reload_weights(weights_iterator=iter(tensors + aliases))  # vLLM's in-place reload
         for v in [v for v in staged if v <= int(version)]:
             del staged[v]
         st["loaded"] = (int(version), digest)

@@ -41,6 +41,7 @@ import asyncio
 import itertools
 import json
 import secrets
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,7 @@ from psrl.rollout.engines.vllm_lora import ServedAdapter
 from psrl.rollout.engines.vllm_server import EngineSetupError, VLLMServer
 from psrl.types import EngineLoad, GenRequest, Sampling, WeightSource, stream_seed
 from psrl.weights import VersionDirectories
+from psrl.weights.export import untied_directory
 from psrl.weights.receivers import SentVersions
 
 if TYPE_CHECKING:
@@ -332,13 +334,20 @@ class VLLMEngine:
 
     async def update_weights(self, version: int, store: WeightSource) -> None:
         if self.receives and isinstance(store, SentVersions) and store.sent(version):  # staged in its receiver
-            await self.rpc("psrl_load", version=int(version), digest=store.manifest(int(version))["digest"])
+            manifest = store.manifest(int(version))  # its tied names: loaded under their own names too
+            await self.rpc("psrl_load", version=int(version), digest=manifest["digest"], tied=manifest.get("tied", {}))
         elif not isinstance(store, VersionDirectories):
             raise TypeError(f"vLLM loads weights from a published directory: {type(store).__name__} has none")
         elif self.adapter is not None:  # an adapter version: in place, under the adapter's one name
             await self._load_adapter(self.adapter, store.directory(int(version)))
-        else:  # the ranks' files: Hugging Face's sharded layout with its index
-            await self.rpc("reload_weights", weights_path=str(store.directory(int(version))))
+        else:  # the ranks' files: Hugging Face's sharded layout with its index (a tied head: also under its name)
+            directory = store.directory(int(version))
+            untied = await asyncio.to_thread(untied_directory, directory)
+            try:
+                await self.rpc("reload_weights", weights_path=str(untied or directory))
+            finally:
+                if untied is not None:
+                    shutil.rmtree(untied, ignore_errors=True)
         await self._label(int(version))
         self.version = int(version)
         if not self._inflight:
