@@ -22,7 +22,7 @@ from psrl.weights.format import (
     versions,
 )
 from psrl.weights.publish import MB, export_state, iter_buckets, publish_model, state_digest
-from psrl.weights.store import FileVersions, ParameterStore, VersionDirectories
+from psrl.weights.store import FileVersions, ParameterStore, StreamedVersions, VersionDirectories
 
 __all__ = [
     "INDEX",
@@ -48,4 +48,5 @@ __all__ = [
     "FileVersions",
     "ParameterStore",
     "VersionDirectories",
+    "StreamedVersions",
 ]
