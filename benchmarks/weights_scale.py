@@ -29,13 +29,12 @@ on this machine.
 
 With ``--engines vllm`` (or ``hf,vllm``) it also runs, at 2 ranks (``--vllm-worlds``), the driver ``psrl train`` builds
 for vLLM engines without a warm start (:func:`one_vllm`): its policy on ``meta``, the ranks building the weights
-themselves, one vLLM server starting from version 0's files and reloading version 1 (files) -- the driver's figure
-there is ``driver_weight_ratio_vllm`` (<= 0.1 at the larger size, slope <= 0.1 GB per GB: the issue's acceptance).
-The collective transport into vLLM is tested, not measured, here (tests/rollout/test_vllm_collective.py; see the JSON
-line's ``not_run``). Ends with one JSON line: per configuration the figures, per figure its slope per GB of model
-from small to large, and the headline keys ``driver_weight_ratio_vllm`` (null: not run), ``rank_publish_excess_ratio``,
+themselves, one vLLM server starting from version 0's files and loading version 1 through each transport
+(``--vllm-transports``: files, collective). Ends with one JSON line: per configuration the figures, per figure its
+slope per GB of model from small to large, and the headline keys ``driver_weight_ratio_vllm`` (the larger of the
+two vLLM transports' at 2 ranks on the larger size; null: not run), ``rank_publish_excess_ratio``,
 ``sync_over_copy`` -- of the better ``hf`` transport (the smaller ``sync_over_copy``) at 2 ranks on the larger size,
-named in ``headline``.
+named in ``headline`` -- and ``sync_over_copy_vllm`` (the better vLLM transport's).
 
     python benchmarks/weights_scale.py --results docs/results/weights_scale.json   # both sizes (~10 min, 2 cores)
     python benchmarks/weights_scale.py --sizes small     # the small size only
@@ -165,19 +164,26 @@ def one(size: str, world: int, transport: str, bucket_mb: float, layers: int | N
     )
 
 
-def one_vllm(size: str, world: int, bucket_mb: float, layers: int | None, python: str) -> dict[str, Any]:
+def one_vllm(
+    size: str, world: int, bucket_mb: float, layers: int | None, python: str, transport: str = "files"
+) -> dict[str, Any]:
     """One configuration with a vLLM server as the engine, in this (fresh) process, as ``psrl train`` builds it at
     world size > 1 without a warm start (issue #33, item 5): the driver's policy on ``meta`` (config and tokenizer
     only), the ranks building the weights from the recipe, the server starting from version 0's files and
-    reloading version 1 from the ranks' directory. The driver's figure is all this process holds above its start."""
+    loading version 1 -- ``files``: reloading it from the ranks' directory; ``collective``: the ranks send it over
+    the transfer group to the server's worker (``weights.transport=collective``, as ``psrl train`` wires it). The
+    driver's figure is all this process holds above its start."""
     torch.set_num_threads(1)
     from psrl.config import AlgorithmConfig, TrainerConfig
     from psrl.models import CharTokenizer, Policy
     from psrl.models.builder import ModelRecipe
     from psrl.rollout.engines.vllm import VLLMEngine
+    from psrl.rollout.engines.vllm_receive import VLLMReceiver
     from psrl.rollout.engines.vllm_server import VLLMServer
     from psrl.train import Trainer
-    from psrl.weights import FileVersions, read_manifest, write_model_directory
+    from psrl.weights import MB, FileVersions, read_manifest, write_model_directory
+    from psrl.weights.collective import layout
+    from psrl.weights.receivers import SentVersions
 
     base = _rss()["rss_bytes"]
     config = llama_config(size, layers)
@@ -187,17 +193,23 @@ def one_vllm(size: str, world: int, bucket_mb: float, layers: int | None, python
 
     async def run(trainer: Trainer, tmp: Path) -> tuple[dict, float, list, list]:
         ranks = trainer.start()
+        if transport == "collective":
+            trainer.sends_elsewhere()  # the first version as files: the server starts from it
         trainer.publish(0)
-        assert isinstance(trainer.out, FileVersions)
+        assert isinstance(trainer.out, FileVersions | SentVersions)
         model_dir = write_model_directory(trainer.out.directory(0), tmp / "model", policy.model, policy.tokenizer)
-        server = VLLMServer(python, model_dir, tmp / "server.log", max_model_len=256, kv_cache_gb=1)
+        server = VLLMServer(
+            python, model_dir, tmp / "server.log", max_model_len=256, kv_cache_gb=1, receiver=transport == "collective"
+        )
         engine = VLLMEngine(server=server)
         try:
             await engine.start()
+            if transport == "collective":
+                trainer.send_to([VLLMReceiver(engine, 600.0)])
             trainer.step(_batch(0))
             step_end = time.perf_counter()
             before = ranks.call("usage", True)
-            pub = trainer.publish(1)
+            pub = await asyncio.to_thread(trainer.publish, 1)  # the receiver's calls run on this loop
             await engine.update_weights(1, trainer.out)
             sync_s = time.perf_counter() - step_end
             after = ranks.call("usage")
@@ -208,16 +220,18 @@ def one_vllm(size: str, world: int, bucket_mb: float, layers: int | None, python
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(
             policy, AlgorithmConfig(), TrainerConfig(lr=1e-5), world, tmp, in_memory=False, keep=2,
-            bucket_mb=bucket_mb,
+            bucket_mb=bucket_mb, transport=transport,
         )  # fmt: skip
         try:
             pub, sync_s, before, after = asyncio.run(run(trainer, Path(tmp)))
-            assert isinstance(trainer.out, FileVersions)
-            biggest = max(b["bytes"] for b in read_manifest(trainer.out.directory(1))["buckets"])
+            if isinstance(trainer.out, FileVersions):
+                biggest = max(b["bytes"] for b in read_manifest(trainer.out.directory(1))["buckets"])
+            else:  # the same buckets, as the ranks send them
+                biggest = max(b.nbytes for b in layout(policy.model, int(bucket_mb * MB)))
         finally:
             trainer.close()
     assert policy.weightless, "the driver's policy was given weights"
-    return _figures(size, world, "files", "vllm", model_bytes, base, pub, sync_s, biggest, before, after, True, True)
+    return _figures(size, world, transport, "vllm", model_bytes, base, pub, sync_s, biggest, before, after, True, True)
 
 
 def _figures(
@@ -329,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=None, help="store the runs and the command here (docs/results)")
     p.add_argument("--engines", default="hf", help="hf, vllm or hf,vllm (vLLM: in a loopback-only namespace)")
     p.add_argument("--vllm-worlds", default="2", help="world sizes of the vLLM runs")
+    p.add_argument("--vllm-transports", default="files,collective", help="transports of the vLLM runs")
     p.add_argument("--vllm-python", default=None, help="the vLLM environment's python (default: .venv-vllm)")
     p.add_argument("--one", nargs=3, metavar=("SIZE", "WORLD", "TRANSPORT"), help=argparse.SUPPRESS)
     p.add_argument("--gloo-peer", nargs=3, help=argparse.SUPPRESS)
@@ -343,11 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if ns.one:
         size, world, transport = ns.one
-        if transport == "vllm":
+        if transport.startswith("vllm:"):
             from psrl.rollout.engines.vllm_server import find_vllm_python
 
             python = find_vllm_python(ns.vllm_python)
-            print(json.dumps(one_vllm(size, int(world), ns.bucket_mb, ns.layers, python)))
+            print(json.dumps(one_vllm(size, int(world), ns.bucket_mb, ns.layers, python, transport.split(":")[1])))
         else:
             print(json.dumps(one(size, int(world), transport, ns.bucket_mb, ns.layers)))
         return 0
@@ -362,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
                 kinds = ("memory", "files", "collective") if world == 1 else ("files", "collective")
                 plan += [(size, world, t) for t in kinds]
         if "vllm" in engines:
-            plan += [(size, int(w), "vllm") for w in ns.vllm_worlds.split(",")]
+            plan += [
+                (size, int(w), f"vllm:{t}") for w in ns.vllm_worlds.split(",") for t in ns.vllm_transports.split(",")
+            ]
     runs = []
     for size, world, transport in plan:
         cmd = [sys.executable, __file__, "--one", size, str(world), transport, "--bucket-mb", str(ns.bucket_mb)]
@@ -386,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         (2, "files", "hf"),
         (2, "collective", "hf"),
         (2, "files", "vllm"),
+        (2, "collective", "vllm"),
     ):
         a, b = pick("small", world, transport, engine), pick("large", world, transport, engine)
         if a and b:
@@ -396,10 +414,15 @@ def main(argv: list[str] | None = None) -> int:
                 / gb,
                 "sync_s_per_gb": (b["sync_s"] - a["sync_s"]) / gb,
             }
-    vllm_head = pick("large", 2, "files", "vllm") or pick("small", 2, "files", "vllm")
-    at_two = [r for r in (pick("large", 2, "files"), pick("large", 2, "collective")) if r is not None]
-    at_two = at_two or [r for r in (pick("small", 2, "files"), pick("small", 2, "collective")) if r is not None]
-    head = min(at_two, key=lambda r: r["sync_over_copy"]) if at_two else (vllm_head or runs[-1])
+
+    def at(size: str, engine: str) -> list[dict[str, Any]]:
+        return [r for r in (pick(size, 2, "files", engine), pick(size, 2, "collective", engine)) if r is not None]
+
+    vllm_runs = at("large", "vllm") or at("small", "vllm")
+    vllm_head = max(vllm_runs, key=lambda r: r["driver_ratio"]) if vllm_runs else None  # the worse transport's
+    vllm_fast = min(vllm_runs, key=lambda r: r["sync_over_copy"]) if vllm_runs else None
+    at_two = at("large", "hf") or at("small", "hf")
+    head = min(at_two, key=lambda r: r["sync_over_copy"]) if at_two else (vllm_fast or runs[-1])
     cmd = [sys.executable, __file__, "--floors", str(int(head["weights_bytes"])), "--bucket-mb", str(ns.bucket_mb)]
     floor = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
     floor["floor_over_copy"] = (floor["gloo_s"] + floor["crc32_s"] + floor["copy_s"]) / floor["copy_s"]
@@ -408,15 +431,19 @@ def main(argv: list[str] | None = None) -> int:
         "floors": {"bytes": head["weights_bytes"], **floor},
         "slopes": slopes,
         "driver_weight_ratio_vllm": vllm_head["driver_ratio"] if vllm_head else None,
-        "driver_weight_ratio_vllm_at": f"{vllm_head['size']} at {vllm_head['world']} ranks" if vllm_head else None,
+        "driver_weight_ratio_vllm_at": (
+            f"{vllm_head['size']} at {vllm_head['world']} ranks, {vllm_head['transport']} (the larger of the transports)"
+            if vllm_head
+            else None
+        ),
         "driver_weight_ratio_hf": head["driver_ratio"] if head.get("engine", "hf") == "hf" else None,
         "rank_publish_excess_ratio": head.get("rank_publish_excess"),
         "sync_over_copy": head["sync_over_copy"],
-        "sync_over_copy_vllm": vllm_head["sync_over_copy"] if vllm_head else None,
+        "sync_over_copy_vllm": vllm_fast["sync_over_copy"] if vllm_fast else None,
+        "sync_over_copy_vllm_at": f"{vllm_fast['size']}, {vllm_fast['transport']}" if vllm_fast else None,
         "headline": f"{head['size']} at {head['world']} ranks, {head['transport']}, {head.get('engine', 'hf')}",
         "bucket_mb": ns.bucket_mb,
-        "not_run": "the collective transport into vLLM (tested, not measured, here: tests/rollout/test_vllm_collective.py)"
-        + ("" if vllm_head else "; vLLM engines (--engines)"),
+        "not_run": None if vllm_runs else "vLLM engines (--engines)",
     }
     if ns.results is not None:
         stored.write(ns.results, summary)

@@ -108,8 +108,9 @@ def test_a_version_arrives_exact_with_the_writers_digest(world):
     *sent, digests = _transfer(world, _honest(world), dst, 4)
     manifest = sent_manifest(4, [rec for part in sent for rec in part])
     assert len(manifest["buckets"]) >= 3 and len(digests) == len(manifest["buckets"])
-    assert dst.versions() == []
+    assert dst.versions() == [] and _spilled(dst) == ["v4.recv"]
     dst.commit(4, manifest)
+    assert _spilled(dst) == ["v4.bin"] and (dst.root / "v4.bin").stat().st_size == manifest["bytes"]
     version, got = dst.get()
     expected = export_state(_model(), BUCKET_MB)
     assert version == 4 and list(got) == list(expected)
@@ -118,9 +119,16 @@ def test_a_version_arrives_exact_with_the_writers_digest(world):
 
 
 def _held_v1() -> CollectiveVersions:
+    """A receiver holding version 1 (received whole, committed)."""
     dst = CollectiveVersions(name="engine-under-test")
-    dst._held.publish(1, export_state(_model(seed=1), BUCKET_MB))
+    *sent, _ = _transfer(1, _honest(1), dst, 1)
+    dst.commit(1, sent_manifest(1, [rec for part in sent for rec in part]))
+    dst.close()
     return dst
+
+
+def _spilled(dst: CollectiveVersions) -> list[str]:
+    return sorted(p.name for p in dst.root.iterdir())
 
 
 def test_a_sender_that_stops_midway_leaves_the_old_version():
@@ -139,7 +147,7 @@ def test_a_sender_that_stops_midway_leaves_the_old_version():
     _, received = _transfer(1, two_then_gone, dst, 2)
     assert isinstance(received, TransferFailed)
     assert "engine-under-test" in str(received) and "version 2" in str(received) and "after 2 of" in str(received)
-    assert dst.versions() == [1]
+    assert dst.versions() == [1] and _spilled(dst) == ["v1.bin"]  # the half-received file is gone
 
 
 def test_a_damaged_bucket_is_refused_and_the_old_version_kept():
@@ -164,7 +172,32 @@ def test_a_damaged_bucket_is_refused_and_the_old_version_kept():
     sent, _ = _transfer(1, flips_one_byte, dst, 2)
     with pytest.raises(VersionDamaged, match="engine-under-test: bucket 1 of version 2"):
         dst.commit(2, sent_manifest(2, sent))
-    assert dst.versions() == [1] and dst.get()[0] == 1
+    assert dst.versions() == [1] and dst.get()[0] == 1 and _spilled(dst) == ["v1.bin"]
+
+
+def test_held_versions_are_files_of_the_receiver_and_only_the_newest_keep_stay(tmp_path):
+    """Versions are held in files of the receiver's root, ``keep`` of them; a version dropped while an engine
+    streams it is still read whole (the reader holds its file); a new receiver over the same root removes what an
+    earlier one left."""
+    (tmp_path / "v7.bin").write_bytes(b"left by an earlier run")
+    dst = CollectiveVersions(tmp_path, keep=2)
+    assert _spilled(dst) == []
+    expected = export_state(_model(), BUCKET_MB)
+    reading = None
+    for v in (1, 2, 3):
+        *sent, _ = _transfer(1, _honest(1), dst, v)
+        dst.commit(v, sent_manifest(v, [rec for part in sent for rec in part]))
+        dst.close()
+        if v == 2:
+            reading = dst.buckets(1)
+            first = {n: t.clone() for n, t in next(reading).items()}  # an engine part-way through version 1
+    assert dst.versions() == [2, 3] and _spilled(dst) == ["v2.bin", "v3.bin"]
+    assert reading is not None
+    rest = {n: t.clone() for part in reading for n, t in part.items()}
+    assert list({**first, **rest}) == list(expected) and all(torch.equal(rest[n], expected[n]) for n in rest)
+    assert dst.names(3) == list(expected)
+    with pytest.raises(KeyError, match="version 1 is not held"):
+        dst.names(1)
 
 
 def test_a_sender_that_never_sends_ends_in_the_timeout():

@@ -124,7 +124,7 @@ class Trainer:
         self.out: Published = ParameterStore() if in_memory else FileVersions(self.work_dir / "weights")
         self._collective: CollectivePublisher | None = None
         if transport == "collective":
-            self.out = CollectiveVersions()
+            self.out = CollectiveVersions(self.work_dir / "received")
             self._collective = CollectivePublisher(
                 self.out, [self.out], world_size, trainer_cfg.rank_timeout_s, bucket_mb
             )

@@ -26,7 +26,7 @@ from psrl.weights.format import (
     with_tied,
 )
 from psrl.weights.publish import MB, export_state, iter_buckets, publish_model, state_digest
-from psrl.weights.store import FileVersions, ParameterStore, VersionDirectories
+from psrl.weights.store import FileVersions, ParameterStore, StreamedVersions, VersionDirectories
 
 __all__ = [
     "INDEX",
@@ -56,4 +56,5 @@ __all__ = [
     "FileVersions",
     "ParameterStore",
     "VersionDirectories",
+    "StreamedVersions",
 ]

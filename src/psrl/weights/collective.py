@@ -25,14 +25,15 @@ when any bucket or the version digest differs).
 **Failure.** A receiver holds what it received apart from anything it serves: a version becomes loadable only
 after its last bucket arrived and every digest matched (:class:`CollectiveVersions`). A transfer that fails midway
 (a sender gone, a timeout, a damaged bucket) raises :class:`TransferFailed` naming the receiver and the version,
-and leaves the engines on the version they had. The cost: the receiving process holds the version in flight
-beside the versions it keeps (one model's bytes, in the published dtype, during the transfer).
+and leaves the engines on the version they had. The cost: the receiver stages the version in flight apart from
+the one it serves -- the driver's ``hf`` engines in a file (:mod:`psrl.weights.spill`: two buckets in memory), a
+vLLM server's worker in memory (one model's bytes, in the published dtype, in the server's process).
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -311,16 +312,20 @@ def send_version(
 
 
 def receive_version(
-    group: TransferGroup, buckets: Sequence[BucketLayout], world: int
+    group: TransferGroup,
+    buckets: Sequence[BucketLayout],
+    world: int,
+    buffer: Callable[[int], torch.Tensor] | None = None,
 ) -> Iterator[tuple[int, dict[str, torch.Tensor], str]]:
     """``(index, tensors, digest)`` per bucket as it arrives from its senders (:func:`bucket_parts`): one buffer per
     bucket, each message received into its place (a rank's rows of a tensor into those rows); the tensors are views
     of it, the digest computed here -- each sender's part, joined in rank order with ``+`` -- while the next bucket
-    is already arriving (at most two buckets in flight)."""
+    is already arriving (at most two buckets in flight). ``buffer(b)``: bucket ``b``'s buffer (``uint8``, its
+    ``nbytes``; a region of a :class:`~psrl.weights.spill.SpillFile`, say); default: a new tensor."""
     tags = first_tags(buckets)
 
     def post(b: int) -> tuple[dict[str, torch.Tensor], list[Any], list[dict[str, torch.Tensor]]]:
-        flat = torch.empty(buckets[b].nbytes, dtype=torch.uint8)
+        flat = torch.empty(buckets[b].nbytes, dtype=torch.uint8) if buffer is None else buffer(b)
         views = unpack(flat, buckets[b])
         works, regions = [], []
         for src, parts in bucket_parts(buckets[b], b, world).items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -23,7 +24,7 @@ from torch import Tensor
 from psrl.types import WeightSource
 from psrl.weights.format import read_manifest, read_version, versions
 
-__all__ = ["ParameterStore", "FileVersions", "VersionDirectories"]
+__all__ = ["ParameterStore", "FileVersions", "VersionDirectories", "StreamedVersions"]
 
 
 class ParameterStore:
@@ -79,6 +80,23 @@ class VersionDirectories(WeightSource, Protocol):
 
     def directory(self, version: int) -> Path:
         """``ROOT/v{version}`` (a complete version; ``KeyError`` if there is none)."""
+
+
+@runtime_checkable
+class StreamedVersions(WeightSource, Protocol):
+    """A weight source that gives a version bucket by bucket, checked already (what the driver's ``hf`` engines read
+    from :class:`~psrl.weights.receivers.CollectiveVersions`); ``name`` is what errors call it."""
+
+    name: str
+
+    def names(self, version: int) -> list[str]:
+        """The tensors of ``version`` its buckets hold, in order (``KeyError`` if it is not held)."""
+
+    def tied(self, version: int) -> dict[str, str]:
+        """``{alias: canonical}``: names of ``version`` that its buckets do not hold (a tied tensor comes once)."""
+
+    def buckets(self, version: int) -> Iterator[dict[str, Tensor]]:
+        """``version``'s tensors, a bucket at a time (views: copy what is kept before the next)."""
 
 
 class FileVersions:

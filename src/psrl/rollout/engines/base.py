@@ -36,7 +36,7 @@ from psrl.types import (
     stream_seed,
     stream_uniform,
 )
-from psrl.weights import VersionDirectories, read_version
+from psrl.weights import StreamedVersions, VersionDirectories, read_version
 
 if TYPE_CHECKING:
     from psrl.tasks.base import GenerateFn
@@ -162,8 +162,17 @@ class BatchingEngine:
         if isinstance(store, VersionDirectories):
             await self._load_directory(store.directory(version), int(version))
             return
+        if isinstance(store, StreamedVersions):
+            await self._load_streamed(store, int(version))
+            return
         version, state = store.get(version)
         await self._load(state, int(version))
+
+    async def _load_streamed(self, store: StreamedVersions, version: int) -> None:
+        """Load a version a source gives bucket by bucket: read whole (an engine that can stream buckets into its
+        model overrides this)."""
+        got, state = await asyncio.to_thread(store.get, version)
+        await self._load(state, got)
 
     async def _load_directory(self, directory: Path, version: int) -> None:
         """Load a published directory (:mod:`psrl.weights`): whole, checked (an engine that can stream buckets into

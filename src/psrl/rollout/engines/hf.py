@@ -31,6 +31,7 @@ Across a weight update under partial rollout (``rollout.kv_after_update``):
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -40,7 +41,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from psrl.models.policy import Policy, left_pad, sample
 from psrl.rollout.engines.base import BatchingEngine, row_uniforms
 from psrl.types import GenRequest, Sampling, WeightState
-from psrl.weights import check_version, read_buckets, read_manifest, tied_names, with_tied
+from psrl.weights import StreamedVersions, check_version, read_buckets, read_manifest, tied_names, with_tied
 from psrl.weights.adapter import MergedAdapter, is_adapter
 
 __all__ = ["HFEngine", "KV_MODES"]
@@ -107,32 +108,48 @@ class HFEngine(BatchingEngine):
         if self.kv_after_update == "recompute":
             self._drop_all()
 
+    async def _load_streamed(self, store: StreamedVersions, version: int) -> None:
+        """A version held bucket by bucket (received over the collective transport, checked on arrival): each
+        bucket loaded into the model as it is read, so at most one is held beside the model."""
+        names, tied, buckets = store.names(version), store.tied(version), store.buckets(version)
+        await asyncio.to_thread(self._into_model, names, tied, buckets, version, store.name)
+        if self.kv_after_update == "recompute":
+            self._drop_all()
+
     def _stream(self, directory: Path, version: int) -> None:
-        model = self.policy.model
         manifest = read_manifest(directory)
-        names = {n for b in manifest["buckets"] for n in b["names"]}
-        tied: dict[str, str] = manifest.get("tied", {})
+        names = [n for b in manifest["buckets"] for n in b["names"]]
         if manifest.get("kind") == "lora":
-            self._lora().check(names)
-        elif names | set(tied) != set(model.state_dict()):
-            have = set(model.state_dict())
-            raise ValueError(
-                f"{directory}: its tensors are not the engine's model's (missing {sorted(have - names - set(tied))[:3]}, "
-                f"unknown {sorted(names - have)[:3]})"
-            )
+            self._lora().check(set(names))
         got = check_version(directory)
         if got != version:
             raise ValueError(f"{directory} holds version {got}, not {version}")
         buckets = (tensors for _, tensors in read_buckets(directory, check=False))
         if manifest.get("kind") == "lora":
-            self._lora().load_buckets(buckets, names)
+            self._lora().load_buckets(buckets, set(names))
+            self.policy.version = int(version)
         else:
-            self._adapter = None
-            own = tied_names(model.state_dict())  # loading the canonical name loads these aliases too
-            untied = {a: c for a, c in tied.items() if own.get(a) != c}  # the version's ties this model lacks
-            for tensors in buckets:
-                more = {a: c for a, c in untied.items() if c in tensors}
-                model.load_state_dict(with_tied(tensors, more), strict=False)
+            self._into_model(names, manifest.get("tied", {}), buckets, version, str(directory))
+
+    def _into_model(
+        self, names: Iterable[str], tied: dict[str, str], buckets: Iterable[WeightState], version: int, where: str
+    ) -> None:
+        """Copy a whole model's ``buckets`` into the engine's model (``names``: every tensor they hold, checked
+        against the model's first: a version of another model changes nothing). A tied tensor comes once
+        (``tied``: ``{alias: canonical}``): loading its canonical name loads the model's alias."""
+        model = self.policy.model
+        have, names = set(model.state_dict()), set(names)
+        if names | set(tied) != have:
+            raise ValueError(
+                f"{where}: its tensors are not the engine's model's (missing {sorted(have - names - set(tied))[:3]}, "
+                f"unknown {sorted(names - have)[:3]})"
+            )
+        self._adapter = None
+        own = tied_names(model.state_dict())  # loading the canonical name loads these aliases too
+        untied = {a: c for a, c in tied.items() if own.get(a) != c}  # the version's ties this model lacks
+        for tensors in buckets:
+            more = {a: c for a, c in untied.items() if c in tensors}
+            model.load_state_dict(with_tied(dict(tensors), more), strict=False)
         self.policy.version = int(version)
 
     def _lora(self) -> MergedAdapter:

@@ -1,0 +1,76 @@
+"""A version held in a file rather than in memory (:class:`~psrl.weights.receivers.CollectiveVersions`): the
+buckets of a version side by side in one file of the receiver's own disk, each received straight into its place
+through a memory map of that bucket alone, and read back the same way.
+
+Why a file: the ``hf`` engines of the driver's process must keep serving their version while the next one arrives
+(a transfer that breaks midway must leave them on it), so a received version is held apart from their weights
+until it is whole and checked -- in memory that is one more model's bytes per version held, beside the engines'
+own. Through a map, a bucket's pages count in the process's memory only while that bucket is mapped (as it is
+received, and as an engine copies it into its weights); the rest of the version sits in the page cache, which the
+kernel writes back or drops. Nothing is copied on the way in (the transport receives into the map) and one copy
+is made on the way out (into the engine's weights, as from memory).
+
+A file is this process's: it is not a published version (no manifest; the receiver checked the digests as the
+bytes arrived) and does not outlive the versions its receiver holds.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["SpillFile"]
+
+_PAGE = mmap.ALLOCATIONGRANULARITY
+
+
+class SpillFile:
+    """``path`` holding buckets of ``sizes`` bytes, in order, side by side (made at the full size, sparse)."""
+
+    def __init__(self, path: str | Path, sizes: Sequence[int], create: bool = True):
+        self.path = Path(path)
+        self.sizes = [int(n) for n in sizes]
+        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "wb") as f:
+                f.truncate(sum(self.sizes))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes)
+
+    def region(self, index: int) -> torch.Tensor:
+        """Bucket ``index``'s bytes, writable, as a ``uint8`` tensor over a map of that region alone: written
+        through to the file; unmapped when the tensor and every view of it are gone."""
+        with open(self.path, "r+b") as f:
+            return _map(f.fileno(), self.offsets[index], self.sizes[index], mmap.ACCESS_WRITE)
+
+    def regions(self) -> Iterator[torch.Tensor]:
+        """Every bucket's bytes in order, read-only in effect (a private map: nothing is written back), one map
+        at a time: the caller drops each before asking for the next. The file is held open throughout, so a
+        version dropped meanwhile (its file unlinked) is still read whole."""
+        with open(self.path, "rb") as f:
+            for offset, size in zip(self.offsets, self.sizes):
+                yield _map(f.fileno(), offset, size, mmap.ACCESS_COPY)
+
+    def rename(self, path: str | Path) -> SpillFile:
+        """This file under ``path`` (``os.replace``)."""
+        os.replace(self.path, path)
+        return SpillFile(path, self.sizes, create=False)
+
+    def discard(self) -> None:
+        """Remove the file (a version no longer held, or one that did not arrive whole). Idempotent."""
+        self.path.unlink(missing_ok=True)
+
+
+def _map(fd: int, offset: int, size: int, access: int) -> torch.Tensor:
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    start = offset - offset % _PAGE  # a map starts on the allocation granularity
+    mm = mmap.mmap(fd, size + offset - start, access=access, offset=start)
+    return torch.frombuffer(mm, dtype=torch.uint8, count=size, offset=offset - start)  # keeps ``mm`` alive
