@@ -167,3 +167,19 @@ def test_validation_engines_load_the_newest_version_before_validating(tmp_path):
     _, want = read_version(root / "v3")
     assert all(torch.equal(copy.model.state_dict()[k], want[k]) for k in want)
     assert copy.version == 3 and loads == [3]
+
+
+@pytest.mark.parametrize(("world", "weightless", "loads"), [(1, False, False), (2, True, True), (2, False, True)])
+def test_engines_built_from_a_weightless_driver_load_the_first_version(world, weightless, loads):
+    """The engines' start copy is labelled with a version only where it holds that version: at one rank the
+    driver's policy is the trained model; a weightless driver's replicas are built from the recipe, which a warm
+    start on the ranks moves away from (the first step's log-probs differed by 0.31 when they were labelled 0), so
+    its copy is unlabelled and every engine loads the first version at start."""
+    from types import SimpleNamespace
+
+    from psrl.runtime.local import _engine_source
+
+    policy = SimpleNamespace(version=0, weightless=weightless)
+    made = SimpleNamespace(world_size=world, lora=None, policy=policy)
+    source = _engine_source(SimpleNamespace(policy=policy), made)  # type: ignore[arg-type]
+    assert (source.version == -1) is loads and policy.version == 0

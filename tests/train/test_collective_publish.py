@@ -19,7 +19,7 @@ from psrl.rollout.engines.hf import HFEngine
 from psrl.rollout.fakes import random_batch
 from psrl.train import Trainer
 from psrl.types import GenRequest, Sampling
-from psrl.weights import state_digest
+from psrl.weights import VERSION_FILE, state_digest
 from psrl.weights.collective import TransferFailed, first_tags, send_bucket
 from psrl.weights.receivers import CollectiveVersions
 from tests.train.test_train_trainer import _setup
@@ -196,3 +196,8 @@ def test_psrl_train_at_two_ranks_over_the_collective_transport(tmp_path):
     assert max(r["engine/logprob_mismatch_max"] for r in rows) < 1e-5
     assert all(r["weights/bytes"] > 0 for r in rows) and any("time/sync_s" in r for r in rows)
     assert not list((run_dir / "weights").glob("v[0-9]*"))
+    # final/ is the last version, written from the driver's receiver (its versions are not directories)
+    assert (run_dir / "final" / VERSION_FILE).read_text() == "3\n"
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(str(run_dir / "final")).num_parameters() > 0

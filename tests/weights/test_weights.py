@@ -18,12 +18,14 @@ from safetensors.torch import load_file
 from psrl.weights import (
     INDEX,
     MANIFEST,
+    VERSION_FILE,
     FileVersions,
     VersionDamaged,
     bucket_digest,
     export_state,
     plan_buckets,
     publish_model,
+    read_buckets,
     read_manifest,
     read_version,
     state_digest,
@@ -31,6 +33,7 @@ from psrl.weights import (
     version_digest,
     versions,
     write_model_directory,
+    write_streamed_directory,
 )
 
 
@@ -201,15 +204,33 @@ def test_a_tied_version_holds_the_tensor_once_and_reads_back_whole(tmp_path):
     assert state_digest(exported, bucket_mb=0.001) == m_t["digest"]
 
 
-def test_a_tied_final_directory_loads_with_from_pretrained_and_gives_the_same_logits(tmp_path):
-    """``final/`` of a tied version (no head in its files or index): ``from_pretrained`` ties the head itself and
-    the logits equal the model's."""
+class _Streamed:
+    """A source that streams a published version's buckets (as the driver's collective receiver does)."""
+
+    name = "streamed"
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def buckets(self, version):
+        return (tensors for _, tensors in read_buckets(self.directory))
+
+
+@pytest.mark.parametrize("source", ["files", "streamed"])
+def test_a_tied_final_directory_loads_with_from_pretrained_and_gives_the_same_logits(tmp_path, source):
+    """``final/`` of a tied version (no head in its files or index), made from a version's files or from a source
+    that streams its buckets (the collective receiver's): ``from_pretrained`` ties the head itself and the logits
+    equal the model's."""
     from transformers import AutoModelForCausalLM
 
     model = _llama(True, seed=3)
     publish_model(model, tmp_path / "w", 2, bucket_mb=0.001)
     tok = type("Tok", (), {"save_pretrained": lambda self, d: None})()
-    out = write_model_directory(tmp_path / "w" / "v2", tmp_path / "final", model, tok)
+    if source == "files":
+        out = write_model_directory(tmp_path / "w" / "v2", tmp_path / "final", model, tok)
+    else:
+        out = write_streamed_directory(_Streamed(tmp_path / "w" / "v2"), 2, tmp_path / "final", model, tok)  # type: ignore[arg-type]
+        assert (out / VERSION_FILE).read_text() == "2\n" and len(list(out.glob("*.safetensors"))) >= 3
     loaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     ids = torch.tensor([[1, 5, 7, 2, 9]])
     with torch.no_grad():

@@ -39,7 +39,7 @@ from psrl.train import Trainer, build_task_and_policy, seed_everything, warm_sta
 from psrl.train.launch import Launcher, LocalRanks, RankFailure
 from psrl.train.lora import lora_spec
 from psrl.types import Engine, Sink, StepTrainer, WeightSource, WeightState
-from psrl.weights import VersionDirectories, write_model_directory
+from psrl.weights import StreamedVersions, VersionDirectories, write_model_directory, write_streamed_directory
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -277,10 +277,11 @@ def _engine_source(trainer: StepTrainer, made: Trainer | None) -> Any:
     """The policy the engines start as copies of, once the first version is published, labelled with a version it
     truly holds: an engine that holds the newest version loads nothing at start. The driver's policy is the trained
     one at world size 1 (full fine-tuning); otherwise (ranks elsewhere: after a resume the driver's policy holds
-    the start weights under the resumed version; LoRA: the driver's policy is the base) an unlabelled copy, so every
+    the start weights under the resumed version; a weightless driver's replicas are built from the recipe, which
+    the ranks' warm start has moved away from; LoRA: the driver's policy is the base) an unlabelled copy, so every
     engine loads the newest version at start (with LoRA it carries the ranks' base: the first of a set of ranks
     does, and the engine keeps that base for the adapters after)."""
-    if made is None or (made.world_size == 1 and made.lora is None) or made.policy.weightless:
+    if made is None or (made.world_size == 1 and made.lora is None):
         return trainer.policy
     base = copy.copy(trainer.policy)
     base.version = -1
@@ -386,9 +387,11 @@ def write_final(coord: Coordinator, out: Path, made: Trainer | None = None) -> P
         made.latest_policy().save_pretrained(out)
         made.save_adapter(out / "adapter")
         return out
+    model, tokenizer = getattr(policy, "model", None), getattr(policy, "tokenizer", None)
     if isinstance(store, VersionDirectories) and newest is not None:
-        model = getattr(policy, "model", None)
-        return write_model_directory(store.directory(newest), out, model, getattr(policy, "tokenizer", None))
+        return write_model_directory(store.directory(newest), out, model, tokenizer)
+    if isinstance(store, StreamedVersions) and newest is not None:  # the driver's collective receiver
+        return write_streamed_directory(store, newest, out, model, tokenizer)
     if not isinstance(policy, _SavesPretrained):
         raise TypeError(f"psrl train writes final/ with the policy's save_pretrained: {type(policy).__name__} has none")
     return Path(policy.save_pretrained(out))

@@ -5,7 +5,7 @@ Face directory (:mod:`~psrl.weights.export`: ``final/``, a vLLM server's start).
 Below both ``rollout`` (the engines read versions) and ``train`` (the ranks publish them): neither imports the other.
 """
 
-from psrl.weights.export import VERSION_FILE, write_model_directory
+from psrl.weights.export import VERSION_FILE, write_model_directory, write_streamed_directory
 from psrl.weights.format import (
     INDEX,
     MANIFEST,
@@ -53,6 +53,7 @@ __all__ = [
     "state_digest",
     "VERSION_FILE",
     "write_model_directory",
+    "write_streamed_directory",
     "FileVersions",
     "ParameterStore",
     "VersionDirectories",

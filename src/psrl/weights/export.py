@@ -22,9 +22,10 @@ from typing import Any
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from psrl.weights.format import INDEX, read_manifest
+from psrl.weights.format import INDEX, bucket_file, read_manifest
+from psrl.weights.store import StreamedVersions
 
-__all__ = ["write_model_directory", "VERSION_FILE", "untied_directory", "TIED_FILE"]
+__all__ = ["write_model_directory", "write_streamed_directory", "VERSION_FILE", "untied_directory", "TIED_FILE"]
 
 TIED_FILE = "model-tied.safetensors"
 """In :func:`untied_directory`: each tied alias of the version, as a tensor of its own."""
@@ -53,6 +54,44 @@ def write_model_directory(version_dir: str | Path, out: str | Path, model: Any, 
         config.save_pretrained(str(tmp))
         tokenizer.save_pretrained(tmp)
         (tmp / VERSION_FILE).write_text(f"{int(manifest['version'])}\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def write_streamed_directory(
+    store: StreamedVersions, version: int, out: str | Path, model: Any, tokenizer: Any
+) -> Path:
+    """``out``: held ``version`` of a source that streams its buckets (the driver's collective receiver, whose
+    versions are not directories) as a Hugging Face directory, as :func:`write_model_directory` makes one: the
+    buckets written as safetensors shards one at a time (one bucket in memory), the index (tied aliases are left
+    to ``from_pretrained``, as in a published version), the config, the tokenizer, ``psrl_version.txt``."""
+    config = getattr(model, "config", model)
+    if config is not model and not getattr(config, "architectures", None):
+        config = copy.deepcopy(config)
+        config.architectures = [type(model).__name__]
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        written: list[list[str]] = []
+        for i, tensors in enumerate(store.buckets(int(version))):
+            save_file({n: t.contiguous() for n, t in tensors.items()}, str(tmp / f"part-{i}"))
+            written.append(list(tensors))
+            del tensors
+        weight_map = {}
+        for i, names in enumerate(written):
+            name = bucket_file(i, len(written))
+            os.replace(tmp / f"part-{i}", tmp / name)
+            weight_map.update(dict.fromkeys(names, name))
+        (tmp / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+        config.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(tmp)
+        (tmp / VERSION_FILE).write_text(f"{int(version)}\n")
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
