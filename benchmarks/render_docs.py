@@ -396,17 +396,23 @@ def weights_scale_driver() -> str:
     """docs/trainer.md's driver figures with vLLM engines (``benchmarks/weights_scale.py --engines vllm``)."""
     r = stored.read("weights_scale_driver")
     rows = [
-        [f"{x['size']} ({x['model_bytes'] / 2**30:.2f} GiB)", str(x["world"])]
+        [f"{x['size']} ({x['model_bytes'] / 2**30:.2f} GiB)", str(x["world"]), x["transport"]]
         + [f"{x['driver_peak_above_start_bytes'] / 2**20:.0f}", f"{x['driver_ratio']:.3f}"]
-        + [f"{x['publish_s']:.2f}", f"{x['sync_s']:.2f}", f"{x['rank_publish_excess']:.2f}"]
+        + [
+            f"{x['publish_s']:.2f}",
+            f"{x['sync_s']:.2f}",
+            f"{x['sync_over_copy']:.0f}",
+            f"{x['rank_publish_excess']:.2f}",
+        ]
         for x in r["runs"]
     ]
-    header = ["model", "ranks", "driver peak above its start, MiB", "/ model bytes", "publish s", "sync s"]
-    header += ["rank publish peak / allowance"]
-    slope = r["slopes"].get("2/files/vllm", {}).get("driver_peak_gb_per_gb")
+    header = ["model", "ranks", "versions go", "driver peak above its start, MiB", "/ model bytes", "publish s"]
+    header += ["sync s", "sync / plain copy", "rank publish peak / allowance"]
     sentence = f"`driver_weight_ratio_vllm` = {r['driver_weight_ratio_vllm']:.3f} ({r['driver_weight_ratio_vllm_at']})"
-    if slope is not None:
-        sentence += f"; the driver's peak grows {slope:.3f} GB per GB of model from small to large"
+    for transport in ("files", "collective"):
+        slope = r["slopes"].get(f"2/{transport}/vllm", {}).get("driver_peak_gb_per_gb")
+        if slope is not None:
+            sentence += f"; with {transport} the driver's peak grows {slope:.3f} GB per GB of model from small to large"
     return _command("weights_scale_driver") + "\n" + _table(header, rows) + "\n" + sentence + ".\n"
 
 

@@ -11,8 +11,8 @@ only; ``collective``: the ranks send the buckets over the run's transfer group t
 ``weights.transport=collective``), after one training step on a small batch. It measures:
 
 * ``driver_ratio`` -- the driver's peak RSS (``VmHWM``) above its RSS once the config is loaded, over the model's
-  fp32 bytes. At one rank the driver builds the policy it trains and one ``hf`` engine replica, so ~2 is the floor
-  there; at 2 ranks it builds what ``psrl train`` builds (:func:`psrl.runtime.local.driver_holds_weights`): a
+  fp32 bytes. At one rank the driver is the rank: the model it trains, its gradients and AdamW's two moments (4),
+  and one ``hf`` engine replica (1), so ~5 is the floor there (``memory``: + the version held); at 2 ranks it builds what ``psrl train`` builds (:func:`psrl.runtime.local.driver_holds_weights`): a
   weightless policy and the engine from the recipe, so the engine's model (1) is the floor and the allowance is
   n_rollout_instances + 0.5 = 1.5;
 * ``rank_publish_excess`` -- each rank's peak RSS during the publish above its RSS before it, over its allowance

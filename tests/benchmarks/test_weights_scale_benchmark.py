@@ -1,6 +1,7 @@
 """benchmarks/weights_scale.py smoke-tested as a subprocess at 1 layer, the small size, 1 and 2 ranks: it runs, ends
 with one JSON line holding the headline keys, each configuration publishes the model's tensors once per version
-(tied ones included), and a rank's publish peak through files stays within one bucket + 10 % of its shard."""
+(a tied tensor once: the fp32 version's bytes are the parameters' bytes), and a rank's publish peak stays within
+one bucket + 10 % of its shard through either transport."""
 
 import pytest
 
@@ -18,9 +19,6 @@ def test_weights_scale_benchmark_runs_and_ends_with_one_json_line():
         (2, "files"),
         (2, "collective"),
     ]
-    assert all(r["weights_bytes"] >= r["model_bytes"] and r["sync_s"] > 0 for r in last["runs"])
-    files = next(r for r in last["runs"] if (r["world"], r["transport"]) == (2, "files"))
-    assert files["rank_publish_excess"] <= 1.0
-    # the collective transport's rank peak is not pinned here: at 1 layer its rank 0 holds the two 113 MB embedding
-    # buckets at once (1.89 of the allowance, measured 2026-12-07; not explained yet, docs/trainer.md)
+    assert all(r["weights_bytes"] == r["model_bytes"] and r["sync_s"] > 0 for r in last["runs"])
+    assert all(r["rank_publish_excess"] <= 1.0 for r in last["runs"] if r["world"] == 2)
     assert last["headline"].startswith("small at 2 ranks")

@@ -14,12 +14,12 @@ import copy
 import json
 import os
 import shutil
+import struct
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from psrl.weights.format import INDEX, bucket_file, read_manifest
@@ -120,14 +120,43 @@ def untied_directory(version_dir: str | Path) -> Path | None:
     if not tied:
         return None
     where = {n: b["file"] for b in manifest["buckets"] for n in b["names"]}
-    aliases = {}
-    for alias, canonical in tied.items():
-        with safe_open(str(src / where[canonical]), framework="pt") as f:
-            aliases[alias] = f.get_tensor(canonical)
     out = Path(tempfile.mkdtemp(prefix=f".untied-{src.name}-", dir=src.parent))
     for name in sorted(set(where.values())):
         os.symlink(src / name, out / name)
-    save_file(aliases, str(out / TIED_FILE))
-    weight_map = {**where, **dict.fromkeys(aliases, TIED_FILE)}
+    _copy_tensors({alias: (src / where[canonical], canonical) for alias, canonical in tied.items()}, out / TIED_FILE)
+    weight_map = {**where, **dict.fromkeys(tied, TIED_FILE)}
     (out / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     return out
+
+
+def _header(path: Path) -> tuple[int, dict[str, Any]]:
+    """A safetensors file's header: (where its data starts, ``{name: {dtype, shape, data_offsets}}``)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return 8 + n, json.loads(f.read(n))
+
+
+def _copy_tensors(tensors: dict[str, tuple[Path, str]], out: Path, chunk: int = 16 << 20) -> None:
+    """Write a safetensors file of ``{name: (file, name there)}``, each tensor's bytes copied from its file a chunk
+    at a time (the process holds ``chunk`` bytes, not the tensor: a tied embedding is ~10 % of a model)."""
+    header: dict[str, Any] = {}
+    sources, at = [], 0
+    for name, (path, there) in tensors.items():
+        start, entries = _header(path)
+        lo, hi = entries[there]["data_offsets"]
+        header[name] = {**{k: entries[there][k] for k in ("dtype", "shape")}, "data_offsets": [at, at + hi - lo]}
+        sources.append((path, start + lo, hi - lo))
+        at += hi - lo
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(out, "wb") as dst:
+        dst.write(struct.pack("<Q", len(head)) + head)
+        for path, offset, size in sources:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                while size > 0:
+                    block = f.read(min(chunk, size))
+                    if not block:
+                        raise ValueError(f"{path}: shorter than its header says")
+                    dst.write(block)
+                    size -= len(block)
