@@ -17,6 +17,7 @@ import shutil
 import struct
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,27 +41,14 @@ def write_model_directory(version_dir: str | Path, out: str | Path, model: Any, 
     ``meta``), or its config: the config is written with the model's class as ``architectures`` where it names
     none (a config built in code, never saved, has none, and vLLM picks its model class by it); ``tokenizer``:
     anything with ``save_pretrained(directory)``. Replaces ``out`` if it exists."""
-    config = getattr(model, "config", model)
-    if config is not model and not getattr(config, "architectures", None):
-        config = copy.deepcopy(config)
-        config.architectures = [type(model).__name__]
-    src, out = Path(version_dir).resolve(), Path(out)
+    src = Path(version_dir).resolve()
     manifest = read_manifest(src)  # a complete version only
-    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
-    try:
+
+    def weights(tmp: Path) -> None:
         for name in [b["file"] for b in manifest["buckets"]] + [INDEX]:
             _link_or_copy(src / name, tmp / name)
-        config.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(tmp)
-        (tmp / VERSION_FILE).write_text(f"{int(manifest['version'])}\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return _model_directory(out, weights, int(manifest["version"]), model, tokenizer)
 
 
 def write_streamed_directory(
@@ -70,14 +58,8 @@ def write_streamed_directory(
     versions are not directories) as a Hugging Face directory, as :func:`write_model_directory` makes one: the
     buckets written as safetensors shards one at a time (one bucket in memory), the index (tied aliases are left
     to ``from_pretrained``, as in a published version), the config, the tokenizer, ``psrl_version.txt``."""
-    config = getattr(model, "config", model)
-    if config is not model and not getattr(config, "architectures", None):
-        config = copy.deepcopy(config)
-        config.architectures = [type(model).__name__]
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
-    try:
+
+    def weights(tmp: Path) -> None:
         written: list[list[str]] = []
         for i, tensors in enumerate(store.buckets(int(version))):
             save_file({n: t.contiguous() for n, t in tensors.items()}, str(tmp / f"part-{i}"))
@@ -89,9 +71,28 @@ def write_streamed_directory(
             os.replace(tmp / f"part-{i}", tmp / name)
             weight_map.update(dict.fromkeys(names, name))
         (tmp / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+
+    return _model_directory(out, weights, int(version), model, tokenizer)
+
+
+def _model_directory(
+    out: str | Path, weights: Callable[[Path], None], version: int, model: Any, tokenizer: Any
+) -> Path:
+    """``out`` written beside itself and renamed (it appears whole): ``weights(tmp)`` puts the safetensors and the
+    index, then the config (with ``architectures``, :func:`write_model_directory`), the tokenizer and
+    ``psrl_version.txt``."""
+    config = getattr(model, "config", model)
+    if config is not model and not getattr(config, "architectures", None):
+        config = copy.deepcopy(config)
+        config.architectures = [type(model).__name__]
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        weights(tmp)
         config.save_pretrained(str(tmp))
         tokenizer.save_pretrained(tmp)
-        (tmp / VERSION_FILE).write_text(f"{int(version)}\n")
+        (tmp / VERSION_FILE).write_text(f"{version}\n")
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
