@@ -189,8 +189,8 @@ def test_held_versions_are_files_of_the_receiver_and_only_the_newest_keep_stay(t
         dst.commit(v, sent_manifest(v, [rec for part in sent for rec in part]))
         dst.close()
         if v == 2:
-            reading = dst.buckets(1)
-            first = {n: t.clone() for n, t in next(reading).items()}  # an engine part-way through version 1
+            reading = dst.buckets(1)  # an engine about to stream version 1 (its file is open from here)
+            first = {}
     assert dst.versions() == [2, 3] and _spilled(dst) == ["v2.bin", "v3.bin"]
     assert reading is not None
     rest = {n: t.clone() for part in reading for n, t in part.items()}

@@ -173,11 +173,10 @@ class CollectiveVersions:
 
     def buckets(self, version: int) -> Iterator[dict[str, torch.Tensor]]:
         """Held ``version``'s tensors, bucket by bucket, as views of a map of that bucket alone: copy what you keep
-        before asking for the next (checked on arrival: nothing is checked again). Tied aliases are not in them."""
-        _, spill, buckets, _ = self._version(version)
-        for flat, layout in zip(spill.regions(), buckets):
-            yield unpack(flat, layout)
-            del flat
+        before asking for the next (checked on arrival: nothing is checked again). Tied aliases are not in them.
+        The version is looked up and its file opened now: dropped later (a newer one arrived), it is still read."""
+        _, spill, buckets, _ = self._version(version)  # here, not at the first bucket: the file is open from now
+        return (unpack(flat, layout) for flat, layout in zip(spill.regions(), buckets))
 
     def get(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
         """``(version, state)``: a held version read whole into memory (copies; a tied alias the very tensor of its

@@ -53,11 +53,17 @@ class SpillFile:
 
     def regions(self) -> Iterator[torch.Tensor]:
         """Every bucket's bytes in order, read-only in effect (a private map: nothing is written back), one map
-        at a time: the caller drops each before asking for the next. The file is held open throughout, so a
-        version dropped meanwhile (its file unlinked) is still read whole."""
-        with open(self.path, "rb") as f:
-            for offset, size in zip(self.offsets, self.sizes):
-                yield _map(f.fileno(), offset, size, mmap.ACCESS_COPY)
+        at a time: the caller drops each before asking for the next. The file is opened here, before the first
+        bucket is asked for, and held open throughout: a version dropped meanwhile (its file unlinked) is still
+        read whole."""
+        f = open(self.path, "rb")  # noqa: SIM115 -- closed by the generator below
+
+        def read() -> Iterator[torch.Tensor]:
+            with f:
+                for offset, size in zip(self.offsets, self.sizes):
+                    yield _map(f.fileno(), offset, size, mmap.ACCESS_COPY)
+
+        return read()
 
     def rename(self, path: str | Path) -> SpillFile:
         """This file under ``path`` (``os.replace``)."""
