@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from psrl.errors import RunError, one_line_errors
-from psrl.runtime.recorder import BOUND_EVENT
+from psrl.runtime.recorder import BOUND_EVENT, EVENTS_FILE
 from psrl.viz.events import buffer_timeline, read_valid
 
 _NUM = (int, float)
@@ -43,7 +43,7 @@ def load_run(run_dir: Path, warn=print) -> tuple[dict, Counter, list[dict]]:
     """``(buffer timeline, staleness counts, moves of the adaptive bound)`` of a run directory. Damaged lines
     (a run killed mid-write, a truncated copy) are skipped and counted in one warning; a directory with neither
     file is an error."""
-    events_path, traj_path = run_dir / "events.jsonl", run_dir / "trajectories.jsonl"
+    events_path, traj_path = run_dir / EVENTS_FILE, run_dir / "trajectories.jsonl"
     if not events_path.is_file() and not traj_path.is_file():
         raise RunError(
             f"{run_dir}",
