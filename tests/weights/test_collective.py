@@ -4,6 +4,7 @@ damaged or never comes leaves the receiver on the versions it had, and every wai
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -222,6 +223,15 @@ def test_a_sender_that_never_sends_ends_in_the_timeout():
     _, received = _threads([silent, receive])
     assert isinstance(received, TransferFailed) and "after 0 of" in str(received)
     assert dst.versions() == [1]
+
+
+def test_a_receiver_without_a_root_removes_its_own_directory():
+    dst = _held_v1()
+    root = dst.root
+    assert (root / "v1.bin").exists()
+    del dst
+    gc.collect()
+    assert not root.exists()
 
 
 def test_receiving_without_a_group_is_an_error_naming_the_receiver():

@@ -12,8 +12,10 @@ A :class:`Receiver` is a member of the transfer group on the receiving side, as 
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -65,7 +67,7 @@ class CollectiveVersions:
     memory: the process's memory holds the engines' weights and two buckets in flight, whatever ``keep`` is. An
     engine streams a held version bucket by bucket (:meth:`buckets`); :meth:`get` reads it whole (tests, the
     driver's own policy). ``root`` is this process's own (files left there by an earlier run are removed): it needs
-    no filesystem shared with the ranks.
+    no filesystem shared with the ranks. Without a ``root`` it makes a temporary directory, removed with it.
 
     One receiver per process: the driver's ``hf`` engines share what it received. ``name`` is what errors call it."""
 
@@ -74,6 +76,8 @@ class CollectiveVersions:
         self.keep = max(int(keep), 1)
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="psrl-received-"))
         self.root.mkdir(parents=True, exist_ok=True)
+        if root is None:  # a directory of its own: it goes with this receiver
+            weakref.finalize(self, shutil.rmtree, str(self.root), True)
         for old in list(self.root.glob("v*.recv")) + list(self.root.glob("v*.bin")):
             old.unlink(missing_ok=True)
         self.group: TransferGroup | None = None
