@@ -43,7 +43,15 @@ from torch import nn
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 from torch.distributed.tensor import DTensor, Shard
 
-from psrl.weights.format import VersionDamaged, bucket_digest, plan_buckets, untie, version_digest
+from psrl.weights.format import (
+    VersionDamaged,
+    bucket_digest,
+    crc_digest,
+    crc_update,
+    plan_buckets,
+    untie,
+    version_digest,
+)
 from psrl.weights.publish import MB
 
 __all__ = [
@@ -319,32 +327,30 @@ def receive_version(
 ) -> Iterator[tuple[int, dict[str, torch.Tensor], str]]:
     """``(index, tensors, digest)`` per bucket as it arrives from its senders (:func:`bucket_parts`): one buffer per
     bucket, each message received into its place (a rank's rows of a tensor into those rows); the tensors are views
-    of it, the digest computed here -- each sender's part, joined in rank order with ``+`` -- while the next bucket
-    is already arriving (at most two buckets in flight). ``buffer(b)``: bucket ``b``'s buffer (``uint8``, its
-    ``nbytes``; a region of a :class:`~psrl.weights.spill.SpillFile`, say); default: a new tensor."""
+    of it. The digest -- each sender's part's, joined in rank order with ``+`` -- is computed here message by
+    message as each arrives, while the later ones are still coming; the next bucket is asked for once this one is
+    yielded and its views dropped, so one bucket is in flight at a time. ``buffer(b)``: bucket ``b``'s buffer
+    (``uint8``, its ``nbytes``; a region of a :class:`~psrl.weights.spill.SpillFile`, say); default: a new tensor."""
     tags = first_tags(buckets)
-
-    def post(b: int) -> tuple[dict[str, torch.Tensor], list[Any], list[dict[str, torch.Tensor]]]:
-        flat = torch.empty(buckets[b].nbytes, dtype=torch.uint8) if buffer is None else buffer(b)
-        views = unpack(flat, buckets[b])
-        works, regions = [], []
-        for src, parts in bucket_parts(buckets[b], b, world).items():
-            mine: dict[str, torch.Tensor] = {}
+    for b, bucket in enumerate(buckets):
+        flat = torch.empty(bucket.nbytes, dtype=torch.uint8) if buffer is None else buffer(b)
+        views = unpack(flat, bucket)
+        del flat
+        crcs: dict[int, int] = {}
+        arriving: list[tuple[int, str, torch.Tensor, Any]] = []
+        for src, parts in bucket_parts(bucket, b, world).items():  # in rank order
+            crcs[src] = 0
             for i, name, rows in parts:
-                whole = views[buckets[b].names[i]]
-                mine[name] = whole if rows is None else whole[rows[0] : rows[1]]
-                works.append(group.irecv(mine[name].reshape(-1).view(torch.uint8), src=src, tag=tags[b] + i))
-            regions.append(mine)
-        return views, works, regions
-
-    nxt = post(0) if buckets else None
-    for b in range(len(buckets)):
-        assert nxt is not None
-        views, works, regions = nxt
-        for work in works:
+                whole = views[bucket.names[i]]
+                region = whole if rows is None else whole[rows[0] : rows[1]]
+                work = group.irecv(region.reshape(-1).view(torch.uint8), src=src, tag=tags[b] + i)
+                arriving.append((src, name, region, work))
+        for src, name, region, work in arriving:  # each sender's messages in its order: its part's running CRC
             group.wait(work)
-        nxt = post(b + 1) if b + 1 < len(buckets) else None
-        yield b, views, "+".join(bucket_digest(part) for part in regions)
+            crcs[src] = crc_update(crcs[src], name, region)
+        del arriving
+        yield b, views, "+".join(crc_digest(crcs[src]) for src in crcs)
+        del views  # this bucket's buffer goes before the next one's comes
 
 
 def sent_manifest(

@@ -52,6 +52,8 @@ __all__ = [
     "with_tied",
     "state_bytes",
     "bucket_digest",
+    "crc_update",
+    "crc_digest",
     "version_digest",
     "write_bucket",
     "finish_version",
@@ -170,7 +172,18 @@ def bucket_digest(tensors: Mapping[str, torch.Tensor], like: str | None = None) 
         return h.hexdigest()
     crc = 0
     for name, t in tensors.items():
-        crc = zlib.crc32(_bytes(t), zlib.crc32(_header(name, t), crc))
+        crc = crc_update(crc, name, t)
+    return crc_digest(crc)
+
+
+def crc_update(crc: int, name: str, t: torch.Tensor) -> int:
+    """The running CRC-32 of a bucket's tensors (start at 0) after ``name`` and ``t``: a reader that gets the
+    tensors one at a time computes :func:`bucket_digest` as they come (:func:`crc_digest` at the end)."""
+    return zlib.crc32(_bytes(t), zlib.crc32(_header(name, t), crc))
+
+
+def crc_digest(crc: int) -> str:
+    """The digest :func:`bucket_digest` writes for a running CRC-32 (:func:`crc_update`)."""
     return f"{CRC}{crc:08x}"
 
 
