@@ -26,7 +26,7 @@ when any bucket or the version digest differs).
 after its last bucket arrived and every digest matched (:class:`CollectiveVersions`). A transfer that fails midway
 (a sender gone, a timeout, a damaged bucket) raises :class:`TransferFailed` naming the receiver and the version,
 and leaves the engines on the version they had. The cost: the receiver stages the version in flight apart from
-the one it serves -- the driver's ``hf`` engines in a file (:mod:`psrl.weights.spill`: two buckets in memory), a
+the one it serves -- the driver's ``hf`` engines in a file (:mod:`psrl.weights.spill`: one bucket in memory), a
 vLLM server's worker in memory (one model's bytes, in the published dtype, in the server's process).
 """
 

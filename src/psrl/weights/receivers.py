@@ -64,7 +64,7 @@ class CollectiveVersions:
     ``keep`` versions.
 
     A version is received into, and held in, a file of ``root`` (:class:`~psrl.weights.spill.SpillFile`), not in
-    memory: the process's memory holds the engines' weights and two buckets in flight, whatever ``keep`` is. An
+    memory: the process's memory holds the engines' weights and one bucket in flight, whatever ``keep`` is. An
     engine streams a held version bucket by bucket (:meth:`buckets`); :meth:`get` reads it whole (tests, the
     driver's own policy). ``root`` is this process's own (files left there by an earlier run are removed): it needs
     no filesystem shared with the ranks. Without a ``root`` it makes a temporary directory, removed with it.
