@@ -41,10 +41,6 @@ class SpillFile:
             with open(self.path, "wb") as f:
                 _allocate(f.fileno(), sum(self.sizes))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(self.sizes)
-
     def region(self, index: int) -> torch.Tensor:
         """Bucket ``index``'s bytes, writable, as a ``uint8`` tensor over a map of that region alone: written
         through to the file; unmapped when the tensor and every view of it are gone."""

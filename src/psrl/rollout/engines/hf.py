@@ -138,14 +138,15 @@ class HFEngine(BatchingEngine):
         against the model's first: a version of another model changes nothing). A tied tensor comes once
         (``tied``: ``{alias: canonical}``): loading its canonical name loads the model's alias."""
         model = self.policy.model
-        have, names = set(model.state_dict()), set(names)
+        state = model.state_dict()
+        have, names = set(state), set(names)
         if names | set(tied) != have:
             raise ValueError(
                 f"{where}: its tensors are not the engine's model's (missing {sorted(have - names - set(tied))[:3]}, "
                 f"unknown {sorted(names - have)[:3]})"
             )
         self._adapter = None
-        own = tied_names(model.state_dict())  # loading the canonical name loads these aliases too
+        own = tied_names(state)  # loading the canonical name loads these aliases too
         untied = {a: c for a, c in tied.items() if own.get(a) != c}  # the version's ties this model lacks
         for tensors in buckets:
             more = {a: c for a, c in untied.items() if c in tensors}
