@@ -2,6 +2,7 @@
 two phases send the engine the same contexts."""
 
 import asyncio
+import importlib.util
 import random
 import sys
 from argparse import Namespace
@@ -14,6 +15,10 @@ from tests.benchmarks.run import run_benchmark
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
+AGENTS_EXTRA = all(importlib.util.find_spec(m) for m in ("openai", "starlette", "uvicorn"))
+
+
+@pytest.mark.skipif(not AGENTS_EXTRA, reason="the endpoint needs the agents extra: pip install -e '.[agents]'")
 def test_the_benchmark_measures_both_paths_and_ends_with_the_ratio():
     out = run_benchmark(
         "agent_endpoint.py", "--model", "builtin", "--agents", "2", "--turns", "2", "--tokens", "4", "--pairs", "2"
