@@ -74,3 +74,24 @@ def vllm_servers(tiny, tmp_path_factory):
     yield urls, root / "model"
     for s in servers:
         s.stop()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """On a failed run, the errors in every vLLM server log under the session's temporary directory (the shared
+    servers', the module ones', the ones psrl started in a run directory): a server that died shows its own stack
+    trace here, where CI's output keeps it, not only the client's 'EngineCore encountered an issue' (errors after
+    the server began to shut down are left out: every stop logs some)."""
+    if exitstatus == 0 or not hasattr(config, "_tmp_path_factory"):
+        return
+    try:
+        base = config._tmp_path_factory.getbasetemp()
+    except Exception:  # noqa: BLE001 -- no temporary directory was made: no server ran
+        return
+    for log in sorted(base.rglob("server*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        end = next((i for i, line in enumerate(lines) if "[shutdown]" in line or "Shutting down" in line), len(lines))
+        first = next((i for i, line in enumerate(lines[:end]) if "Traceback" in line or " ERROR " in line), None)
+        if first is None:  # none, or only those of its stop at the end of the session
+            continue
+        terminalreporter.section(f"vLLM server log {log.relative_to(base)} from its first error", sep="-")
+        terminalreporter.write_line("\n".join(lines[max(0, first - 5) : first + 60]))

@@ -7,6 +7,7 @@ token-in/token-out endpoint is refused at start, naming the flag.
 
 import asyncio
 import json
+import os
 
 import httpx
 import pytest
@@ -235,3 +236,41 @@ def test_a_request_is_sent_again_only_if_the_server_never_answered_it(tmp_path):
     assert first.finish == "length" and first.tokens == [7, 8] and first.versions == [1, 1]
     assert len(sent) == 3
     assert second.finish == "error" and second.tokens == [5, 6] and "RemoteProtocolError" in second.error
+
+
+def test_a_reload_given_up_by_its_caller_leaves_the_server_its_files(tmp_path):
+    """A tied version reaches vLLM as a directory that adds the head under its own name. A reload that psrl stops
+    waiting for (cancelled as the run ends) goes on in the server: its files stay until the version is pruned (a
+    directory removed under a reload failed it half-way and left vLLM's engine dead for every later call)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from psrl.weights import FileVersions, publish_model
+
+    cfg = LlamaConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0,
+    )  # fmt: skip
+    publish_model(LlamaForCausalLM(cfg), tmp_path / "weights", 1)
+    asked: list[str] = []
+
+    async def handler(request):
+        body = json.loads(request.content)
+        assert request.url.path == "/collective_rpc" and body["method"] == "reload_weights"
+        asked.append(body["kwargs"]["weights_path"])
+        await asyncio.Event().wait()  # the server is still reading when psrl gives up
+
+    async def main():
+        eng = engine(handler, tmp_path)
+        task = asyncio.create_task(eng.update_weights(1, FileVersions(tmp_path / "weights")))
+        while not asked:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await eng._client.aclose()
+
+    asyncio.run(main())
+    path = asked[0]
+    index = json.loads((tmp_path / "weights" / "v1" / "untied" / "model.safetensors.index.json").read_text())
+    assert os.path.samefile(path, tmp_path / "weights" / "v1" / "untied") and "lm_head.weight" in index["weight_map"]
+    assert all(os.path.exists(os.path.join(path, f)) for f in set(index["weight_map"].values()))

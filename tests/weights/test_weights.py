@@ -259,18 +259,24 @@ def test_an_hf_engine_streams_a_tied_version_into_a_tied_and_an_untied_model(tmp
 def test_an_untied_directory_adds_each_alias_as_a_file_of_its_own_for_vllm(tmp_path):
     """vLLM's reload on CPU loads a tied head only under its own name: the directory made for it links the version's
     files and adds the alias (the embedding's values) in one more file its index names; an untied version needs
-    none."""
-    from psrl.weights.export import TIED_FILE, untied_directory
+    none. It is the version's own: made once, shared by every later caller, pruned with the version."""
+    from psrl.weights.export import TIED_FILE, UNTIED_DIR, untied_directory
 
     model = _llama(True, seed=6)
     publish_model(model, tmp_path / "t", 1, bucket_mb=0.001)
     publish_model(_llama(False), tmp_path / "u", 1, bucket_mb=0.001)
     assert untied_directory(tmp_path / "u" / "v1") is None
     out = untied_directory(tmp_path / "t" / "v1")
-    assert out is not None and out.parent == (tmp_path / "t").resolve() and out.name.startswith(".")
+    assert out is not None and out == (tmp_path / "t" / "v1").resolve() / UNTIED_DIR
+    made = (out / TIED_FILE).stat().st_mtime_ns
+    assert untied_directory(tmp_path / "t" / "v1") == out and (out / TIED_FILE).stat().st_mtime_ns == made
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # no builder's leftovers
     weight_map = json.loads((out / INDEX).read_text())["weight_map"]
     assert weight_map.keys() == model.state_dict().keys() and weight_map[HEAD] == TIED_FILE
     got = {n: t for f in set(weight_map.values()) for n, t in load_file(str(out / f)).items()}
     assert got.keys() == model.state_dict().keys()
     assert all(torch.equal(got[k], v) for k, v in model.state_dict().items())
     assert versions(tmp_path / "t") == [1]
+    for v in (2, 3):
+        publish_model(model, tmp_path / "t", v, bucket_mb=0.001, keep=2)
+    assert versions(tmp_path / "t") == [2, 3] and not out.exists()  # pruned with its version

@@ -26,10 +26,19 @@ from safetensors.torch import save_file
 from psrl.weights.format import INDEX, bucket_file, read_manifest
 from psrl.weights.store import StreamedVersions
 
-__all__ = ["write_model_directory", "write_streamed_directory", "VERSION_FILE", "untied_directory", "TIED_FILE"]
+__all__ = [
+    "write_model_directory",
+    "write_streamed_directory",
+    "VERSION_FILE",
+    "untied_directory",
+    "TIED_FILE",
+    "UNTIED_DIR",
+]
 
 TIED_FILE = "model-tied.safetensors"
 """In :func:`untied_directory`: each tied alias of the version, as a tensor of its own."""
+UNTIED_DIR = "untied"
+"""The subdirectory of a version with a tied alias that :func:`untied_directory` makes for vLLM."""
 
 VERSION_FILE = "psrl_version.txt"
 """The version a model directory holds (``final/``), one line."""
@@ -112,21 +121,38 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def untied_directory(version_dir: str | Path) -> Path | None:
     """For a reader that loads a tied alias only under its own name from files (vLLM's ``reload_weights`` on CPU
     repacks a tied head's weight only when the head is loaded): None when the version ``version_dir`` has no
-    ``tied`` names; else a new temporary directory (the caller removes it) with the version's files linked, each
-    alias's tensor (read from its canonical name's file) in :data:`TIED_FILE`, and an index naming every tensor.
-    The version's own files hold each tied tensor once (:func:`~psrl.weights.format.tied_names`)."""
+    ``tied`` names; else the version's own :data:`UNTIED_DIR` (made by the first caller, shared by every later one):
+    the version's files linked, each alias's tensor (read from its canonical name's file) in :data:`TIED_FILE`, and
+    an index naming every tensor. The version's own files hold each tied tensor once
+    (:func:`~psrl.weights.format.tied_names`).
+
+    It lives inside the version's directory and goes with it when the version is pruned, never before: a server
+    may go on reading it after its caller stopped waiting (a reload cancelled as the run ends), and a directory
+    removed under it failed the reload half-way and left vLLM's engine dead for every later call (seen in CI)."""
     src = Path(version_dir).resolve()
     manifest = read_manifest(src)
     tied: dict[str, str] = manifest.get("tied") or {}
     if not tied:
         return None
+    out = src / UNTIED_DIR
+    if (out / INDEX).exists():
+        return out
     where = {n: b["file"] for b in manifest["buckets"] for n in b["names"]}
-    out = Path(tempfile.mkdtemp(prefix=f".untied-{src.name}-", dir=src.parent))
-    for name in sorted(set(where.values())):
-        os.symlink(src / name, out / name)
-    _copy_tensors({alias: (src / where[canonical], canonical) for alias, canonical in tied.items()}, out / TIED_FILE)
-    weight_map = {**where, **dict.fromkeys(tied, TIED_FILE)}
-    (out / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{UNTIED_DIR}-", dir=src))
+    try:
+        for name in sorted(set(where.values())):
+            os.symlink(Path("..") / name, tmp / name)
+        _copy_tensors(
+            {alias: (src / where[canonical], canonical) for alias, canonical in tied.items()}, tmp / TIED_FILE
+        )
+        weight_map = {**where, **dict.fromkeys(tied, TIED_FILE)}
+        (tmp / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+        os.rename(tmp, out)
+    except OSError:
+        if not (out / INDEX).exists():  # not a rename refused because another engine made it first
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

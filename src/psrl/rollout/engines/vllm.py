@@ -41,7 +41,6 @@ import asyncio
 import itertools
 import json
 import secrets
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -342,12 +341,8 @@ class VLLMEngine:
             await self._load_adapter(self.adapter, store.directory(int(version)))
         else:  # the ranks' files: Hugging Face's sharded layout with its index (a tied head: also under its name)
             directory = store.directory(int(version))
-            untied = await asyncio.to_thread(untied_directory, directory)
-            try:
-                await self.rpc("reload_weights", weights_path=str(untied or directory))
-            finally:
-                if untied is not None:
-                    shutil.rmtree(untied, ignore_errors=True)
+            untied = await asyncio.to_thread(untied_directory, directory)  # the version's own: pruned with it
+            await self.rpc("reload_weights", weights_path=str(untied or directory))
         await self._label(int(version))
         self.version = int(version)
         if not self._inflight:
