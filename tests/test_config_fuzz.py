@@ -13,8 +13,10 @@ The default suite draws a bounded number of examples; ``-m slow`` runs a longer 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -35,6 +37,7 @@ KEYS = leaf_keys()
 SECTIONS = {k.rsplit(".", i)[0] for k in KEYS for i in range(1, k.count(".") + 1)}
 
 _FIXTURES = Path(tempfile.mkdtemp(prefix="psrl-fuzz-"))
+atexit.register(shutil.rmtree, _FIXTURES, True)  # made at import (hypothesis' examples name its files): gone at exit
 (_FIXTURES / "adir").mkdir()
 (_FIXTURES / "afile").write_text("x")
 (_FIXTURES / "trace.jsonl").write_text(

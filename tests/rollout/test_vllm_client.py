@@ -274,3 +274,33 @@ def test_a_reload_given_up_by_its_caller_leaves_the_server_its_files(tmp_path):
     index = json.loads((tmp_path / "weights" / "v1" / "untied" / "model.safetensors.index.json").read_text())
     assert os.path.samefile(path, tmp_path / "weights" / "v1" / "untied") and "lm_head.weight" in index["weight_map"]
     assert all(os.path.exists(os.path.join(path, f)) for f in set(index["weight_map"].values()))
+
+
+@pytest.mark.parametrize("psrl_dies", [False, True])
+def test_a_server_psrl_starts_keeps_its_temporary_files_in_a_directory_that_goes_with_it(tmp_path, psrl_dies):
+    """vLLM puts its IPC sockets and distributed-init files in ``TMPDIR``: a server psrl starts gets a directory of
+    its own there, removed when psrl stops it, or by its watcher when psrl is gone (its pipe closed unasked)."""
+    import time
+
+    from psrl.rollout.engines.vllm_server import VLLMServer
+
+    fake = tmp_path / "python"  # stands for the vLLM environment's interpreter: notes its TMPDIR, then serves
+    fake.write_text('#!/bin/sh\ntouch "$TMPDIR/socket" && echo "tmp=$TMPDIR"\nexec sleep 600\n')
+    fake.chmod(0o755)
+    log = tmp_path / "server.log"
+    server = VLLMServer(str(fake), tmp_path / "model", log)
+    server._spawn(9)
+    deadline = time.monotonic() + 30
+    while "tmp=" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tmp = log.read_text().split("tmp=", 1)[1].strip()
+    assert tmp == server.tmp and os.path.exists(os.path.join(tmp, "socket"))
+    if psrl_dies:
+        watcher = server.watcher
+        assert watcher is not None and watcher.stdin is not None
+        watcher.stdin.close()  # what psrl's death does to the pipe
+        watcher.wait(timeout=30)
+        server.proc = None  # the watcher stopped the server's group
+    else:
+        server.stop()
+    assert not os.path.exists(tmp)

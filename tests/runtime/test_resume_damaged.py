@@ -9,6 +9,7 @@ and trains on, or :class:`~psrl.errors.RunError` names the checkpoint directory 
 
 from __future__ import annotations
 
+import atexit
 import pickle
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ CK_FILES = ("coordinator.pkl", "trainer.json")
 
 def _template() -> Path:
     d = Path(tempfile.mkdtemp(prefix="psrl-ck-")) / "run"
+    atexit.register(shutil.rmtree, d.parent, True)  # made at import (hypothesis' examples copy it): gone at exit
     d.mkdir()
     coord, rec, _ = build(CFG, d, FakeTrainer(train_time=0.5))
     run(coord, 2, SaveAt(2, d, rec, coord))

@@ -9,6 +9,7 @@ own error would surface as an exception here.
 
 from __future__ import annotations
 
+import atexit
 import json
 import random
 import shutil
@@ -35,6 +36,7 @@ FILES = ("events.jsonl", "trajectories.jsonl")
 
 def _template() -> Path:
     d = Path(tempfile.mkdtemp(prefix="psrl-viz-")) / "run"
+    atexit.register(shutil.rmtree, d.parent, True)  # made at import (hypothesis' examples copy it): gone at exit
     d.mkdir()
     log = EventLog(d / "events.jsonl", clock=iter(range(10**6)).__next__)
     m = StalenessManager(staleness=1, batch_size=2, group_size=1, on_event=log)

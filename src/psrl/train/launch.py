@@ -27,12 +27,14 @@ import asyncio
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import socket
 import sys
 import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -147,7 +149,10 @@ class RankGroup:
             raise ValueError(f"{type(self).__name__} needs world_size >= 2 (1 runs InProcess), got {world_size}")
         self.world_size = world_size
         self.reply_timeout_s = reply_timeout_s
-        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="psrl-ranks-"))
+        if log_dir is None:  # a directory of its own, removed with the group
+            log_dir = tempfile.mkdtemp(prefix="psrl-ranks-")
+            weakref.finalize(self, shutil.rmtree, log_dir, True)
+        self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def log_path(self, rank: int) -> Path:

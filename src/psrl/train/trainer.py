@@ -20,6 +20,7 @@ import random
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,10 @@ class Trainer:
         self.policy = policy
         self.algo_cfg, self.cfg = algo_cfg, trainer_cfg
         self.world_size, self.dtype, self.keep, self.bucket_mb = world_size, dtype, max(int(keep), 1), bucket_mb
-        self.work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="psrl-trainer-"))
+        if work_dir is None:  # a directory of its own (tests, embedding), removed with the trainer
+            work_dir = tempfile.mkdtemp(prefix="psrl-trainer-")
+            weakref.finalize(self, shutil.rmtree, work_dir, True)
+        self.work_dir = Path(work_dir)
         in_memory = world_size == 1 if in_memory is None else in_memory
         if in_memory and world_size > 1:
             raise ValueError("versions in memory are handed over in this process: world size 1 only")

@@ -20,10 +20,12 @@ import asyncio
 import ctypes
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,7 +93,7 @@ def free_port() -> int:
 
 
 WATCHER = """
-import os, signal, sys, time
+import os, shutil, signal, sys, time
 pgid = int(sys.argv[1])
 sys.stdin.buffer.read()  # returns at EOF: psrl stopped the server, or psrl is gone
 def gone():
@@ -108,6 +110,7 @@ for sig in (signal.SIGTERM, signal.SIGKILL):
         if gone():
             break
         time.sleep(0.1)
+shutil.rmtree(sys.argv[2], ignore_errors=True)  # the server's TMPDIR
 """
 
 
@@ -166,6 +169,7 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.watcher: subprocess.Popen | None = None
         self.port: int | None = None
+        self.tmp: str | None = None
 
     @property
     def url(self) -> str:
@@ -229,6 +233,9 @@ class VLLMServer:
         if self.lora_rank:  # /v1/load_lora_adapter
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         env.pop("PYTHONPATH", None)  # the project's path must not shadow vLLM's own packages
+        # vLLM's IPC sockets and distributed-init files go to a temporary directory that goes with the server (in
+        # the system's, thousands of them were left behind by the servers of a few test sessions)
+        self.tmp = env["TMPDIR"] = tempfile.mkdtemp(prefix="psrl-vllm-")
         if self.receiver:  # psrl's own source only (psrl.weights imports torch and safetensors: vLLM has both)
             env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
         log = open(self.log_path, "ab")
@@ -244,7 +251,7 @@ class VLLMServer:
         )
         log.close()
         self.watcher = subprocess.Popen(
-            [sys.executable, "-c", WATCHER, str(self.proc.pid)],
+            [sys.executable, "-c", WATCHER, str(self.proc.pid), self.tmp],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -314,3 +321,6 @@ class VLLMServer:
                 watcher.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 watcher.kill()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
