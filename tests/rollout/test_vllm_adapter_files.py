@@ -72,6 +72,20 @@ def test_a_version_becomes_a_base_directory_and_an_adapter_at_one_path(tmp_path)
     served.done()
 
 
+def test_a_base_a_server_may_still_read_stays_until_a_later_load_is_answered(tmp_path):
+    """A load psrl stopped waiting for (cancelled, or no answer) may go on in the server: its base directory is not
+    removed by the next stage, only once a later load is answered (the server runs its calls one after another)."""
+    torch.manual_seed(0)
+    model = add_adapter(build_tiny_gpt2("cpu"), SPEC)
+    served = ServedAdapter(tmp_path / "server-0")
+    first = served.stage(_publish(model, tmp_path / "w", 0, with_base=True, seed=1))  # never answered
+    second = served.stage(_publish(model, tmp_path / "w", 1, with_base=True, seed=2))
+    assert first is not None and second is not None and first != second
+    assert (first / "model.safetensors.index.json").exists()  # still whole for the reload that may read it
+    served.done()  # the second load was answered
+    assert not first.exists() and not second.exists()
+
+
 def test_a_damaged_version_leaves_the_served_files_as_they_were(tmp_path):
     torch.manual_seed(0)
     model = add_adapter(build_tiny_gpt2("cpu"), SPEC)

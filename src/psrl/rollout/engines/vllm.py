@@ -357,11 +357,12 @@ class VLLMEngine:
                 await self.rpc("reload_weights", weights_path=str(base))
             body = {"lora_name": adapter.name, "lora_path": str(adapter.path), "load_inplace": True}
             await self._post("/v1/load_lora_adapter", json=body)
-        except BaseException:
+        except RuntimeError:  # the server answered and refused it: it serves the old adapter
             await asyncio.to_thread(adapter.restore)
-            raise
-        finally:
             await asyncio.to_thread(adapter.done)
+            raise
+        # cancelled, or no answer: the server may still be reading the staged files, which stay until a later load
+        await asyncio.to_thread(adapter.done)
 
     async def rpc(self, method: str, timeout: float | None = None, **kwargs: object) -> list[Any]:
         """``POST /collective_rpc``: ``method`` of every worker of the server (vLLM's, or psrl's receiver

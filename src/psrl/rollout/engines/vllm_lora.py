@@ -23,6 +23,7 @@ adapter; the in-place load then brings it back).
 from __future__ import annotations
 
 import shutil
+import uuid
 from pathlib import Path
 
 from psrl.weights.adapter import peft_files, unpack_version
@@ -58,9 +59,9 @@ class ServedAdapter:
 
     def stage(self, version_dir: str | Path) -> Path | None:
         """Check the version and write its adapter at :attr:`path` (the previous files kept in memory for
-        :meth:`restore`); returns the base-only directory to reload first when the version carries the base."""
-        scratch = self.directory / "base"
-        shutil.rmtree(scratch, ignore_errors=True)
+        :meth:`restore`); returns the base-only directory to reload first when the version carries the base (a new
+        scratch directory each time: an earlier one may still be read by a reload psrl stopped waiting for)."""
+        scratch = self.directory / f"base-{uuid.uuid4().hex[:8]}"
         adapter, manifest, base = unpack_version(version_dir, scratch)
         self._previous = {f: (self.path / f).read_bytes() for f in FILES if (self.path / f).exists()}
         peft_files(adapter, manifest, self.path)
@@ -74,6 +75,8 @@ class ServedAdapter:
             tmp.replace(self.path / f)
 
     def done(self) -> None:
-        """After a load: drop the scratch base and the kept files."""
+        """After the server answered a load: drop the kept files and every scratch base (the server runs its calls
+        one after another, so none of them is read any more)."""
         self._previous = {}
-        shutil.rmtree(self.directory / "base", ignore_errors=True)
+        for scratch in self.directory.glob("base-*"):
+            shutil.rmtree(scratch, ignore_errors=True)
