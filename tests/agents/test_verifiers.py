@@ -200,3 +200,26 @@ def test_task_verifiers_fuzzed_loads_or_names_a_task_key():
             get_task(cfg.task, seed=0, data=cfg.data)
         except ConfigError as e:
             assert e.key.startswith("task.") and "\n" not in str(e), (value, str(e))
+
+
+def test_validation_on_an_environment_without_an_eval_dataset_stops_the_run_before_its_first_step(tmp_path, capsys):
+    """``trainer.val_every`` > 0 on an environment with no eval_dataset: one config error naming the key, before any
+    step is trained (the validation set is read at start, not at the first validation)."""
+    run_dir = tmp_path / "run"
+    args = [
+        "model.n_layer=1",
+        "model.n_embd=32",
+        "model.n_head=2",
+        "psrl.rollout_n=2",
+        *CONTEXT,
+        "trainer.total_steps=3",
+        "trainer.val_every=2",
+        "task.name=verifiers",
+        f"task.verifiers={EXAMPLE}",
+        f"trainer.run_dir={run_dir}",
+    ]
+    assert main(args) == 2  # ConfigError's exit code
+    err = capsys.readouterr().err
+    assert "trainer.val_every" in err and "eval_dataset" in err and "fix:" in err
+    metrics = run_dir / "metrics.jsonl"
+    assert not (read_jsonl(metrics) if metrics.exists() else [])  # no step trained, none validated

@@ -121,9 +121,11 @@ class RunWatch:
         self.total = cfg.trainer.total_steps
         self.console = "console" in cfg.trainer.logger
         tty = sys.stdout.isatty() if tty is None else tty
+        self._val_prompts: list | None = None
+        if validator is not None and cfg.trainer.val_every > 0:  # read now: a bad validation set stops the run
+            self._val_prompts = coord.agents.task.val_prompts(cfg.trainer.val_size)  # before its first step
         self.bar = _Bar(self.total, coord.version) if self.console and tty else None
         self.trackers = Trackers(cfg, Path(run_dir), resume_version=coord.version)
-        self._val_prompts: list | None = None
         dropped = getattr(coord.agents.task, "dropped", 0) if hasattr(coord, "agents") else 0
         if dropped:
             log(f"data: dropped {dropped} prompts longer than data.max_prompt_length (data.filter_overlong_prompts)")

@@ -34,7 +34,7 @@ from psrl.errors import ConfigError
 from psrl.tasks.agent.endpoint import MODEL
 from psrl.tasks.agent.task import AgentError, AgentTask
 from psrl.tasks.base import Episode, Prompt
-from psrl.tasks.dataset import DataError, Row
+from psrl.tasks.dataset import Row
 from psrl.tasks.rewards import load_function
 
 __all__ = ["VerifiersTask", "RubricLoop", "INSTALL"]
@@ -97,7 +97,11 @@ class VerifiersTask(AgentTask):
         """The environment's training (``data.train_files``) or evaluation rows, checked like a dataset's."""
         split = "eval" if key == "data.val_files" else "train"
         if split == "eval" and self.env.eval_dataset_source is None:
-            raise DataError(f"task.verifiers={self.cfg.verifiers}: validation needs the environment's eval_dataset")
+            raise ConfigError(
+                "trainer.val_every",
+                f"validates on the environment's eval_dataset, but task.verifiers={self.cfg.verifiers} has none",
+                "give the environment an eval_dataset, or set trainer.val_every=0",
+            )
         ds = self.env.get_eval_dataset() if split == "eval" else self.env.get_dataset()
         rows = []
         for i, raw in enumerate(ds):
