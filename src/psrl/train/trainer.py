@@ -18,9 +18,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import shutil
-import tempfile
 import time
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ from psrl.errors import ConfigError
 from psrl.heap import release_freed
 from psrl.models import Policy
 from psrl.models.builder import DTYPES, write_start_state
-from psrl.train.launch import InProcess, Launcher, LocalRanks, RankFailure, Ranks
+from psrl.train.launch import InProcess, Launcher, LocalRanks, RankFailure, Ranks, own_directory
 from psrl.train.lora import LoraSpec
 from psrl.train.planner import plan
 from psrl.train.shard import master_dtype
@@ -74,7 +72,7 @@ class Trainer:
         algo_cfg, trainer_cfg: ``algorithm.*`` and ``trainer.*``.
         world_size: ranks (``psrl.deployment.train_nnodes x train_ngpus_per_node``).
         work_dir: the run directory: published versions (``weights/``), the start weights and the ranks' logs
-            (a temporary directory when None).
+            (when None, a temporary directory removed with the trainer).
         dtype: ``model.dtype`` (published in it; the ranks keep fp32 masters under mixed precision, and so does
             the in-process rank at world size 1 for a 16-bit policy model).
         in_memory: publish into a :class:`~psrl.weights.ParameterStore` (world size 1 with ``hf`` engines in this
@@ -118,10 +116,7 @@ class Trainer:
         self.policy = policy
         self.algo_cfg, self.cfg = algo_cfg, trainer_cfg
         self.world_size, self.dtype, self.keep, self.bucket_mb = world_size, dtype, max(int(keep), 1), bucket_mb
-        if work_dir is None:  # a directory of its own (tests, embedding), removed with the trainer
-            work_dir = tempfile.mkdtemp(prefix="psrl-trainer-")
-            weakref.finalize(self, shutil.rmtree, work_dir, True)
-        self.work_dir = Path(work_dir)
+        self.work_dir = Path(work_dir) if work_dir is not None else own_directory(self, "psrl-trainer-")
         in_memory = world_size == 1 if in_memory is None else in_memory
         if in_memory and world_size > 1:
             raise ValueError("versions in memory are handed over in this process: world size 1 only")
