@@ -26,6 +26,7 @@ from tests.rollout.harness import check_bound
 
 EXAMPLE = "examples/verifiers_tool/env.py:load_environment"
 CONTEXT = ["data.max_prompt_length=1400", "model.n_positions=1600"]  # the Hermes tool turn, one char a token
+SMALL_MODEL = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
 
 
 def test_the_example_environment_calls_its_tool_and_its_rubric_scores(tmp_path):
@@ -92,9 +93,7 @@ def test_a_verifiers_environment_trains_20_steps_within_the_bound_scored_by_its_
     recomputed from the tokens the trajectory recorded."""
     run_dir = tmp_path / "run"
     args = [
-        "model.n_layer=1",
-        "model.n_embd=32",
-        "model.n_head=2",
+        *SMALL_MODEL,
         "psrl.rollout_n=2",
         "psrl.staleness=1",
         "psrl.staleness_buffer_entries=2",
@@ -207,9 +206,7 @@ def test_validation_on_an_environment_without_an_eval_dataset_stops_the_run_befo
     step is trained (the validation set is read at start, not at the first validation)."""
     run_dir = tmp_path / "run"
     args = [
-        "model.n_layer=1",
-        "model.n_embd=32",
-        "model.n_head=2",
+        *SMALL_MODEL,
         "psrl.rollout_n=2",
         *CONTEXT,
         "trainer.total_steps=3",
