@@ -100,8 +100,10 @@ def apply(spec: dict, run_dir: Path) -> None:
         p.write_bytes(data)
 
 
-def _damaged_copy(spec: dict) -> Path:
-    d = Path(tempfile.mkdtemp(prefix="psrl-viz-")) / "run"
+def _damaged_copy(spec: dict, parent: Path | None = None) -> Path:
+    """A damaged copy of the template, ``parent/run`` (a new temporary directory that the caller removes if None:
+    hypothesis' examples cannot take ``tmp_path``)."""
+    d = (parent or Path(tempfile.mkdtemp(prefix="psrl-viz-"))) / "run"
     shutil.copytree(TEMPLATE, d)
     apply(spec, d)
     return d
@@ -166,7 +168,7 @@ def test_a_directory_without_run_files_is_one_line(tmp_path, monkeypatch, capsys
 
 def test_a_truncated_last_line_is_skipped_and_reported(tmp_path, capsys):
     """A run killed mid-write: the timeline is drawn from the intact lines, one warning names the line."""
-    d = _damaged_copy({"events.jsonl": ("keep", 1.0, []), "trajectories.jsonl": ("keep", 1.0, [])})
+    d = _damaged_copy({"events.jsonl": ("keep", 1.0, []), "trajectories.jsonl": ("keep", 1.0, [])}, tmp_path)
     n = len((d / "events.jsonl").read_text().splitlines())
     with (d / "events.jsonl").open("a") as fh:
         fh.write('{"t": 3.5, "kind": "occ')
@@ -199,7 +201,7 @@ def test_moves_of_the_adaptive_bound_are_read_as_moves_not_damage(tmp_path, caps
     moves, draws them, leaves the buffer timeline as it was and reports nothing damaged."""
     from psrl.runtime.adaptive import Move
 
-    d = _damaged_copy({"events.jsonl": ("keep", 1.0, []), "trajectories.jsonl": ("keep", 1.0, [])})
+    d = _damaged_copy({"events.jsonl": ("keep", 1.0, []), "trajectories.jsonl": ("keep", 1.0, [])}, tmp_path)
     before, _, no_moves = load_run(d, warn=pytest.fail)
     log = EventLog(d / "events.jsonl", clock=iter(range(10**6, 2 * 10**6)).__next__)
     log.bound(Move(step=4, old=1, new=2, reason="ess 0.97 >= 0.9"))
