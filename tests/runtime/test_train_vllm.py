@@ -90,12 +90,20 @@ def test_a_skipped_weight_update_makes_the_mismatch_jump(tmp_path, vllm_servers,
     """Servers put back to the untrained model's weights, and engines that take psrl's version numbers but never
     load its (warm-started) weights: the mismatch jumps above 1e-2."""
     import httpx
+    from transformers import AutoModelForCausalLM
+
+    from psrl.weights import publish_model
+    from psrl.weights.export import untied_directory
 
     urls, model_dir = vllm_servers
+    # as a version (its tied head under its own name too): the model's own directory holds the head once, and vLLM
+    # on CPU would keep the head it has ("ParallelLMHead: Failed to load weights")
+    publish_model(AutoModelForCausalLM.from_pretrained(model_dir), tmp_path / "untrained", 0)
+    untrained = untied_directory(tmp_path / "untrained" / "v0") or tmp_path / "untrained" / "v0"
     for url in urls:
         resp = httpx.post(
             f"{url}/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}},
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(untrained)}},
             timeout=120,
         )
         assert resp.status_code == 200
