@@ -6,6 +6,9 @@ and a driver may die meanwhile): it asks the kernel to SIGKILL it when the paren
 shared counter while the process lives (:func:`beat`) -- only then does it unpickle and call the real target.
 The parent pid is passed in, not read in the child with ``getppid()``: a parent that died before the child read
 it would leave the child watching the wrong process.
+
+:func:`own_directory` ties a temporary directory to the object that owns it the same way: it goes when its owner
+does (a trainer, a rank group or a weight receiver given no directory of the run's).
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
+import weakref
+from pathlib import Path
 from typing import Any
 
-__all__ = ["run", "die_with_parent", "beat"]
+__all__ = ["run", "die_with_parent", "beat", "own_directory"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -58,3 +65,11 @@ def beat(parent: int, beats: Any, slot: int, every: float) -> None:
             due = time.monotonic() + every
         tick.wait(min(every, 1.0))
     os._exit(1)
+
+
+def own_directory(owner: object, prefix: str) -> Path:
+    """A new temporary directory (named ``prefix...``) for ``owner``, removed when ``owner`` is collected or at
+    exit."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    weakref.finalize(owner, shutil.rmtree, path, True)
+    return Path(path)

@@ -285,7 +285,7 @@ def test_a_server_psrl_starts_keeps_its_temporary_files_in_a_directory_that_goes
     from psrl.rollout.engines.vllm_server import VLLMServer
 
     fake = tmp_path / "python"  # stands for the vLLM environment's interpreter: notes its TMPDIR, then serves
-    fake.write_text('#!/bin/sh\ntouch "$TMPDIR/socket" && echo "tmp=$TMPDIR"\nexec sleep 600\n')
+    fake.write_text('#!/bin/sh\ntouch "${TMPDIR:?}/socket" && echo "tmp=$TMPDIR"\nexec sleep 600\n')
     fake.chmod(0o755)
     log = tmp_path / "server.log"
     server = VLLMServer(str(fake), tmp_path / "model", log)

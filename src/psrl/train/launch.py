@@ -27,14 +27,11 @@ import asyncio
 import multiprocessing as mp
 import os
 import pickle
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 import traceback
-import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -140,13 +137,6 @@ class InProcess:
         """Nothing to stop."""
 
 
-def own_directory(owner: object, prefix: str) -> Path:
-    """A new temporary directory for ``owner`` (a trainer or a rank group given none), removed with it."""
-    path = tempfile.mkdtemp(prefix=prefix)
-    weakref.finalize(owner, shutil.rmtree, path, True)
-    return Path(path)
-
-
 class RankGroup:
     """What both multi-rank launchers share (:class:`LocalRanks`, :class:`psrl.runtime.ray_ranks.RayRanks`): the
     rank count, the bound on every reply, one log file per rank (quoted in a :class:`RankFailure`)."""
@@ -156,7 +146,7 @@ class RankGroup:
             raise ValueError(f"{type(self).__name__} needs world_size >= 2 (1 runs InProcess), got {world_size}")
         self.world_size = world_size
         self.reply_timeout_s = reply_timeout_s
-        self.log_dir = Path(log_dir) if log_dir is not None else own_directory(self, "psrl-ranks-")
+        self.log_dir = Path(log_dir) if log_dir is not None else lifeline.own_directory(self, "psrl-ranks-")
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def log_path(self, rank: int) -> Path:

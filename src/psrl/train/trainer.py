@@ -30,9 +30,10 @@ from psrl.algo.divergence import divergence_metrics
 from psrl.config import AlgorithmConfig, TrainerConfig
 from psrl.errors import ConfigError
 from psrl.heap import release_freed
+from psrl.lifeline import own_directory
 from psrl.models import Policy
 from psrl.models.builder import DTYPES, write_start_state
-from psrl.train.launch import InProcess, Launcher, LocalRanks, RankFailure, Ranks, own_directory
+from psrl.train.launch import InProcess, Launcher, LocalRanks, RankFailure, Ranks
 from psrl.train.lora import LoraSpec
 from psrl.train.planner import plan
 from psrl.train.shard import master_dtype

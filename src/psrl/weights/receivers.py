@@ -12,10 +12,7 @@ A :class:`Receiver` is a member of the transfer group on the receiving side, as 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from psrl.lifeline import own_directory
 from psrl.weights.collective import (
     BucketLayout,
     GroupAddress,
@@ -74,10 +72,8 @@ class CollectiveVersions:
     def __init__(self, root: str | Path | None = None, keep: int = 2, name: str = "the driver's hf engines"):
         self.name = name
         self.keep = max(int(keep), 1)
-        self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="psrl-received-"))
+        self.root = Path(root) if root is not None else own_directory(self, "psrl-received-")
         self.root.mkdir(parents=True, exist_ok=True)
-        if root is None:  # a directory of its own: it goes with this receiver
-            weakref.finalize(self, shutil.rmtree, str(self.root), True)
         for old in list(self.root.glob("v*.recv")) + list(self.root.glob("v*.bin")):
             old.unlink(missing_ok=True)
         self.group: TransferGroup | None = None
